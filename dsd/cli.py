@@ -1,0 +1,59 @@
+"""The `dsd` command: one typer app; each command group lives in its own `dsd/cmd_*.py`.
+
+This module only assembles the app and enforces the error contract: bad user input
+(`policies.errors.InputError`, missing files, bad flags) prints one line `error: ...` on stderr
+and exits with code 2, with no traceback; outputs are written atomically by the commands, so a
+failed command leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces
+from policies.errors import InputError
+
+app = typer.Typer(
+    name="dsd",
+    help="Dynamic speculative decoding: K policies, a serving simulator, a real SD engine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend):
+    _module.register(app)
+
+
+def fail(message: str) -> None:
+    """Print the one-line error and exit 2."""
+    first_line = " ".join(str(message).split())
+    print(f"error: {first_line}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        result = app(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        raise SystemExit(exc.exit_code) from None
+    except click.exceptions.Abort:
+        fail("aborted")
+    except click.exceptions.ClickException as exc:  # bad flags, missing options, bad values
+        fail(exc.format_message())
+    except InputError as exc:
+        fail(str(exc))
+    except FileNotFoundError as exc:
+        fail(f"{exc.filename}: no such file")
+    except IsADirectoryError as exc:
+        fail(f"{exc.filename}: is a directory, expected a file")
+    except PermissionError as exc:
+        fail(f"{exc.filename}: permission denied")
+    if isinstance(result, int) and result != 0:
+        raise SystemExit(result)
+
+
+if __name__ == "__main__":
+    main()

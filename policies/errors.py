@@ -1,0 +1,13 @@
+"""The one error type for bad user input, shared by every layer.
+
+`policies` is the bottom layer of dsd (it imports nothing from the rest), so the error that
+every loader and validator raises for bad input lives here. The CLI turns an `InputError` into
+one line `error: <message>` and exit code 2; anything else is a bug and keeps its traceback.
+Messages name the file, line or field that is wrong.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Bad user input (a file, a field, a flag). The message says what and where."""

@@ -1,0 +1,99 @@
+"""The vocabulary of dsd and the K-policy plug point.
+
+Vocabulary (DESIGN §1; use these words, and only these, in code and docs):
+
+- **step**: one target forward pass over the scheduled batch, with the draft passes that made
+  its drafts. **B** (`batch_size`): requests scheduled in the step, prefill chunks included
+  (vLLM's key for its range table). `num_decode_reqs`: the scheduled requests that decode (only
+  they carry drafts). `num_tokens`: tokens the target computes in the step.
+- **K** (`num_spec_tokens`): draft tokens proposed for one request in one step. K=0 is plain
+  decoding.
+- **accepted** `a` in [0, K]: the leading drafts the target agreed with. Every decode step emits
+  `a + 1` **output tokens**: the +1 is the *bonus* token when all K drafts were accepted, else the
+  *recovered* token sampled at the first rejected position. Rejected = K - a.
+- **per-position acceptance rate** `r_i` (i = 1..K_max): P(the first i drafts all accepted | at
+  least i drafted) = accepted_at_pos[i] / drafted_at_pos[i]. It is unconditional in i, so
+  r_i <= r_{i-1}; the conditional rate is r_i / r_{i-1}. vLLM's *logged* rate divides by all
+  drafts, which reads low when K varies; we count `drafted_at_pos` separately.
+- **AL(K)** (acceptance length) = expected output tokens per decode step = 1 + sum_{i<=K} r_i.
+- **ITL(B, K)**: latency of one decode step at batch size B with K drafts per request, in ms
+  (draft passes + verification + host overhead).
+- **goodput(B, K)** = AL(K) / ITL(B, K): output tokens per ms per request (not SLO goodput).
+- Request metrics follow `vllm bench serve`: TTFT; TPOT = (E2EL - TTFT) / (output_tokens - 1),
+  only for requests with more than one output token; ITL = gaps between successive output
+  chunks; E2EL.
+
+Units live in names: `*_s` for clock seconds (simulated or measured), `*_ms` for reported
+latencies. Ids come from per-run counters.
+
+A K policy sees a frozen `StepView` before each step and returns one K for the whole batch or a
+K per decode request; after the step it gets a `StepFeedback`. Policies import nothing from
+`sim` or `backend`: plain numpy in, int or array out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+SchedulingMode = Literal["sync", "async"]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """What a policy may look at when it chooses K for a step. Arrays are read-only by contract."""
+
+    step_index: int  # 0-based index of the step being scheduled
+    time_s: float  # engine clock when the step is scheduled, seconds
+    batch_size: int  # B: requests scheduled in this step, prefill chunks included; >= 0
+    num_decode_reqs: int  # scheduled requests that decode; <= batch_size
+    req_ids: IntArray  # [num_decode_reqs] ids of the decode requests, in batch order
+    context_lens: IntArray  # [num_decode_reqs] tokens already in each request's KV cache
+    k_max: int  # largest K the engine can run (num_speculative_tokens); >= 0
+    scheduling: SchedulingMode = "sync"  # async: the K chosen now applies one step later
+    num_tokens: int = 0  # tokens in the step before drafts (decode rows + prefill chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeedback:
+    """The outcome of one step, for policies that learn at run time."""
+
+    step_index: int  # index of the step whose outcome this is
+    time_s: float  # engine clock when the outcome arrived, seconds
+    batch_size: int  # B of that step, prefill chunks included
+    req_ids: IntArray  # [num_decode_reqs] decode requests of that step
+    num_spec_tokens: IntArray  # [num_decode_reqs] K each request drafted; >= 0
+    num_accepted: IntArray  # [num_decode_reqs] accepted drafts; 0 <= a <= K
+    duration_s: float  # step latency, seconds
+    num_output_tokens: int = field(default=0)  # output tokens the step emitted (all requests)
+
+
+@runtime_checkable
+class KPolicy(Protocol):
+    """Chooses K before each step and may learn from each step's outcome."""
+
+    def choose_k(self, view: StepView) -> int | IntArray:
+        """One K for every decode request, or an array of K per decode request."""
+        ...
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Take the drafted/accepted counts of a finished step."""
+        ...
+
+
+def position_counts(
+    num_spec_tokens: IntArray, num_accepted: IntArray, k_max: int
+) -> tuple[IntArray, IntArray]:
+    """Per-position (drafted_at_pos, accepted_at_pos), each of length k_max.
+
+    drafted_at_pos[i-1] = number of requests that drafted at least i tokens;
+    accepted_at_pos[i-1] = number whose first i drafts were all accepted.
+    """
+    positions = np.arange(1, k_max + 1, dtype=np.int64)  # [k_max]
+    drafted = (num_spec_tokens[:, None] >= positions[None, :]).sum(axis=0)  # [k_max]
+    accepted = (num_accepted[:, None] >= positions[None, :]).sum(axis=0)  # [k_max]
+    return drafted.astype(np.int64), accepted.astype(np.int64)

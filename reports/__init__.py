@@ -1,0 +1,1 @@
+"""Reports: tables and plots from simulated and measured runs."""

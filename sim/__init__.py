@@ -1,0 +1,1 @@
+"""Discrete-event simulator of a continuous-batching serving engine with speculative decoding."""

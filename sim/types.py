@@ -1,0 +1,92 @@
+"""The plug points of the engine loop: what crosses between scheduler, executor and models.
+
+The engine (`sim.engine`) asks the scheduler for a `ScheduledBatch`, asks the policy for K, hands
+the batch to an `Executor`, and feeds the `StepOutcome` back. The simulator's executor is
+`sim.executor.FittedExecutor` (a `LatencyModel` plus an `AcceptanceModel`); the real one is
+`backend.executor.TorchExecutor`. The scheduler never computes time: durations come only from
+the executor. Arrays are numpy, one row per scheduled request; treat them as read-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from traces.workload import RequestSpec
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledBatch:
+    """One step's work, like vLLM's SchedulerOutput. Rows [0, num_decode_reqs) decode."""
+
+    step_index: int  # 0-based, per run
+    req_ids: IntArray  # [B] scheduled requests; decode rows first, then prefill rows
+    num_decode_reqs: int  # rows that decode (carry drafts); the rest are prefill chunks
+    num_scheduled_tokens: IntArray  # [B] tokens computed per row: 1 + K (decode), chunk (prefill)
+    num_spec_tokens: IntArray  # [B] K per row; 0 on prefill rows
+    num_computed_tokens: IntArray  # [B] tokens in the row's KV cache before this step
+    num_output_tokens: IntArray  # [B] output tokens the request had when scheduled (placeholders excluded)
+    completes_prompt: BoolArray  # [B] prefill rows whose chunk ends the prompt: they sample token 1
+    total_num_scheduled_tokens: int  # == int(num_scheduled_tokens.sum())
+    new_req_ids: tuple[int, ...] = ()  # first scheduled (or re-scheduled after preemption) this step
+    finished_req_ids: tuple[int, ...] = ()  # finished/aborted since the last step: free their state
+    preempted_req_ids: tuple[int, ...] = ()  # preempted since the last step: their KV is gone
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_ids.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What the executor reports for one ScheduledBatch."""
+
+    duration_s: float  # wall (measured) or modelled time of the whole step, seconds, > 0
+    num_accepted: IntArray  # [num_decode_reqs] accepted drafts per decode row, 0 <= a <= K
+    # [B] index among the row's emitted output tokens (0..a) of a stop token (EOS), -1 if none.
+    # None: the executor never stops early (simulation), only max_tokens/max_model_len apply.
+    stop_index: IntArray | None = None
+
+
+class Executor(Protocol):
+    """Runs one step. Holds per-request state itself (KV, token ids), keyed by req_id."""
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        """A request arrives at the engine (before it is first scheduled)."""
+        ...
+
+    def execute(self, batch: ScheduledBatch) -> StepOutcome: ...
+
+
+class LatencyModel(Protocol):
+    """Step latency from the shape of a step. Pure: no state, no randomness."""
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        """Latency of the whole step (draft passes, verification, prefill chunks, overhead)."""
+        ...
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        """ITL(B, K) of a pure decode step, as the goodput policy reads it."""
+        ...
+
+
+class AcceptanceModel(Protocol):
+    """Samples accepted draft counts. Holds its own generator (from the run's SeedSequence)."""
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        """Draw this request's own acceptance behaviour (heterogeneity, replay sequence)."""
+        ...
+
+    def remove_request(self, req_id: int) -> None: ...
+
+    def sample_accepted(
+        self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
+    ) -> IntArray:
+        """[n] accepted counts (0 <= a <= K) for n decode rows at their output positions."""
+        ...

@@ -1,0 +1,1 @@
+"""Workloads: request streams from generators, prompt sets and real serving traces."""
