@@ -13,7 +13,7 @@ import sys
 import click
 import typer
 
-from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces
+from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces, cmd_zoo
 from policies.errors import InputError
 
 app = typer.Typer(
@@ -23,7 +23,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend):
+for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_zoo):
     _module.register(app)
 
 
