@@ -1,0 +1,456 @@
+"""Step latency models fitted to a measured `Profile`: the simulator's cost model (DESIGN §4).
+
+Two decode models implement `sim.types.LatencyModel`:
+
+- `TableLatencyModel`: the profile's ITL(B, K) table read with exactly the goodput policy's
+  interpolation (linear in B between profiled B, clamped at the ends; linear in K between
+  profiled K, clamped at the ends), computed by `policies.goodput.ItlTable` itself.
+- `ParametricLatencyModel`: a small physical model fitted with scipy (draft passes, a
+  memory-bound/compute-bound verification forward, per-step host overhead) that extrapolates
+  beyond the profiled B and K and reports its fit error as a `FitReport`.
+
+Both share one prefill cost (`PrefillCost`): interpolated in tokens from the profile's prefill
+points, or, when the profile has none, estimated from the decode table's per-token slope; the
+model says which in `prefill_source`. How a step is composed (docs/models.md has the equations):
+
+- decode rows only: the decode model at D = number of decode rows;
+- decode rows + prefill chunks: decode cost + the *marginal* cost of the prefill tokens (all
+  tokens run in one forward, so the fixed cost of the forward is paid once, by the decode part);
+- prefill chunks only: the full prefill cost of the step's prompt tokens.
+
+Mixed K in one step (per-request K): the draft runs max K passes over the whole batch (rows
+with a smaller K are masked, not skipped). The table model charges ITL(D, max K) by default
+("padded", what a static-shape engine pays) or ITL(D, K_eq) with K_eq = sum(K_i + 1) / D - 1,
+the uniform K with the same number of verified tokens ("token-equivalent", an optimistic
+bound that ignores the extra draft passes). The parametric model charges max K draft passes
+and verifies sum(K_i + 1) tokens, which is its own decomposition.
+
+What this module does not do: sample anything (models are pure; latency noise is the
+executor's), model attention cost growing with context in the table model (the PR #32374
+table has no context axis), or model TP/PP communication.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from scipy.optimize import least_squares
+
+from policies.goodput import ItlTable
+from policies.profile import Profile
+from sim.types import ScheduledBatch
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+PrefillSource = Literal["profile", "estimated-from-decode-slope"]
+MixedKCosting = Literal["padded", "token-equivalent"]
+LatencyModelKind = Literal["table", "parametric", "auto"]
+
+
+# --------------------------------------------------------------------------------------------
+# Prefill
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """Cost of prompt tokens, piecewise linear in tokens.
+
+    `curve_ms(N)` is the latency of a step that computes N prompt tokens and nothing else;
+    `marginal_ms(N) = curve_ms(N) - curve_ms(1)` is what N prompt tokens add to a step that
+    already pays for one forward (a decode step).
+    """
+
+    num_tokens: tuple[float, ...]  # knots in tokens, ascending, first is 1
+    latency_ms: tuple[float, ...]  # latency at each knot, ms, non-decreasing
+    source: PrefillSource  # where the knots came from (the CLI prints it)
+    tail_ms_per_token: float  # slope used past the last knot, ms/token, >= 0
+
+    def __post_init__(self) -> None:
+        if len(self.num_tokens) != len(self.latency_ms) or len(self.num_tokens) < 1:
+            raise ValueError("PrefillCost needs as many latencies as knots, at least one")
+        if any(b <= a for a, b in zip(self.num_tokens, self.num_tokens[1:], strict=False)):
+            raise ValueError("PrefillCost knots must be strictly increasing")
+        if not (math.isfinite(self.tail_ms_per_token) and self.tail_ms_per_token >= 0):
+            raise ValueError(f"tail slope must be finite and >= 0, got {self.tail_ms_per_token}")
+
+    @staticmethod
+    def from_profile(profile: Profile) -> PrefillCost:
+        """From the profile's prefill points, else from the decode table's per-token slope."""
+        bs, ks, grid = profile.itl_grid()
+        if 0 not in set(ks.tolist()):
+            raise ValueError("the profile has no K=0 latency points; cannot anchor prefill cost")
+        itl_k0 = grid[:, int(np.searchsorted(ks, 0))]  # [nB]
+        known = ~np.isnan(itl_k0)
+        bs_known, itl_known = bs[known].astype(np.float64), itl_k0[known]
+        one_token_ms = float(np.interp(1.0, bs_known, itl_known))
+        if profile.prefill:
+            by_tokens: dict[int, list[float]] = {}
+            for point in profile.prefill:
+                by_tokens.setdefault(point.num_tokens, []).append(point.median_ms)
+            tokens = sorted(by_tokens)
+            lat = [float(np.mean(by_tokens[n])) for n in tokens]
+            if tokens[0] > 1:
+                tokens.insert(0, 1)
+                lat.insert(0, one_token_ms)
+            # A prefill of more tokens never costs less: enforce monotone knots.
+            lat_mono = np.maximum.accumulate(np.asarray(lat))  # [nP]
+            if len(tokens) >= 2:
+                tail = (lat_mono[-1] - lat_mono[-2]) / (tokens[-1] - tokens[-2])
+            else:
+                tail = 0.0
+            return PrefillCost(
+                num_tokens=tuple(float(n) for n in tokens),
+                latency_ms=tuple(float(v) for v in lat_mono),
+                source="profile",
+                tail_ms_per_token=float(max(tail, 0.0)),
+            )
+        # No prefill data: ms per extra token from ITL(B, 0) between the two largest profiled B
+        # (decode rows are one token each, and at large B the step is closest to compute-bound).
+        if bs_known.size >= 2:
+            slope = (itl_known[-1] - itl_known[-2]) / (bs_known[-1] - bs_known[-2])
+        else:
+            slope = 0.0
+        return PrefillCost(
+            num_tokens=(1.0,),
+            latency_ms=(one_token_ms,),
+            source="estimated-from-decode-slope",
+            tail_ms_per_token=float(max(slope, 0.0)),
+        )
+
+    def curve_ms(self, num_tokens: float) -> float:
+        """Latency of a step computing only `num_tokens` prompt tokens, ms."""
+        knots = np.asarray(self.num_tokens)  # [nP]
+        lat = np.asarray(self.latency_ms)  # [nP]
+        if num_tokens <= knots[-1]:
+            return float(np.interp(num_tokens, knots, lat))
+        return float(lat[-1] + self.tail_ms_per_token * (num_tokens - knots[-1]))
+
+    def marginal_ms(self, num_tokens: float) -> float:
+        """What `num_tokens` prompt tokens add to a forward that runs anyway, ms (>= 0)."""
+        if num_tokens <= 0:
+            return 0.0
+        return max(0.0, self.curve_ms(num_tokens + 1.0) - self.curve_ms(1.0))
+
+
+def _split_batch(batch: ScheduledBatch) -> tuple[IntArray, IntArray, int]:
+    """(K of decode rows [D], context of decode rows [D], prompt tokens of prefill rows)."""
+    num_decode = batch.num_decode_reqs
+    ks = batch.num_spec_tokens[:num_decode]  # [D]
+    contexts = batch.num_computed_tokens[:num_decode]  # [D]
+    prefill_tokens = int(batch.num_scheduled_tokens[num_decode:].sum())
+    return ks, contexts, prefill_tokens
+
+
+# --------------------------------------------------------------------------------------------
+# Table model
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableLatencyModel:
+    """ITL(B, K) read from the profile's table with the goodput policy's own interpolation.
+
+    Calls `policies.goodput.ItlTable` (it is not re-implemented here), so the simulated engine
+    and the goodput policy agree on ITL exactly: linear in B between profiled B and clamped at
+    the ends, linear in K between the profiled K of each B and clamped at its ends. A K past the
+    largest profiled K therefore reads the last profiled K: use the parametric model (or
+    `fit_latency_model(kind="auto", k_max=...)`) to run K beyond the profile.
+    """
+
+    profile: Profile  # the measured profile (its K=0 points are required)
+    mixed_k: MixedKCosting = "padded"  # how a step with different K per row is charged
+    prefill: PrefillCost = field(init=False)  # cost of prompt tokens
+    itl_table: ItlTable = field(init=False, repr=False)  # the goodput policy's filled table
+    # Memo of decode ITL by (D, charged K): step_ms runs every step and the table is fixed.
+    _memo: dict[tuple[float, float], float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.profile.latency:
+            raise ValueError("the profile has no latency points")
+        if self.mixed_k not in ("padded", "token-equivalent"):
+            raise ValueError(f"mixed_k must be padded or token-equivalent, got {self.mixed_k!r}")
+        object.__setattr__(self, "itl_table", ItlTable.from_profile(self.profile))
+        object.__setattr__(self, "prefill", PrefillCost.from_profile(self.profile))
+        object.__setattr__(self, "_memo", {})
+
+    @property
+    def prefill_source(self) -> PrefillSource:
+        return self.prefill.source
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        if batch_size < 1 or num_spec_tokens < 0:
+            raise ValueError(f"need B >= 1 and K >= 0, got B={batch_size}, K={num_spec_tokens}")
+        return self._itl(float(batch_size), float(num_spec_tokens))
+
+    def _itl(self, batch_size: float, num_spec_tokens: float) -> float:
+        key = (batch_size, num_spec_tokens)
+        cached = self._memo.get(key)
+        if cached is None:
+            cached = float(self.itl_table.itl_ms_at(batch_size, num_spec_tokens))
+            self._memo[key] = cached
+        return cached
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        ks, _contexts, prefill_tokens = _split_batch(batch)
+        num_decode = int(ks.shape[0])
+        if num_decode == 0:
+            if prefill_tokens <= 0:
+                raise ValueError(f"step {batch.step_index} schedules no tokens")
+            return self.prefill.curve_ms(prefill_tokens)
+        if self.mixed_k == "padded":
+            k_charged = float(ks.max())
+        else:
+            k_charged = float(ks.sum() + num_decode) / num_decode - 1.0
+        return self._itl(float(num_decode), k_charged) + self.prefill.marginal_ms(prefill_tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# Parametric model
+# --------------------------------------------------------------------------------------------
+
+# Parameter order of the parametric model (all >= 0, ms or ms per unit):
+PARAM_NAMES: tuple[str, ...] = (
+    "host_ms",  # per-step host overhead (scheduling, sampling, launch)
+    "spec_fixed_ms",  # fixed cost of a step that drafts at all (draft setup, K >= 1)
+    "spec_per_row_ms",  # per-row part of that fixed cost
+    "draft_pass_ms",  # one draft forward pass, fixed part
+    "draft_pass_per_row_ms",  # one draft forward pass, per row
+    "weight_read_ms",  # target forward, memory-bound floor (weights)
+    "row_read_ms",  # target forward, per-row memory traffic
+    "kv_read_ms_per_token",  # target forward, KV cache read per context token
+    "flop_ms_per_token",  # target forward, compute per verified token
+)
+# Sharpness of the smooth max between memory-bound and compute-bound time: a p-norm, so the
+# step is max(mem, compute) far from the ridge and a little above both near it.
+SMOOTH_MAX_POWER = 4.0
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """How well the parametric model fits the profile's latency points."""
+
+    batch_sizes: tuple[int, ...]  # B of each fitted point
+    num_spec_tokens: tuple[int, ...]  # K of each fitted point
+    measured_ms: tuple[float, ...]  # profiled median ITL, ms
+    predicted_ms: tuple[float, ...]  # model ITL, ms
+    relative_residuals: tuple[float, ...]  # (predicted - measured) / measured per point
+    max_abs_pct: float  # max |relative residual| * 100
+    median_abs_pct: float  # median |relative residual| * 100
+    params: dict[str, float]  # fitted parameters by PARAM_NAMES
+    context_aware: bool  # False: the profile recorded no context, KV term fixed at 0
+
+    def summary(self) -> str:
+        return (
+            f"parametric fit on {len(self.measured_ms)} points: median |err| "
+            f"{self.median_abs_pct:.2f}%, max |err| {self.max_abs_pct:.2f}%"
+        )
+
+
+def _smooth_max(memory_ms: FloatArray, compute_ms: FloatArray) -> FloatArray:
+    p = SMOOTH_MAX_POWER
+    scale = np.maximum(np.maximum(memory_ms, compute_ms), 1e-12)  # avoid overflow in the power
+    blended: FloatArray = scale * ((memory_ms / scale) ** p + (compute_ms / scale) ** p) ** (
+        1.0 / p
+    )
+    return blended
+
+
+def _parametric_ms(
+    params: FloatArray,
+    num_decode: FloatArray,
+    max_k: FloatArray,
+    verified_tokens: FloatArray,
+    context_tokens: FloatArray,
+) -> FloatArray:
+    """Decode step latency for arrays of steps (all arrays [n]); see docs/models.md."""
+    host, spec0, spec1, draft0, draft1, weights, row, kv, flop = params
+    drafting = (max_k > 0).astype(np.float64)  # [n]
+    draft_ms = drafting * (spec0 + spec1 * num_decode) + max_k * (draft0 + draft1 * num_decode)
+    memory_ms = weights + row * num_decode + kv * context_tokens  # [n]
+    compute_ms = flop * verified_tokens  # [n]
+    return host + draft_ms + _smooth_max(memory_ms, compute_ms)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class ParametricLatencyModel:
+    """Fitted decode cost: draft passes + smooth-max(memory, compute) verification + overhead.
+
+    ITL = host + [K>0](s0 + s1 D) + K (d0 + d1 D) + smax(w + r D + kv sum(L), f sum(K_i+1))
+    with all parameters >= 0, so ITL never decreases in B, K or context.
+    """
+
+    params: tuple[float, ...]  # fitted values, in PARAM_NAMES order
+    reference_context_len: float  # mean context per row used by decode_itl_ms, tokens
+    prefill: PrefillCost  # cost of prompt tokens
+    fit_report: FitReport  # fit error on the profile's points
+
+    def __post_init__(self) -> None:
+        if len(self.params) != len(PARAM_NAMES):
+            raise ValueError(f"expected {len(PARAM_NAMES)} parameters, got {len(self.params)}")
+        if any(not (math.isfinite(v) and v >= 0) for v in self.params):
+            raise ValueError(f"parameters must be finite and >= 0, got {self.params}")
+
+    @property
+    def prefill_source(self) -> PrefillSource:
+        return self.prefill.source
+
+    @staticmethod
+    def fit(profile: Profile) -> ParametricLatencyModel:
+        """Least-squares fit (relative error, robust loss) to every latency point. Deterministic."""
+        points = profile.latency
+        if len(points) < 3:
+            raise ValueError(f"need >= 3 latency points to fit, the profile has {len(points)}")
+        num_decode = np.array([p.batch_size for p in points], dtype=np.float64)  # [n]
+        ks = np.array([p.num_spec_tokens for p in points], dtype=np.float64)  # [n]
+        measured = np.array([p.median_ms for p in points], dtype=np.float64)  # [n]
+        context_aware = all(p.context_len is not None for p in points)
+        if context_aware:
+            per_row_ctx = np.array([float(p.context_len or 0) for p in points])  # [n]
+            reference_ctx = float(per_row_ctx.mean())
+        else:
+            per_row_ctx = np.zeros_like(num_decode)
+            reference_ctx = 0.0
+        context = per_row_ctx * num_decode  # [n]
+        verified = num_decode * (ks + 1.0)  # [n]
+
+        smallest = float(measured.min())
+        initial = np.array(
+            [
+                0.1 * smallest,  # host
+                0.05 * smallest,  # spec fixed
+                1e-3,  # spec per row
+                0.05 * smallest,  # draft pass
+                1e-3,  # draft pass per row
+                0.7 * smallest,  # weight read
+                1e-3,  # row read
+                1e-6 if context_aware else 0.0,  # kv read per token
+                float(measured.max() / verified.max()),  # flop per token
+            ]
+        )
+        upper = np.full(len(PARAM_NAMES), np.inf)
+        if not context_aware:
+            # No context recorded: the KV term is not identifiable; pin it at 0.
+            upper[PARAM_NAMES.index("kv_read_ms_per_token")] = 1e-300
+
+        def residuals(params: FloatArray) -> FloatArray:
+            predicted = _parametric_ms(params, num_decode, ks, verified, context)
+            relative: FloatArray = (predicted - measured) / measured
+            return relative
+
+        result = least_squares(
+            residuals,
+            initial,
+            bounds=(np.zeros(len(PARAM_NAMES)), upper),
+            loss="soft_l1",  # robust: one outlier point must not bend the whole surface
+            f_scale=0.05,
+            x_scale="jac",
+            max_nfev=20000,
+            method="trf",
+        )
+        fitted = np.maximum(result.x, 0.0)
+        if not context_aware:
+            fitted[PARAM_NAMES.index("kv_read_ms_per_token")] = 0.0
+        predicted = _parametric_ms(fitted, num_decode, ks, verified, context)
+        rel = (predicted - measured) / measured  # [n]
+        report = FitReport(
+            batch_sizes=tuple(int(p.batch_size) for p in points),
+            num_spec_tokens=tuple(int(p.num_spec_tokens) for p in points),
+            measured_ms=tuple(float(v) for v in measured),
+            predicted_ms=tuple(float(v) for v in predicted),
+            relative_residuals=tuple(float(v) for v in rel),
+            max_abs_pct=float(np.abs(rel).max() * 100.0),
+            median_abs_pct=float(np.median(np.abs(rel)) * 100.0),
+            params={name: float(v) for name, v in zip(PARAM_NAMES, fitted, strict=True)},
+            context_aware=context_aware,
+        )
+        return ParametricLatencyModel(
+            params=tuple(float(v) for v in fitted),
+            reference_context_len=reference_ctx,
+            prefill=PrefillCost.from_profile(profile),
+            fit_report=report,
+        )
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        if batch_size < 1 or num_spec_tokens < 0:
+            raise ValueError(f"need B >= 1 and K >= 0, got B={batch_size}, K={num_spec_tokens}")
+        return self._decode_ms(
+            float(batch_size),
+            float(num_spec_tokens),
+            float(batch_size * (num_spec_tokens + 1)),
+            float(batch_size) * self.reference_context_len,
+        )
+
+    def _decode_ms(
+        self, num_decode: float, max_k: float, verified_tokens: float, context_tokens: float
+    ) -> float:
+        value = _parametric_ms(
+            np.asarray(self.params),
+            np.array([num_decode]),
+            np.array([max_k]),
+            np.array([verified_tokens]),
+            np.array([context_tokens]),
+        )
+        return float(value[0])
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        ks, contexts, prefill_tokens = _split_batch(batch)
+        num_decode = int(ks.shape[0])
+        if num_decode == 0:
+            if prefill_tokens <= 0:
+                raise ValueError(f"step {batch.step_index} schedules no tokens")
+            return self.prefill.curve_ms(prefill_tokens)
+        decode = self._decode_ms(
+            float(num_decode),
+            float(ks.max()),
+            float(ks.sum() + num_decode),
+            float(contexts.sum()),
+        )
+        return decode + self.prefill.marginal_ms(prefill_tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# Factory
+# --------------------------------------------------------------------------------------------
+
+
+def table_covers(profile: Profile, k_values: Sequence[int]) -> bool:
+    """True when every profiled B row has K=0 and spans every K in `k_values`."""
+    _bs, ks, grid = profile.itl_grid()
+    if not k_values:
+        return True
+    for row in grid:
+        known = ks[~np.isnan(row)]
+        if known.size == 0 or known[0] > 0 or known[-1] < max(k_values):
+            return False
+    return 0 in set(ks.tolist())
+
+
+def fit_latency_model(
+    profile: Profile,
+    kind: LatencyModelKind = "auto",
+    k_max: int | None = None,
+    mixed_k: MixedKCosting = "padded",
+) -> TableLatencyModel | ParametricLatencyModel:
+    """Build a latency model from a profile.
+
+    "table": the profile's table (needs K=0 and every K to be run inside the profiled range).
+    "parametric": the fitted model. "auto": the table when it covers K=0..k_max (k_max defaults
+    to the profile's k_max) at every profiled B, else the parametric model.
+    """
+    if kind == "table":
+        return TableLatencyModel(profile, mixed_k=mixed_k)
+    if kind == "parametric":
+        return ParametricLatencyModel.fit(profile)
+    if kind == "auto":
+        wanted = profile.k_max if k_max is None else k_max
+        if table_covers(profile, [wanted]):
+            return TableLatencyModel(profile, mixed_k=mixed_k)
+        return ParametricLatencyModel.fit(profile)
+    raise ValueError(f"unknown latency model kind {kind!r}: table, parametric or auto")
