@@ -1,0 +1,213 @@
+"""The goodput K policy (vLLM PR #32374 rules) and the ITL interpolation it shares with the sim.
+
+For each batch size B and each k in 0..K_max the policy scores
+
+    goodput(B, k) = AL(k) / ITL(B, k),    AL(k) = 1 + sum_{i<=k} r_i,
+
+and picks the argmax (the smallest k on ties). ITL(B, k) comes from the profiled table
+`batch_stats` / `Profile.latency` by piecewise-linear interpolation:
+
+1. per profiled B, linear in K between that B's profiled K values (clamped at its ends), which
+   fills the K values that were not profiled at that B;
+2. then linear in B between profiled B, clamped at the smallest and largest profiled B (no
+   extrapolation: a B past the last profiled B reads the last profiled row).
+
+`ItlTable` / `interpolate_itl_ms` are that interpolation as pure, vectorised functions. The
+simulator's table latency model must call them (not re-implement them), so that the policy and
+the simulated engine agree on ITL exactly. The K table is precomputed once for
+B = 1..max_num_seqs; `choose_k` is a table lookup.
+
+This module does not read files (see `policies.profile_io`), does not learn at run time (see
+`policies.online`), and does not model prefill or context length: ITL here is a function of
+(B, K) only, as in the PR.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.profile import Profile
+from policies.types import StepFeedback, StepView
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+def _linear_weights(points: FloatArray, query: FloatArray) -> tuple[IntArray, IntArray, FloatArray]:
+    """Bracketing indices and weight of `query` on sorted `points`, clamped at both ends.
+
+    value(query) = (1 - w) * value[lo] + w * value[hi].
+    """
+    clamped = np.clip(query, points[0], points[-1])
+    # hi is the first point >= query (side="left"), so an exact hit gets w == 1 on itself.
+    hi = np.searchsorted(points, clamped, side="left").astype(np.int64)
+    hi = np.clip(hi, 0, len(points) - 1)
+    lo = np.maximum(hi - 1, 0)
+    span = points[hi] - points[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weight = np.where(span > 0, (clamped - points[lo]) / np.where(span > 0, span, 1.0), 1.0)
+    return lo, hi, weight.astype(np.float64)
+
+
+@dataclass(frozen=True)
+class ItlTable:
+    """A profiled ITL(B, K) table with every K filled in per profiled B. Build with `build`."""
+
+    batch_sizes: IntArray  # [nB] profiled B, strictly increasing, >= 1
+    ks: IntArray  # [nK] every K profiled at some B, strictly increasing, >= 0
+    itl_ms: FloatArray  # [nB, nK] ITL in ms; K gaps of a row filled linearly in K; finite > 0
+
+    @staticmethod
+    def build(batch_sizes: npt.ArrayLike, ks: npt.ArrayLike, itl_grid: npt.ArrayLike) -> ItlTable:
+        """From a grid with NaN where a (B, K) was not profiled (as `Profile.itl_grid()` gives).
+
+        Each row needs at least one profiled K. Missing K of a row are filled linearly in K
+        between that row's profiled K, clamped at the row's smallest/largest profiled K.
+        """
+        bs = np.asarray(batch_sizes, dtype=np.int64)  # [nB]
+        k_values = np.asarray(ks, dtype=np.int64)  # [nK]
+        grid = np.asarray(itl_grid, dtype=np.float64)  # [nB, nK]
+        if bs.ndim != 1 or k_values.ndim != 1 or grid.shape != (len(bs), len(k_values)):
+            raise ValueError(
+                f"ITL grid shape {grid.shape} does not match {len(bs)} B x {len(k_values)} K"
+            )
+        if len(bs) == 0 or len(k_values) == 0:
+            raise ValueError("ITL grid is empty")
+        if np.any(np.diff(bs) <= 0) or np.any(np.diff(k_values) <= 0):
+            raise ValueError("ITL grid axes must be strictly increasing")
+        filled = np.empty_like(grid)  # [nB, nK]
+        k_float = k_values.astype(np.float64)
+        for row in range(len(bs)):
+            profiled = np.isfinite(grid[row])  # [nK]
+            if not profiled.any():
+                raise ValueError(f"ITL grid row B={int(bs[row])} has no profiled K")
+            filled[row] = np.interp(k_float, k_float[profiled], grid[row, profiled])
+        filled.setflags(write=False)
+        bs.setflags(write=False)
+        k_values.setflags(write=False)
+        return ItlTable(batch_sizes=bs, ks=k_values, itl_ms=filled)
+
+    @staticmethod
+    def from_profile(profile: Profile) -> ItlTable:
+        """The profile's decode table (points at several context lengths averaged)."""
+        bs, ks, grid = profile.itl_grid()
+        return ItlTable.build(bs, ks, grid)
+
+    def itl_ms_at(self, batch_size: npt.ArrayLike, num_spec_tokens: npt.ArrayLike) -> FloatArray:
+        """ITL(B, K) in ms, bilinear on the filled grid, clamped at the profiled ends.
+
+        `batch_size` and `num_spec_tokens` broadcast against each other; fractional values are
+        allowed. Returns a float64 array of the broadcast shape (0-d for two scalars).
+        """
+        b_query, k_query = np.broadcast_arrays(
+            np.asarray(batch_size, dtype=np.float64), np.asarray(num_spec_tokens, dtype=np.float64)
+        )
+        b_lo, b_hi, b_w = _linear_weights(self.batch_sizes.astype(np.float64), b_query)
+        k_lo, k_hi, k_w = _linear_weights(self.ks.astype(np.float64), k_query)
+        grid = self.itl_ms
+        at_b_lo = (1.0 - k_w) * grid[b_lo, k_lo] + k_w * grid[b_lo, k_hi]
+        at_b_hi = (1.0 - k_w) * grid[b_hi, k_lo] + k_w * grid[b_hi, k_hi]
+        return np.asarray((1.0 - b_w) * at_b_lo + b_w * at_b_hi, dtype=np.float64)
+
+
+def interpolate_itl_ms(
+    batch_sizes: npt.ArrayLike,
+    ks: npt.ArrayLike,
+    itl_grid: npt.ArrayLike,
+    batch_size: npt.ArrayLike,
+    num_spec_tokens: npt.ArrayLike,
+) -> FloatArray:
+    """ITL(B, K) in ms from a profiled grid (NaN = not profiled); vectorised over B and K.
+
+    Exactly the goodput policy's interpolation: per profiled B linear in K, then linear in B,
+    clamped at the profiled ends. Hot callers should build an `ItlTable` once instead.
+    """
+    return ItlTable.build(batch_sizes, ks, itl_grid).itl_ms_at(batch_size, num_spec_tokens)
+
+
+def acceptance_lengths(acceptance_rates: Sequence[float] | FloatArray, k_max: int) -> FloatArray:
+    """[k_max + 1] AL(k) = 1 + sum_{i<=k} r_i for k = 0..k_max."""
+    rates = np.asarray(acceptance_rates, dtype=np.float64)[:k_max]  # [k_max]
+    if len(rates) < k_max:
+        raise ValueError(f"need {k_max} acceptance rates, got {len(rates)}")
+    return np.concatenate(([1.0], 1.0 + np.cumsum(rates)))  # [k_max + 1]
+
+
+@dataclass(frozen=True)
+class GoodputTable:
+    """Per-B decision of the goodput rule for B = 1..max_num_seqs (row i is B = i + 1)."""
+
+    batch_sizes: IntArray  # [N] 1..max_num_seqs
+    k_star: IntArray  # [N] chosen K per B, in [0, k_max]
+    acceptance_length: FloatArray  # [N] AL(K*) per B
+    itl_ms: FloatArray  # [N] ITL(B, K*) ms
+    goodput: FloatArray  # [N] AL(K*) / ITL(B, K*), output tokens per ms per request
+    goodput_by_k: FloatArray  # [N, k_max + 1] the whole objective, for explain and tests
+
+
+def goodput_table(
+    itl: ItlTable,
+    acceptance_rates: Sequence[float] | FloatArray,
+    max_num_seqs: int,
+    k_max: int | None = None,
+) -> GoodputTable:
+    """The goodput rule evaluated for every B in 1..max_num_seqs and every k in 0..k_max."""
+    if max_num_seqs < 1:
+        raise InputError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    num_k = len(acceptance_rates) if k_max is None else k_max
+    al_by_k = acceptance_lengths(acceptance_rates, num_k)  # [K+1]
+    bs = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
+    k_values = np.arange(num_k + 1, dtype=np.int64)  # [K+1]
+    itl_by_k = itl.itl_ms_at(bs[:, None], k_values[None, :])  # [N, K+1]
+    objective = al_by_k[None, :] / itl_by_k  # [N, K+1]
+    k_star = np.argmax(objective, axis=1).astype(np.int64)  # [N]; first max = smallest k on ties
+    rows = np.arange(len(bs))
+    return GoodputTable(
+        batch_sizes=bs,
+        k_star=k_star,
+        acceptance_length=al_by_k[k_star],
+        itl_ms=itl_by_k[rows, k_star],
+        goodput=objective[rows, k_star],
+        goodput_by_k=objective,
+    )
+
+
+def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> int:
+    """K for `view.batch_size` from a per-B table (row i is B = i + 1), clamped to view.k_max.
+
+    B = 0 (no request scheduled) reads the B = 1 row; a B past the table is an input error.
+    """
+    batch_size = max(view.batch_size, 1)
+    if batch_size > len(k_by_batch):
+        raise InputError(
+            f"{policy_name}: batch size {view.batch_size} exceeds max_num_seqs {len(k_by_batch)}"
+        )
+    return int(min(int(k_by_batch[batch_size - 1]), max(view.k_max, 0)))
+
+
+class GoodputPolicy:
+    """K* = argmax_k AL(k) / ITL(B, k) from the profile, precomputed for B = 1..max_num_seqs."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        max_num_seqs: int,
+        acceptance_rates: Sequence[float] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.max_num_seqs = max_num_seqs
+        self.k_max = profile.k_max
+        self.itl = ItlTable.from_profile(profile)
+        rates = profile.acceptance_rates if acceptance_rates is None else acceptance_rates
+        self.table = goodput_table(self.itl, rates, max_num_seqs, profile.k_max)
+
+    def choose_k(self, view: StepView) -> int:
+        return lookup_batch_k(self.table.k_star, view, "goodput")
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """The offline rule does not learn."""

@@ -1,0 +1,464 @@
+"""Reading, validating and writing profile files: our native JSON and vLLM PR #32374's file.
+
+`load_profile(path)` detects the format from the content:
+
+- native: `{"format": "dsd-profile", "version": 1, ...}` (schema in docs/formats.md);
+- PR #32374 `dynamic_speculative_config.json`: an object with `batch_stats`
+  ({bs: {k: itl_ms}}), `max_num_speculative_tokens`, `acceptance_rate_per_pos`, `is_online`.
+
+Every problem is an `InputError` with one line naming the file and the field
+(`profile.json: batch_stats['4']['1']: ITL must be finite and > 0, got -1`). The checks are
+what the table latency model and the goodput policy need: finite positive ITL; integer B >= 1
+and K >= 0; B = 1 profiled; K = 0, 1 and K_max profiled at every profiled B; K_max rates in
+[0, 1], non-increasing (they are unconditional); accepted <= drafted counts.
+
+`save_profile` writes the native form atomically (temp file + os.replace);
+`profile_to_pr32374` / `save_pr32374` write the PR's form (ITL averaged over context lengths,
+per-request samples and prefill points dropped, since that format has no place for them).
+
+This module does not fit or interpolate anything (see `policies.goodput`, `sim`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from policies.errors import InputError
+from policies.profile import LatencyPoint, PrefillPoint, Profile
+
+NATIVE_FORMAT = "dsd-profile"
+NATIVE_VERSION = 1
+# Slack for "non-increasing" on rates written with limited precision.
+RATE_TOLERANCE = 1e-9
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` via a temp file in the same folder and os.replace."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as stream:
+            stream.write(text)
+        os.replace(temp_name, target)
+    except BaseException:
+        if os.path.exists(temp_name):
+            os.unlink(temp_name)
+        raise
+
+
+# ---------------------------------------------------------------- field readers
+
+
+class _Reader:
+    """Typed field access that raises one-line InputErrors prefixed with the file name."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field_path: str, message: str) -> InputError:
+        where = f"{self.source}: {field_path}: " if field_path else f"{self.source}: "
+        return InputError(where + message)
+
+    def obj(self, value: Any, field_path: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(field_path, f"expected an object, got {_kind(value)}")
+        return value
+
+    def seq(self, value: Any, field_path: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(field_path, f"expected a list, got {_kind(value)}")
+        return value
+
+    def require(self, mapping: Mapping[str, Any], key: str, field_path: str) -> Any:
+        if key not in mapping:
+            raise self.fail(field_path, f"missing field {key!r}")
+        return mapping[key]
+
+    def integer(self, value: Any, field_path: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(field_path, f"must be an integer >= {minimum}, got {value!r}")
+        if value < minimum:
+            raise self.fail(field_path, f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    def integer_key(self, key: str, field_path: str, minimum: int) -> int:
+        text = key.strip()
+        if not text.lstrip("-").isdigit() or int(text) < minimum:
+            raise self.fail(field_path, f"key must be an integer >= {minimum}, got {key!r}")
+        return int(text)
+
+    def number(self, value: Any, field_path: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(field_path, f"must be a number, got {value!r}")
+        return float(value)
+
+    def positive_ms(self, value: Any, field_path: str, what: str = "ITL") -> float:
+        number = self.number(value, field_path)
+        if not math.isfinite(number) or number <= 0:
+            raise self.fail(field_path, f"{what} must be finite and > 0, got {value!r}")
+        return number
+
+    def rate(self, value: Any, field_path: str) -> float:
+        number = self.number(value, field_path)
+        if not (math.isfinite(number) and 0.0 <= number <= 1.0):
+            raise self.fail(field_path, f"acceptance rate must be in [0, 1], got {value!r}")
+        return number
+
+    def rates(self, values: Any, field_path: str) -> tuple[float, ...]:
+        """Unconditional per-position rates: each in [0, 1], non-increasing."""
+        items = self.seq(values, field_path)
+        rates = tuple(self.rate(v, f"{field_path}[{i}]") for i, v in enumerate(items))
+        for i in range(1, len(rates)):
+            if rates[i] > rates[i - 1] + RATE_TOLERANCE:
+                raise self.fail(
+                    f"{field_path}[{i}]",
+                    f"rates are unconditional and must be non-increasing, got {rates[i]!r} "
+                    f"after {rates[i - 1]!r}",
+                )
+        return rates
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    return repr(value)
+
+
+def _check_table_coverage(
+    reader: _Reader, points: tuple[LatencyPoint, ...], k_max: int, field_path: str
+) -> None:
+    """What the table model needs: B = 1 profiled, and K = 0, 1, K_max at every profiled B."""
+    if not points:
+        raise reader.fail(field_path, "no latency points")
+    ks_by_batch: dict[int, set[int]] = {}
+    for point in points:
+        if point.num_spec_tokens > k_max:
+            raise reader.fail(
+                field_path,
+                f"B={point.batch_size} has K={point.num_spec_tokens} > k_max {k_max}",
+            )
+        ks_by_batch.setdefault(point.batch_size, set()).add(point.num_spec_tokens)
+    if 1 not in ks_by_batch:
+        raise reader.fail(field_path, f"batch size 1 must be profiled, got B={sorted(ks_by_batch)}")
+    required = sorted({0, min(1, k_max), k_max})
+    for batch_size in sorted(ks_by_batch):
+        missing = [k for k in required if k not in ks_by_batch[batch_size]]
+        if missing:
+            raise reader.fail(
+                field_path,
+                f"B={batch_size} is missing K={missing} (K=0, 1 and k_max={k_max} are required "
+                "at every profiled B)",
+            )
+
+
+# ---------------------------------------------------------------- PR #32374 format
+
+
+def _parse_pr32374(reader: _Reader, data: Mapping[str, Any]) -> Profile:
+    k_max = reader.integer(
+        reader.require(data, "max_num_speculative_tokens", ""), "max_num_speculative_tokens", 1
+    )
+    rates = reader.rates(
+        reader.require(data, "acceptance_rate_per_pos", ""), "acceptance_rate_per_pos"
+    )
+    if len(rates) != k_max:
+        raise reader.fail(
+            "acceptance_rate_per_pos",
+            f"needs max_num_speculative_tokens={k_max} rates, got {len(rates)}",
+        )
+    is_online = data.get("is_online", False)
+    if not isinstance(is_online, bool):
+        raise reader.fail("is_online", f"must be true or false, got {is_online!r}")
+    batch_stats = reader.obj(reader.require(data, "batch_stats", ""), "batch_stats")
+    points: list[LatencyPoint] = []
+    for b_key, row in batch_stats.items():
+        row_path = f"batch_stats[{b_key!r}]"
+        batch_size = reader.integer_key(b_key, row_path, 1)
+        for k_key, itl in reader.obj(row, row_path).items():
+            cell_path = f"{row_path}[{k_key!r}]"
+            num_spec_tokens = reader.integer_key(k_key, cell_path, 0)
+            points.append(
+                LatencyPoint(
+                    batch_size=batch_size,
+                    num_spec_tokens=num_spec_tokens,
+                    median_ms=reader.positive_ms(itl, cell_path),
+                )
+            )
+    latency = tuple(sorted(points, key=lambda p: (p.batch_size, p.num_spec_tokens)))
+    _check_table_coverage(reader, latency, k_max, "batch_stats")
+    metadata: dict[str, Any] = {"source_format": "pr32374", "is_online": is_online}
+    if isinstance(data.get("_note"), str):
+        metadata["note"] = data["_note"]
+    return Profile(k_max=k_max, latency=latency, acceptance_rates=rates, metadata=metadata)
+
+
+def profile_to_pr32374(profile: Profile) -> dict[str, Any]:
+    """The PR #32374 `dynamic_speculative_config.json` object for `profile`.
+
+    ITL points at several context lengths for one (B, K) are averaged (as `itl_grid` does);
+    prefill points, counts and per-request samples have no place in that format.
+    """
+    batch_sizes, ks, grid = profile.itl_grid()
+    batch_stats: dict[str, dict[str, float]] = {}
+    for i, batch_size in enumerate(batch_sizes):
+        row = {
+            str(int(k)): float(grid[i, j])
+            for j, k in enumerate(ks)
+            if math.isfinite(float(grid[i, j]))
+        }
+        batch_stats[str(int(batch_size))] = row
+    return {
+        "is_online": bool(profile.metadata.get("is_online", False)),
+        "batch_stats": batch_stats,
+        "max_num_speculative_tokens": profile.k_max,
+        "acceptance_rate_per_pos": [float(r) for r in profile.acceptance_rates],
+    }
+
+
+def save_pr32374(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """Write `profile_to_pr32374(profile)` atomically."""
+    atomic_write_text(path, json.dumps(profile_to_pr32374(profile), indent=4) + "\n")
+
+
+# ---------------------------------------------------------------- native format
+
+
+def _optional(
+    reader: _Reader, entry: Mapping[str, Any], key: str, field_path: str, kind: str
+) -> Any:
+    value = entry.get(key)
+    if value is None:
+        return None
+    if kind == "ms":
+        return reader.positive_ms(value, f"{field_path}.{key}", "latency")
+    return reader.integer(value, f"{field_path}.{key}", 0 if kind == "int0" else 1)
+
+
+def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
+    version = data.get("version")
+    if version != NATIVE_VERSION:
+        raise reader.fail("version", f"unsupported version {version!r}, expected {NATIVE_VERSION}")
+    k_max = reader.integer(reader.require(data, "k_max", ""), "k_max", 1)
+    temperature = reader.number(data.get("temperature", 0.0), "temperature")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise reader.fail("temperature", f"must be finite and >= 0, got {temperature!r}")
+    metadata = dict(reader.obj(data.get("metadata", {}), "metadata"))
+
+    points: list[LatencyPoint] = []
+    for index, raw in enumerate(reader.seq(reader.require(data, "latency", ""), "latency")):
+        path = f"latency[{index}]"
+        entry = reader.obj(raw, path)
+        points.append(
+            LatencyPoint(
+                batch_size=reader.integer(
+                    reader.require(entry, "batch_size", path), f"{path}.batch_size", 1
+                ),
+                num_spec_tokens=reader.integer(
+                    reader.require(entry, "num_spec_tokens", path), f"{path}.num_spec_tokens", 0
+                ),
+                median_ms=reader.positive_ms(
+                    reader.require(entry, "median_ms", path), f"{path}.median_ms"
+                ),
+                context_len=_optional(reader, entry, "context_len", path, "int0"),
+                p10_ms=_optional(reader, entry, "p10_ms", path, "ms"),
+                p90_ms=_optional(reader, entry, "p90_ms", path, "ms"),
+                n=_optional(reader, entry, "n", path, "int1"),
+            )
+        )
+    latency = tuple(points)
+    _check_table_coverage(reader, latency, k_max, "latency")
+
+    prefill: list[PrefillPoint] = []
+    for index, raw in enumerate(reader.seq(data.get("prefill", []), "prefill")):
+        path = f"prefill[{index}]"
+        entry = reader.obj(raw, path)
+        prefill.append(
+            PrefillPoint(
+                num_tokens=reader.integer(
+                    reader.require(entry, "num_tokens", path), f"{path}.num_tokens", 1
+                ),
+                median_ms=reader.positive_ms(
+                    reader.require(entry, "median_ms", path), f"{path}.median_ms", "latency"
+                ),
+                batch_size=reader.integer(entry.get("batch_size", 1), f"{path}.batch_size", 1),
+                n=_optional(reader, entry, "n", path, "int1"),
+            )
+        )
+
+    acceptance = reader.obj(reader.require(data, "acceptance", ""), "acceptance")
+    drafted: tuple[int, ...] | None = None
+    accepted: tuple[int, ...] | None = None
+    if "rates" in acceptance:
+        rates = reader.rates(acceptance["rates"], "acceptance.rates")
+    elif "drafted_at_pos" in acceptance or "accepted_at_pos" in acceptance:
+        drafted, accepted, rates = _parse_counts(reader, acceptance)
+    else:
+        raise reader.fail(
+            "acceptance", "needs 'rates' or both 'drafted_at_pos' and 'accepted_at_pos'"
+        )
+    if len(rates) != k_max:
+        raise reader.fail("acceptance", f"needs k_max={k_max} positions, got {len(rates)}")
+
+    per_request: list[tuple[float, ...]] = []
+    for index, raw in enumerate(reader.seq(data.get("per_request_rates", []), "per_request_rates")):
+        path = f"per_request_rates[{index}]"
+        sample = reader.rates(raw, path)
+        if len(sample) > k_max:
+            raise reader.fail(path, f"has {len(sample)} positions, more than k_max={k_max}")
+        per_request.append(sample)
+
+    return Profile(
+        k_max=k_max,
+        latency=latency,
+        acceptance_rates=rates,
+        drafted_at_pos=drafted,
+        accepted_at_pos=accepted,
+        prefill=tuple(prefill),
+        per_request_rates=tuple(per_request),
+        temperature=temperature,
+        metadata=metadata,
+    )
+
+
+def _parse_counts(
+    reader: _Reader, acceptance: Mapping[str, Any]
+) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+    raw_drafted = reader.seq(
+        reader.require(acceptance, "drafted_at_pos", "acceptance"), "acceptance.drafted_at_pos"
+    )
+    raw_accepted = reader.seq(
+        reader.require(acceptance, "accepted_at_pos", "acceptance"), "acceptance.accepted_at_pos"
+    )
+    if len(raw_drafted) != len(raw_accepted):
+        raise reader.fail(
+            "acceptance",
+            f"drafted_at_pos has {len(raw_drafted)} positions, accepted_at_pos {len(raw_accepted)}",
+        )
+    drafted = tuple(
+        reader.integer(v, f"acceptance.drafted_at_pos[{i}]", 1) for i, v in enumerate(raw_drafted)
+    )
+    accepted = tuple(
+        reader.integer(v, f"acceptance.accepted_at_pos[{i}]", 0) for i, v in enumerate(raw_accepted)
+    )
+    for i, (num_drafted, num_accepted) in enumerate(zip(drafted, accepted, strict=True)):
+        if num_accepted > num_drafted:
+            raise reader.fail(
+                f"acceptance.accepted_at_pos[{i}]",
+                f"accepted {num_accepted} > drafted {num_drafted} at position {i + 1}",
+            )
+        if i > 0 and num_drafted > drafted[i - 1]:
+            raise reader.fail(
+                f"acceptance.drafted_at_pos[{i}]",
+                f"must be non-increasing (a request drafting i+1 tokens drafted i), "
+                f"got {num_drafted} after {drafted[i - 1]}",
+            )
+        if i > 0 and num_accepted > accepted[i - 1]:
+            raise reader.fail(
+                f"acceptance.accepted_at_pos[{i}]",
+                f"must be non-increasing, got {num_accepted} after {accepted[i - 1]}",
+            )
+    rates = [a / d for a, d in zip(accepted, drafted, strict=True)]
+    # Re-check through the same rule as given rates: unconditional rates must not rise.
+    reader.rates(rates, "acceptance (accepted_at_pos / drafted_at_pos)")
+    return drafted, accepted, tuple(rates)
+
+
+def profile_to_native(profile: Profile) -> dict[str, Any]:
+    """The native JSON object for `profile` (inverse of loading it)."""
+    acceptance: dict[str, Any]
+    if profile.drafted_at_pos is not None and profile.accepted_at_pos is not None:
+        acceptance = {
+            "drafted_at_pos": list(profile.drafted_at_pos),
+            "accepted_at_pos": list(profile.accepted_at_pos),
+        }
+    else:
+        acceptance = {"rates": list(profile.acceptance_rates)}
+    latency = []
+    for point in profile.latency:
+        entry: dict[str, Any] = {
+            "batch_size": point.batch_size,
+            "num_spec_tokens": point.num_spec_tokens,
+            "median_ms": point.median_ms,
+        }
+        for key in ("context_len", "p10_ms", "p90_ms", "n"):
+            value = getattr(point, key)
+            if value is not None:
+                entry[key] = value
+        latency.append(entry)
+    prefill = []
+    for prefill_point in profile.prefill:
+        prefill_entry: dict[str, Any] = {
+            "num_tokens": prefill_point.num_tokens,
+            "batch_size": prefill_point.batch_size,
+            "median_ms": prefill_point.median_ms,
+        }
+        if prefill_point.n is not None:
+            prefill_entry["n"] = prefill_point.n
+        prefill.append(prefill_entry)
+    return {
+        "format": NATIVE_FORMAT,
+        "version": NATIVE_VERSION,
+        "metadata": dict(profile.metadata),
+        "k_max": profile.k_max,
+        "temperature": profile.temperature,
+        "latency": latency,
+        "prefill": prefill,
+        "acceptance": acceptance,
+        "per_request_rates": [list(sample) for sample in profile.per_request_rates],
+    }
+
+
+def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
+    """Write the native JSON form of `profile` atomically."""
+    atomic_write_text(path, json.dumps(profile_to_native(profile), indent=2) + "\n")
+
+
+# ---------------------------------------------------------------- entry points
+
+
+def _nonfinite_constant(name: str) -> float:
+    # JSON has no NaN/Infinity, Python's json accepts them: let them through as floats so the
+    # field check rejects them with the field's name.
+    return float(name)
+
+
+def parse_profile(data: Any, source: str) -> Profile:
+    """A Profile from already-decoded JSON (`source` names it in error messages)."""
+    reader = _Reader(source)
+    if not isinstance(data, dict):
+        raise reader.fail("", f"expected a JSON object at the top level, got {_kind(data)}")
+    if data.get("format") == NATIVE_FORMAT:
+        return _parse_native(reader, data)
+    if "format" in data:
+        raise reader.fail("format", f"unknown profile format {data['format']!r}")
+    if "batch_stats" in data:
+        return _parse_pr32374(reader, data)
+    raise reader.fail(
+        "",
+        f"unknown profile format: expected {{'format': '{NATIVE_FORMAT}', ...}} or a vLLM "
+        "PR #32374 dynamic_speculative_config.json with 'batch_stats'",
+    )
+
+
+def load_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read a native or PR #32374 profile file; one-line InputError on any problem."""
+    source = str(path)
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text, parse_constant=_nonfinite_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+        ) from None
+    return parse_profile(data, source)
