@@ -1,0 +1,542 @@
+"""A Llama-family decoder in plain torch: RMSNorm, RoPE (with Llama-3 scaling), GQA, SwiGLU.
+
+This module is modules only (gpt-fast layout): it knows nothing about generation, drafting,
+sampling or slots beyond "write this token's K/V at its position in that slot, attend to what the
+slot holds up to the token's position". The SD step lives in `backend.engine`, rejection sampling
+in `backend.sampling`, the KV cache storage in `backend.kv_cache`.
+
+Parameter names are exactly the Hugging Face Llama names without the leading "model." (and
+`lm_head.weight` as is), so an HF state dict loads with only that prefix stripped:
+`embed_tokens.weight`, `layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
+`layers.{i}.mlp.{gate,up,down}_proj.weight`, `layers.{i}.input_layernorm.weight`,
+`layers.{i}.post_attention_layernorm.weight`, `norm.weight`, `lm_head.weight` (absent when the
+head is tied to the embedding). Qwen3's per-head `self_attn.{q,k}_norm.weight` exist only when
+`ModelConfig.qk_norm` is set. RoPE uses HF's rotate_half convention (the two halves of each head
+are the real/imaginary parts), so HF weights work unchanged. Norms compute in float32 like HF.
+
+It deliberately does not: load files (`backend.weights`), tokenize, support attention biases,
+sliding windows, MoE or tensor parallelism, or pick fast kernels (plain SDPA everywhere).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from policies.errors import InputError
+
+if TYPE_CHECKING:
+    from backend.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 RoPE frequency scaling (HF `rope_type: "llama3"`)."""
+
+    factor: float  # long wavelengths are divided by this; > 0
+    low_freq_factor: float  # wavelengths above original_len / low_freq_factor are fully scaled
+    high_freq_factor: float  # wavelengths below original_len / high_freq_factor are unscaled
+    original_max_position_embeddings: int  # context length the base model was trained at
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise InputError(f"rope_scaling.factor must be > 0, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise InputError(
+                "rope_scaling: need 0 < low_freq_factor < high_freq_factor, got "
+                f"{self.low_freq_factor}, {self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings < 1:
+            raise InputError(
+                "rope_scaling.original_max_position_embeddings must be >= 1, got "
+                f"{self.original_max_position_embeddings}"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of one Llama-family decoder. Validated on construction."""
+
+    vocab_size: int  # tokens in the vocabulary (rows of embed_tokens); >= 1
+    hidden_size: int  # model width; >= 1
+    num_layers: int  # decoder layers; >= 1
+    num_heads: int  # query heads; >= 1
+    num_kv_heads: int  # key/value heads (GQA); divides num_heads
+    intermediate_size: int  # SwiGLU inner width; >= 1
+    rope_theta: float = 10000.0  # RoPE base
+    rope_scaling: RopeScaling | None = None  # Llama-3 scaling, or None for plain RoPE
+    rms_norm_eps: float = 1e-5  # epsilon inside every RMSNorm
+    tie_word_embeddings: bool = False  # True: the head reuses embed_tokens.weight (no lm_head)
+    max_position_embeddings: int = 4096  # longest context the model is meant for
+    head_dim: int = 0  # per-head width; 0 means hidden_size // num_heads (filled in)
+    bos_token_id: int | None = None  # beginning-of-sequence id, if the model has one
+    eos_token_ids: tuple[int, ...] = ()  # every id that ends generation (may be empty)
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    name: str = field(default="", compare=False)  # label for reports; not part of the shape
+
+    def __post_init__(self) -> None:
+        positive = {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+        }
+        for key, value in positive.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"model config: {key} must be an integer >= 1, got {value!r}")
+        if self.num_heads % self.num_kv_heads != 0:
+            raise InputError(
+                f"model config: num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim == 0:
+            if self.hidden_size % self.num_heads != 0:
+                raise InputError(
+                    f"model config: hidden_size ({self.hidden_size}) not divisible by "
+                    f"num_heads ({self.num_heads}); give head_dim explicitly"
+                )
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.head_dim < 2 or self.head_dim % 2 != 0:
+            raise InputError(f"model config: head_dim must be even and >= 2, got {self.head_dim}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1.0):
+            raise InputError(
+                f"model config: rope_theta must be finite and > 1, got {self.rope_theta}"
+            )
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps > 0):
+            raise InputError(f"model config: rms_norm_eps must be > 0, got {self.rms_norm_eps}")
+        for token_id in (
+            *self.eos_token_ids,
+            *(() if self.bos_token_id is None else (self.bos_token_id,)),
+        ):
+            if not 0 <= token_id < self.vocab_size:
+                raise InputError(
+                    f"model config: special token id {token_id} outside vocab "
+                    f"[0, {self.vocab_size})"
+                )
+
+    @property
+    def num_params(self) -> int:
+        """Parameter count (embedding and head counted once when tied)."""
+        attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        embed = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings else embed
+        return self.num_layers * (attn + mlp + norms) + embed + head + self.hidden_size
+
+    @classmethod
+    def from_hf_config(cls, hf: dict[str, Any], name: str = "") -> ModelConfig:
+        """Build from a Hugging Face `config.json` dict (Llama, Mistral-style, SmolLM, Qwen3)."""
+        where = f"{name or 'config.json'}"
+        try:
+            scaling = hf.get("rope_scaling")
+            rope_scaling = None
+            if scaling:
+                rope_type = scaling.get("rope_type", scaling.get("type"))
+                if rope_type not in ("llama3",):
+                    raise InputError(
+                        f"{where}: rope_scaling type {rope_type!r} is not supported (only llama3)"
+                    )
+                rope_scaling = RopeScaling(
+                    factor=float(scaling["factor"]),
+                    low_freq_factor=float(scaling["low_freq_factor"]),
+                    high_freq_factor=float(scaling["high_freq_factor"]),
+                    original_max_position_embeddings=int(
+                        scaling["original_max_position_embeddings"]
+                    ),
+                )
+            eos = hf.get("eos_token_id")
+            eos_ids: tuple[int, ...]
+            if eos is None:
+                eos_ids = ()
+            elif isinstance(eos, list):
+                eos_ids = tuple(int(e) for e in eos)
+            else:
+                eos_ids = (int(eos),)
+            model_type = str(hf.get("model_type", "llama"))
+            num_heads = int(hf["num_attention_heads"])
+            return cls(
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=int(hf["hidden_size"]),
+                num_layers=int(hf["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
+                intermediate_size=int(hf["intermediate_size"]),
+                rope_theta=float(hf.get("rope_theta", 10000.0)),
+                rope_scaling=rope_scaling,
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+                head_dim=int(hf.get("head_dim") or 0),
+                bos_token_id=None if hf.get("bos_token_id") is None else int(hf["bos_token_id"]),
+                eos_token_ids=eos_ids,
+                qk_norm=model_type.startswith("qwen3"),
+                name=name,
+            )
+        except KeyError as exc:
+            raise InputError(f"{where}: missing field {exc.args[0]!r}") from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InputError):
+                raise
+            raise InputError(f"{where}: bad value ({exc})") from None
+
+
+_LLAMA3_SCALING_8K = RopeScaling(
+    factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+)
+
+# Named shapes. "tiny"/"tiny-draft" are test shapes (a draft of the same vocabulary); the others
+# are the published shapes of those checkpoints, used with random weights for latency at real
+# shapes or with loaded weights.
+MODEL_CONFIGS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        name="tiny",
+    ),
+    "tiny-draft": ModelConfig(
+        vocab_size=256,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=64,
+        rope_theta=10000.0,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        name="tiny-draft",
+    ),
+    "smollm2-135m": ModelConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+        intermediate_size=1536,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+        name="smollm2-135m",
+    ),
+    "llama-3.2-1b": ModelConfig(
+        vocab_size=128256,
+        hidden_size=2048,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=8192,
+        rope_theta=500000.0,
+        rope_scaling=RopeScaling(
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=8192,
+        ),
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+        name="llama-3.2-1b",
+    ),
+    "llama-3.1-8b": ModelConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        num_layers=32,
+        num_heads=32,
+        num_kv_heads=8,
+        intermediate_size=14336,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_SCALING_8K,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        max_position_embeddings=131072,
+        bos_token_id=128000,
+        eos_token_ids=(128001, 128008, 128009),
+        name="llama-3.1-8b",
+    ),
+    "qwen3-0.6b": ModelConfig(
+        vocab_size=151936,
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        intermediate_size=3072,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        max_position_embeddings=40960,
+        head_dim=128,
+        bos_token_id=151643,
+        eos_token_ids=(151645, 151643),
+        qk_norm=True,
+        name="qwen3-0.6b",
+    ),
+}
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse RoPE frequencies [head_dim / 2], float32, with Llama-3 scaling when configured."""
+    half = config.head_dim // 2
+    exponents = torch.arange(0, half, dtype=torch.float64) * 2.0 / config.head_dim  # [D/2]
+    inv_freq = 1.0 / (config.rope_theta**exponents)  # [D/2]
+    scaling = config.rope_scaling
+    if scaling is not None:
+        # Llama-3: frequencies whose wavelength exceeds the original context / low_freq_factor
+        # are slowed by `factor`; those shorter than original / high_freq_factor are kept; the band
+        # between is a linear blend in (original_len / wavelength).
+        original_len = float(scaling.original_max_position_embeddings)
+        wavelen = 2.0 * math.pi / inv_freq  # [D/2]
+        low_freq_wavelen = original_len / scaling.low_freq_factor
+        high_freq_wavelen = original_len / scaling.high_freq_factor
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+        blend = (original_len / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )  # [D/2]
+        blended = (1.0 - blend) * scaled / scaling.factor + blend * scaled
+        in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+        inv_freq = torch.where(in_band, blended, scaled)
+    return inv_freq.to(torch.float32)
+
+
+def rope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [B, T, head_dim] for integer positions [B, T] (HF layout: halves repeated)."""
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [B, T, D]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, T, H, D] by cos/sin [B, T, D]: x*cos + rotate_half(x)*sin (HF convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [B, T, H, D]
+    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, weight applied in the input dtype (as HF Llama does)."""
+
+    def __init__(self, dim: int, eps: float, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        input_dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(input_dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention that reads/writes one layer of a slot-indexed KV cache."""
+
+    def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, **kw)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, **kw)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, device, dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, T, hidden]
+        cos: torch.Tensor,  # [B, T, D]
+        sin: torch.Tensor,  # [B, T, D]
+        positions: torch.Tensor,  # [B, T] int64
+        cache_k: torch.Tensor | None,  # [S, max_len, Hkv, D] this layer, or None (no cache)
+        cache_v: torch.Tensor | None,  # [S, max_len, Hkv, D]
+        slot_ids: torch.Tensor | None,  # [B] int64
+        kv_len: int | None,  # attend to cache positions [0, kv_len); > every position
+    ) -> torch.Tensor:
+        batch, num_tokens, _ = x.shape
+        q = self.q_proj(x).view(batch, num_tokens, self.num_heads, self.head_dim)  # [B, T, H, D]
+        k = self.k_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim)  # [B,T,Hkv,D]
+        v = self.v_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim)  # [B,T,Hkv,D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+
+        if cache_k is None or cache_v is None or slot_ids is None:
+            # No cache: attend causally among the given tokens by their positions.
+            keys, values = k, v  # [B, T, Hkv, D]
+            key_positions = positions  # [B, T]
+        else:
+            # Write first, then read: a token attends to itself and to every earlier position.
+            cache_k[slot_ids[:, None], positions] = k
+            cache_v[slot_ids[:, None], positions] = v
+            span = cache_k.shape[1] if kv_len is None else kv_len
+            keys = cache_k[slot_ids, :span]  # [B, S_kv, Hkv, D]
+            values = cache_v[slot_ids, :span]  # [B, S_kv, Hkv, D]
+            key_positions = torch.arange(span, device=x.device).expand(batch, span)  # [B, S_kv]
+        mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S_kv]
+
+        group = self.num_heads // self.num_kv_heads
+        keys = keys.repeat_interleave(group, dim=2) if group > 1 else keys  # [B, S_kv, H, D]
+        values = values.repeat_interleave(group, dim=2) if group > 1 else values  # [B, S_kv, H, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),  # [B, H, T, D]
+            keys.transpose(1, 2),  # [B, H, S_kv, D]
+            values.transpose(1, 2),  # [B, H, S_kv, D]
+            attn_mask=mask[:, None, :, :],  # [B, 1, T, S_kv]
+        )  # [B, H, T, D]
+        out = out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
+        return self.o_proj(out)  # [B, T, hidden]
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        kw = {"bias": False, "device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.self_attn = Attention(config, device, dtype)
+        self.mlp = MLP(config, device, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.post_attention_layernorm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, device, dtype
+        )
+
+
+class Transformer(nn.Module):
+    """The decoder. `forward` returns logits for every given token; see its docstring."""
+
+    def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(
+            config.vocab_size, config.hidden_size, device=device, dtype=dtype
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, device, dtype) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(
+                config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype
+            )
+        # Not a parameter and not in the state dict: derived from the config.
+        self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T] int64
+        positions: torch.Tensor,  # [B, T] int64, position of each token in its sequence
+        kv_cache: KVCache | None = None,
+        slot_ids: torch.Tensor | None = None,  # [B] int64 cache slot of each row
+        num_layers: int | None = None,
+        kv_len: int | None = None,
+    ) -> torch.Tensor:
+        """Logits [B, T, V] (float32) of the next token after each given token.
+
+        With a cache: writes the K/V of these tokens into `kv_cache` at (slot, position) and lets
+        each token attend to every cache entry of its slot at positions <= its own, so the slot
+        must already hold positions [0, first given position) of that sequence. Padding tokens are
+        allowed at positions past a row's real tokens: they write only past the row's real length
+        and no real token reads them. `kv_len` (a host int, > every position) bounds how much of
+        the cache is read; None reads all of it. Without a cache: plain causal attention among the
+        given tokens by position (training, reference checks).
+
+        `num_layers=k` runs only the first k layers, then the final norm and head (an early-exit
+        draft); the cache then needs only k layers.
+        """
+        depth = self.config.num_layers if num_layers is None else num_layers
+        if not 1 <= depth <= self.config.num_layers:
+            raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {depth}")
+        if kv_cache is not None and (slot_ids is None or kv_cache.num_layers < depth):
+            raise ValueError("a KV cache needs slot_ids and at least num_layers layers")
+        hidden = self.embed_tokens(input_ids)  # [B, T, hidden]
+        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)  # [B, T, D] each
+        for index in range(depth):
+            layer = self.layers[index]
+            cache_k = kv_cache.k[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
+            cache_v = kv_cache.v[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
+            hidden = hidden + layer.self_attn(
+                layer.input_layernorm(hidden),
+                cos,
+                sin,
+                positions,
+                cache_k,
+                cache_v,
+                slot_ids,
+                kv_len,
+            )
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        hidden = self.norm(hidden)  # [B, T, hidden]
+        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, hid]
+        return F.linear(hidden, head).float()  # [B, T, V]
+
+
+def init_random_(model: Transformer, seed: int, std: float = 0.02) -> Transformer:
+    """Fill the weights in place like HF's init (normal(0, std) matrices, unit norms); returns it.
+
+    Deterministic for a given seed and device (a generator on the parameters' device draws them).
+    """
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            generator = torch.Generator(device=param.device)
+            # One stream per parameter, keyed by its name, so order of creation does not matter.
+            generator.manual_seed((seed * 1_000_003 + _stable_hash(param_name)) % (2**63))
+            if param_name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                sample = torch.empty(param.shape, device=param.device, dtype=torch.float32)
+                sample.normal_(0.0, std, generator=generator)
+                param.copy_(sample)
+    return model
+
+
+def _stable_hash(text: str) -> int:
+    """A hash of text that does not change between processes (str hash is salted)."""
+    value = 1469598103934665603
+    for byte in text.encode():
+        value = ((value ^ byte) * 1099511628211) % (2**64)
+    return value
