@@ -1,0 +1,266 @@
+"""Prompt-set datasets (MT-Bench, Spec-Bench, HumanEval, GSM8K, EAGLE subsets) and vLLM's `random`.
+
+Prompt lengths are in tokens of the SmolLM2 tokenizer, precomputed by
+`traces/scripts/compute_prompt_lengths.py` into `traces/data/prompt_lengths.json`, so the run-time
+path needs no tokenizer. Two lengths are stored per prompt: the raw first-turn text, and the text
+wrapped in the tokenizer's chat template with the generation prompt (what `vllm bench serve`
+sends for mt-bench, spec-bench and custom datasets unless `--skip-chat-template`). The default
+is the chat-templated length, as vLLM bench measures it.
+
+Sampling when `num_prompts` differs from the set size: prompts are taken in file order and
+cycled (prompt i is set[i % size]), so every prompt appears equally often; `shuffle=True` first
+permutes the set with the seed. vLLM bench shuffles with its own seed and oversamples with
+replacement; its exact order cannot be reproduced without its RNG, so we prefer a deterministic
+order that does not depend on the seed.
+
+The `random` dataset follows vLLM bench's semantics: prompt lengths uniform over the integers
+[floor(L*(1-r)), ceil(L*(1+r))], output lengths the same with the low end raised to 1, with
+0 <= r < 1. (SmolLM2 adds no special tokens, so no special-token correction is needed.)
+
+This module does not make arrival times (see traces.arrivals) and does not tokenize.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from policies.errors import InputError
+from traces.workload import RequestSpec, Workload
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+PROMPTS_DIR = DATA_DIR / "prompts"
+PROMPT_LENGTHS_PATH = DATA_DIR / "prompt_lengths.json"
+
+# Output tokens per request when none is given: vLLM bench's 256 for MT-Bench and Spec-Bench
+# (the average used in vLLM's SD benchmarks); we use the same for the other sets so results
+# across sets differ only in the prompts.
+DEFAULT_OUTPUT_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PromptRecord:
+    """One prompt of a prompt set."""
+
+    text: str  # first-turn prompt text, raw (no chat template)
+    tag: str  # category, e.g. MT-Bench "coding"; RequestSpec.tag
+    raw_len: int  # tokens of `text` alone (SmolLM2 tokenizer), >= 1
+    chat_len: int  # tokens of `text` in the chat template with the generation prompt, >= raw_len
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    """(line number, object) for every non-blank line of a JSONL (optionally .gz) file."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for line_no, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path.name}: line {line_no}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise InputError(f"{path.name}: line {line_no}: expected a JSON object")
+            yield line_no, row
+
+
+def _turns_reader(file_name: str) -> Callable[[], list[tuple[str, str]]]:
+    """Reader for FastChat-style question files: first turn, `category` as tag."""
+
+    def read() -> list[tuple[str, str]]:
+        path = PROMPTS_DIR / file_name
+        items = []
+        for line_no, row in _jsonl_rows(path):
+            turns = row.get("turns")
+            if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+                raise InputError(f"{path.name}: line {line_no}: 'turns' must be a list of text")
+            items.append((turns[0], str(row.get("category", "none"))))
+        return items
+
+    return read
+
+
+def _field_reader(file_name: str, field: str, tag: str) -> Callable[[], list[tuple[str, str]]]:
+    """Reader for files with the prompt in one text field and one tag for the whole set."""
+
+    def read() -> list[tuple[str, str]]:
+        path = PROMPTS_DIR / file_name
+        items = []
+        for line_no, row in _jsonl_rows(path):
+            text = row.get(field)
+            if not isinstance(text, str) or not text:
+                raise InputError(f"{path.name}: line {line_no}: '{field}' must be non-empty text")
+            items.append((text, tag))
+        return items
+
+    return read
+
+
+# name -> reader of (first-turn text, tag) in file order. A plain dict is the registry.
+PROMPT_SET_READERS: dict[str, Callable[[], list[tuple[str, str]]]] = {
+    "mt-bench": _turns_reader("mt_bench_question.jsonl"),
+    "spec-bench": _turns_reader("spec_bench_question.jsonl"),
+    "humaneval": _field_reader("HumanEval.jsonl.gz", "prompt", "code"),
+    "gsm8k": _field_reader("gsm8k_test.jsonl", "question", "math"),
+    "eagle-gsm8k": _turns_reader("eagle_gsm8k_question.jsonl"),
+    "eagle-humaneval": _turns_reader("eagle_humaneval_question.jsonl"),
+    "eagle-qa": _turns_reader("eagle_qa_question.jsonl"),
+    "eagle-sum": _turns_reader("eagle_sum_question.jsonl"),
+}
+PROMPT_SET_NAMES: tuple[str, ...] = tuple(PROMPT_SET_READERS)
+
+
+def texts_sha256(texts: list[str]) -> str:
+    """Fingerprint of a prompt set's texts, stored with the lengths to catch stale data."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\x00")
+    return digest.hexdigest()
+
+
+@cache
+def _shipped_lengths() -> dict[str, object]:
+    try:
+        loaded = json.loads(PROMPT_LENGTHS_PATH.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"{PROMPT_LENGTHS_PATH.name}: missing; run traces/scripts/compute_prompt_lengths.py"
+        ) from None
+    if not isinstance(loaded, dict):
+        raise InputError(f"{PROMPT_LENGTHS_PATH.name}: expected a JSON object")
+    return loaded
+
+
+@cache
+def load_prompt_set(name: str) -> tuple[PromptRecord, ...]:
+    """Every prompt of a named set in file order, with its shipped token lengths."""
+    if name not in PROMPT_SET_READERS:
+        known = ", ".join(PROMPT_SET_NAMES)
+        raise InputError(f"unknown prompt set {name!r}; known: {known}")
+    items = PROMPT_SET_READERS[name]()
+    datasets = _shipped_lengths().get("datasets")
+    entry = datasets.get(name) if isinstance(datasets, dict) else None
+    if not isinstance(entry, dict):
+        raise InputError(f"{PROMPT_LENGTHS_PATH.name}: no lengths for {name!r}")
+    raw_lens, chat_lens = entry.get("raw_len"), entry.get("chat_len")
+    if (
+        not isinstance(raw_lens, list)
+        or not isinstance(chat_lens, list)
+        or len(raw_lens) != len(items)
+        or len(chat_lens) != len(items)
+        or entry.get("texts_sha256") != texts_sha256([text for text, _ in items])
+    ):
+        raise InputError(
+            f"{PROMPT_LENGTHS_PATH.name}: lengths for {name!r} do not match the prompt file; "
+            "run traces/scripts/compute_prompt_lengths.py"
+        )
+    return tuple(
+        PromptRecord(text=text, tag=tag, raw_len=int(raw), chat_len=int(chat))
+        for (text, tag), raw, chat in zip(items, raw_lens, chat_lens, strict=True)
+    )
+
+
+def _check_count(field: str, value: int | None, minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise InputError(f"{field}: must be >= {minimum}, got {value}")
+
+
+def prompt_set_workload(
+    name: str,
+    *,
+    num_prompts: int | None = None,
+    output_len: int | None = None,
+    chat_template: bool = True,
+    shuffle: bool = False,
+    rng: np.random.Generator | None = None,
+) -> Workload:
+    """Requests from a named prompt set, all arriving at 0 (see traces.arrivals to re-time).
+
+    num_prompts: requests to make; None takes each prompt once. Cycles the set when larger.
+    output_len: max_tokens of every request; None is DEFAULT_OUTPUT_LEN (256).
+    chat_template: prompt_len counts the chat-templated prompt (vLLM bench default) or raw text.
+    shuffle: permute the set with `rng` before taking/cycling (rng required then).
+    """
+    _check_count("num_prompts", num_prompts, 1)
+    _check_count("output_len", output_len, 1)
+    records = load_prompt_set(name)
+    order = np.arange(len(records))  # [size]
+    if shuffle:
+        if rng is None:
+            raise InputError("shuffle: needs a seed")
+        order = rng.permutation(len(records))  # [size]
+    count = len(records) if num_prompts is None else num_prompts
+    max_tokens = DEFAULT_OUTPUT_LEN if output_len is None else output_len
+    requests = []
+    for index in range(count):
+        record = records[int(order[index % len(records)])]
+        requests.append(
+            RequestSpec(
+                prompt_len=record.chat_len if chat_template else record.raw_len,
+                output_len=max_tokens,
+                tag=record.tag,
+                prompt=record.text,
+            )
+        )
+    return Workload(name=name, requests=tuple(requests))
+
+
+@dataclass(frozen=True)
+class RandomLengths:
+    """vLLM bench's `random` dataset length knobs."""
+
+    input_len: int = 1024  # --random-input-len: mean prompt tokens, >= 1
+    output_len: int = 128  # --random-output-len: mean output tokens, >= 1
+    range_ratio: float = 0.0  # --random-range-ratio r in [0, 1): lengths in [L(1-r), L(1+r)]
+
+    def __post_init__(self) -> None:
+        if self.input_len < 1:
+            raise InputError(f"random_input_len: must be >= 1, got {self.input_len}")
+        if self.output_len < 1:
+            raise InputError(f"random_output_len: must be >= 1, got {self.output_len}")
+        if not 0.0 <= self.range_ratio < 1.0:
+            raise InputError(f"random_range_ratio: must be in [0, 1), got {self.range_ratio}")
+        if math.floor(self.input_len * (1 - self.range_ratio)) < 1:
+            raise InputError(
+                f"random_input_len: {self.input_len} with range ratio {self.range_ratio} "
+                "allows prompts of 0 tokens"
+            )
+
+    def input_bounds(self) -> tuple[int, int]:
+        """Inclusive [low, high] of prompt lengths."""
+        return (
+            math.floor(self.input_len * (1 - self.range_ratio)),
+            math.ceil(self.input_len * (1 + self.range_ratio)),
+        )
+
+    def output_bounds(self) -> tuple[int, int]:
+        """Inclusive [low, high] of output lengths; never below 1 token."""
+        return (
+            max(1, math.floor(self.output_len * (1 - self.range_ratio))),
+            max(1, math.ceil(self.output_len * (1 + self.range_ratio))),
+        )
+
+
+def random_workload(
+    num_prompts: int, lengths: RandomLengths, *, rng: np.random.Generator
+) -> Workload:
+    """`num_prompts` requests with uniform integer lengths, all arriving at 0, no prompt text."""
+    _check_count("num_prompts", num_prompts, 1)
+    input_low, input_high = lengths.input_bounds()
+    output_low, output_high = lengths.output_bounds()
+    prompt_lens = rng.integers(input_low, input_high + 1, size=num_prompts)  # [N]
+    output_lens = rng.integers(output_low, output_high + 1, size=num_prompts)  # [N]
+    requests = tuple(
+        RequestSpec(prompt_len=int(prompt_len), output_len=int(output_len), tag="random")
+        for prompt_len, output_len in zip(prompt_lens, output_lens, strict=True)
+    )
+    return Workload(name="random", requests=requests)

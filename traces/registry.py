@@ -1,0 +1,149 @@
+"""Name -> workload: the one entry point behind `dsd simulate --dataset-name` and `dsd run`.
+
+`build_workload` accepts every prompt-set name (traces.datasets), `random`, every shipped trace
+name (traces.loaders), `rl-rollout` (traces.rollout), or a path to a workload file, and applies
+the two `vllm bench serve` knobs on top: arrivals from `--request-rate`/`--burstiness`
+(traces.arrivals) and the `--max-concurrency` cap.
+
+Per kind:
+- prompt sets and files without times: `num_prompts` requests (cycled), re-timed by the rate
+  (inf: all at 0, so a closed loop when max_concurrency is set);
+- traces and files with times: open-loop replay of their timestamps (first `num_prompts` rows
+  after the trace options); a finite request_rate replaces the timestamps by synthetic arrivals
+  and keeps the trace's lengths;
+- rl-rollout: all at 0 (request_rate must stay inf).
+
+Randomness: one `np.random.SeedSequence(seed)`, one child stream per use (lengths, prompt
+order, arrivals), so the same seed gives the same workload and changing one knob does not
+reshuffle the others. This module holds no logic of its own beyond choosing and composing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from policies.errors import InputError
+from traces.arrivals import validate_rate, with_arrivals
+from traces.datasets import PROMPT_SET_NAMES, RandomLengths, prompt_set_workload, random_workload
+from traces.loaders import TRACE_NAMES, TraceOptions, load_trace, load_workload_file
+from traces.rollout import RolloutConfig, rollout_workload
+from traces.workload import Workload
+
+ROLLOUT_NAME = "rl-rollout"
+RANDOM_NAME = "random"
+KNOWN_NAMES: tuple[str, ...] = (*PROMPT_SET_NAMES, RANDOM_NAME, *TRACE_NAMES, ROLLOUT_NAME)
+
+# vLLM bench's --num-prompts default, used by `random` when num_prompts is None.
+DEFAULT_RANDOM_NUM_PROMPTS = 1000
+
+# Child indices of the run's SeedSequence; fixed so streams stay stable as code evolves.
+_STREAM_LENGTHS, _STREAM_ORDER, _STREAM_ARRIVALS = 0, 1, 2
+
+
+def _stream(seed: int, index: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[index])
+
+
+def _take(workload: Workload, num_prompts: int | None, *, cycle: bool) -> Workload:
+    """First num_prompts requests; cycle when fewer exist (only for untimed workloads)."""
+    if num_prompts is None or num_prompts == len(workload.requests):
+        return workload
+    requests = workload.requests
+    if num_prompts > len(requests) and not cycle:
+        raise InputError(
+            f"num_prompts: {workload.name} has {len(requests)} requests after the trace "
+            f"options, asked for {num_prompts}"
+        )
+    taken = tuple(requests[index % len(requests)] for index in range(num_prompts))
+    return dataclasses.replace(workload, requests=taken)
+
+
+def _with_output_len(workload: Workload, output_len: int | None) -> Workload:
+    if output_len is None:
+        return workload
+    requests = tuple(dataclasses.replace(r, output_len=output_len) for r in workload.requests)
+    return dataclasses.replace(workload, requests=requests)
+
+
+def build_workload(
+    name_or_path: str,
+    *,
+    num_prompts: int | None = None,
+    max_concurrency: int | None = None,
+    request_rate: float = math.inf,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    output_len: int | None = None,
+    chat_template: bool = True,
+    shuffle: bool = False,
+    random_lengths: RandomLengths | None = None,
+    trace_options: TraceOptions | None = None,
+    rollout: RolloutConfig | None = None,
+) -> Workload:
+    """The workload a name or path stands for, re-timed and capped like `vllm bench serve`.
+
+    num_prompts: requests (None: the whole set / trace; 1000 for random; the rollout's size).
+    max_concurrency: cap on requests in flight (None: no cap).
+    request_rate, burstiness: arrivals (see traces.arrivals); inf rate keeps 0 or trace times.
+    seed: the run seed; every random choice derives from it.
+    output_len: override every request's output tokens (prompt sets, files, traces).
+    chat_template: prompt-set prompt lengths with the chat template (vLLM bench default).
+    shuffle: permute a prompt set with the seed before taking num_prompts.
+    random_lengths: the `random` dataset's knobs (default: 1024 in, 128 out, ratio 0).
+    trace_options: window / sampling / caps / time scale for traces and files.
+    rollout: the rl-rollout shape (num_prompts, if given, overrides its num_requests).
+    """
+    if num_prompts is not None and num_prompts < 1:
+        raise InputError(f"num_prompts: must be >= 1, got {num_prompts}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise InputError(f"max_concurrency: must be >= 1, got {max_concurrency}")
+    if output_len is not None and output_len < 1:
+        raise InputError(f"output_len: must be >= 1, got {output_len}")
+    validate_rate(request_rate, burstiness)
+    if name_or_path in PROMPT_SET_NAMES:
+        workload = prompt_set_workload(
+            name_or_path,
+            num_prompts=num_prompts,
+            output_len=output_len,
+            chat_template=chat_template,
+            shuffle=shuffle,
+            rng=_stream(seed, _STREAM_ORDER),
+        )
+    elif name_or_path == RANDOM_NAME:
+        if output_len is not None:
+            raise InputError("output_len: the random dataset takes random_output_len instead")
+        count = DEFAULT_RANDOM_NUM_PROMPTS if num_prompts is None else num_prompts
+        workload = random_workload(
+            count, random_lengths or RandomLengths(), rng=_stream(seed, _STREAM_LENGTHS)
+        )
+    elif name_or_path in TRACE_NAMES:
+        workload = _with_output_len(load_trace(name_or_path, trace_options), output_len)
+        workload = _take(workload, num_prompts, cycle=False)
+    elif name_or_path == ROLLOUT_NAME:
+        if not math.isinf(request_rate):
+            raise InputError("request_rate: rl-rollout submits every request at t=0; leave it inf")
+        if output_len is not None:
+            raise InputError("output_len: rl-rollout draws output lengths; set its max instead")
+        config = rollout or RolloutConfig()
+        if num_prompts is not None:
+            config = dataclasses.replace(config, num_requests=num_prompts)
+        workload = rollout_workload(config, rng=_stream(seed, _STREAM_LENGTHS))
+    else:
+        path = Path(name_or_path)
+        if not path.suffix and not path.exists():
+            raise InputError(
+                f"unknown workload {name_or_path!r}; known: {', '.join(KNOWN_NAMES)}, "
+                "or a .csv/.parquet/.jsonl file"
+            )
+        workload = _with_output_len(load_workload_file(path, trace_options), output_len)
+        timed = any(request.arrival_s > 0 for request in workload.requests)
+        workload = _take(workload, num_prompts, cycle=not timed)
+    if not math.isinf(request_rate):
+        workload = with_arrivals(
+            workload, request_rate, burstiness, rng=_stream(seed, _STREAM_ARRIVALS)
+        )
+    return dataclasses.replace(workload, max_concurrency=max_concurrency)
