@@ -1,0 +1,124 @@
+"""The simulator's executor: one step's duration and accepted counts from fitted models.
+
+`FittedExecutor` implements `sim.types.Executor` with a `LatencyModel` (how long the step takes)
+and an `AcceptanceModel` (how many drafts each decode row accepts). Per step it frees the
+acceptance state of finished requests, samples accepted counts for the decode rows at their
+output positions and K, and returns `StepOutcome(duration_s, num_accepted)`.
+
+Duration = latency_model.step_ms(batch) + host_overhead_ms, times an optional multiplicative
+lognormal noise exp(sigma * Z) with its own generator (off by default). The noise has median 1,
+because profiles record median step latency. `host_overhead_ms` is host time the profile did not
+see (e.g. an engine loop slower than the profiler's); profiled ITL already includes the
+profiler's own host work, so the default is 0.
+
+What this does not do: decide anything about scheduling (the scheduler), stop early on EOS
+(simulated requests run to max_tokens; `stop_index` stays None), or touch torch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from policies.profile import Profile
+from sim.acceptance import (
+    HeterogeneousAcceptance,
+    PerPositionAcceptance,
+    ReplayAcceptance,
+    load_replay_recording,
+)
+from sim.latency import LatencyModelKind, fit_latency_model
+from sim.types import AcceptanceModel, LatencyModel, ScheduledBatch, StepOutcome
+from traces.workload import RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyJitter:
+    """Multiplicative lognormal noise on step latency: duration *= exp(sigma * Z), Z ~ N(0, 1)."""
+
+    sigma: float  # std of log(duration); 0.05 is about +-5% step to step; >= 0, finite
+    seed: np.random.SeedSequence  # the noise's own stream, so acceptance draws are unaffected
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"jitter sigma must be finite and >= 0, got {self.sigma}")
+
+
+class FittedExecutor:
+    """Executor of the simulator: latency model + acceptance model (+ optional noise)."""
+
+    def __init__(
+        self,
+        latency: LatencyModel,
+        acceptance: AcceptanceModel,
+        host_overhead_ms: float = 0.0,
+        jitter: LatencyJitter | None = None,
+    ) -> None:
+        if not (math.isfinite(host_overhead_ms) and host_overhead_ms >= 0):
+            raise ValueError(f"host_overhead_ms must be finite and >= 0, got {host_overhead_ms}")
+        self.latency = latency
+        self.acceptance = acceptance
+        self.host_overhead_ms = float(host_overhead_ms)
+        self.jitter_sigma = jitter.sigma if jitter is not None else 0.0
+        self._jitter_rng = np.random.default_rng(jitter.seed) if jitter is not None else None
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        self.acceptance.add_request(req_id, spec)
+
+    def execute(self, batch: ScheduledBatch) -> StepOutcome:
+        for req_id in batch.finished_req_ids:
+            self.acceptance.remove_request(req_id)
+        num_decode = batch.num_decode_reqs
+        decode_ks = batch.num_spec_tokens[:num_decode]  # [D]
+        num_accepted = self.acceptance.sample_accepted(
+            batch.req_ids[:num_decode],
+            batch.num_output_tokens[:num_decode],
+            decode_ks,
+        )  # [D]
+        # The contract the engine relies on: 0 <= a <= K for every decode row.
+        if num_accepted.shape != decode_ks.shape or bool(
+            np.any((num_accepted < 0) | (num_accepted > decode_ks))
+        ):
+            raise RuntimeError(
+                f"step {batch.step_index}: acceptance model returned accepted counts outside "
+                f"[0, K]: {num_accepted.tolist()} for K {decode_ks.tolist()}"
+            )
+        step_ms = self.latency.step_ms(batch) + self.host_overhead_ms
+        if self._jitter_rng is not None and self.jitter_sigma > 0:
+            step_ms *= math.exp(self.jitter_sigma * float(self._jitter_rng.standard_normal()))
+        if not (math.isfinite(step_ms) and step_ms > 0):
+            raise RuntimeError(f"step {batch.step_index}: latency model gave {step_ms} ms")
+        return StepOutcome(duration_s=step_ms / 1000.0, num_accepted=num_accepted.astype(np.int64))
+
+
+AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]
+
+
+def build_fitted_executor(
+    profile: Profile,
+    seed: np.random.SeedSequence,
+    latency_kind: LatencyModelKind = "auto",
+    acceptance_kind: AcceptanceKind = "per-position",
+    k_max: int | None = None,
+    host_overhead_ms: float = 0.0,
+    jitter_sigma: float = 0.0,
+) -> FittedExecutor:
+    """The usual wiring: latency from `fit_latency_model`, acceptance from the profile's rates
+    ("replay": the bundled recording at its default exit layer). `seed` is split into one stream
+    for acceptance and one for latency noise."""
+    acceptance_seed, jitter_seed = seed.spawn(2)
+    latency: LatencyModel = fit_latency_model(profile, kind=latency_kind, k_max=k_max)
+    acceptance: AcceptanceModel
+    if acceptance_kind == "per-position":
+        acceptance = PerPositionAcceptance.from_profile(profile, acceptance_seed)
+    elif acceptance_kind == "heterogeneous":
+        acceptance = HeterogeneousAcceptance.from_profile(profile, acceptance_seed)
+    elif acceptance_kind == "replay":
+        acceptance = ReplayAcceptance(load_replay_recording(), acceptance_seed)
+    else:
+        raise ValueError(f"unknown acceptance kind {acceptance_kind!r}")
+    jitter = LatencyJitter(jitter_sigma, jitter_seed) if jitter_sigma > 0 else None
+    return FittedExecutor(latency, acceptance, host_overhead_ms=host_overhead_ms, jitter=jitter)
