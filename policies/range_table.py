@@ -1,0 +1,177 @@
+"""vLLM's per-batch-size K table (`num_speculative_tokens_per_batch_size`) and compiling to it.
+
+A range table is a list of `[start_bs, end_bs, K]` entries, bounds inclusive. The semantics
+follow vLLM's speculative config:
+
+- the list is non-empty; every entry is three integers;
+- bounds are > 0 and start <= end; K >= 0;
+- entries may come in any order; sorted by start, the first starts at 1 and none overlap;
+- a B in a gap between ranges, or past the last range, takes the K of the range before it;
+- every K is clamped to `num_speculative_tokens` (our k_max);
+- a B above `max_num_seqs` is an error.
+
+`compile_range_table` turns any batch-level policy into such a table for a given max_num_seqs
+by asking it for B = 1..max_num_seqs and merging runs of equal K. This module does not read
+vLLM's whole `--speculative-config` (see `backend.vllm`), only the table inside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.goodput import lookup_batch_k
+from policies.types import KPolicy, StepFeedback, StepView
+
+IntArray = npt.NDArray[np.int64]
+RangeTable = list[list[int]]  # [[start_bs, end_bs, K], ...], bounds inclusive
+TABLE_FIELD = "num_speculative_tokens_per_batch_size"
+
+
+def validate_ranges(ranges: Any, source: str = TABLE_FIELD) -> RangeTable:
+    """The entries sorted by start, checked against vLLM's rules (K not yet clamped)."""
+    if not isinstance(ranges, list | tuple):
+        raise InputError(f"{source}: expected a list of [start_bs, end_bs, K], got {ranges!r}")
+    if len(ranges) == 0:
+        raise InputError(f"{source}: must not be empty")
+    checked: RangeTable = []
+    for index, entry in enumerate(ranges):
+        where = f"{source}[{index}]"
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) != 3
+            or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in entry)
+        ):
+            raise InputError(f"{where}: expected [start_bs, end_bs, K] integers, got {entry!r}")
+        start, end, k = (int(v) for v in entry)
+        if start <= 0 or end <= 0:
+            raise InputError(f"{where}: batch size bounds must be > 0, got [{start}, {end}]")
+        if start > end:
+            raise InputError(f"{where}: start_bs {start} > end_bs {end}")
+        if k < 0:
+            raise InputError(f"{where}: K must be >= 0, got {k}")
+        checked.append([start, end, k])
+    checked.sort(key=lambda entry: entry[0])
+    if checked[0][0] != 1:
+        raise InputError(
+            f"{source}: the first range must start at batch size 1, got {checked[0][0]}"
+        )
+    for previous, current in itertools.pairwise(checked):
+        if current[0] <= previous[1]:
+            raise InputError(
+                f"{source}: ranges {previous} and {current} overlap (batch size {current[0]})"
+            )
+    return checked
+
+
+def ranges_from_json(data: Any, source: str) -> RangeTable:
+    """A table from decoded JSON: the list, or an object holding it (a speculative config)."""
+    if isinstance(data, dict):
+        if TABLE_FIELD not in data:
+            raise InputError(f"{source}: object has no {TABLE_FIELD!r}")
+        return validate_ranges(data[TABLE_FIELD], f"{source}: {TABLE_FIELD}")
+    return validate_ranges(data, source)
+
+
+def read_ranges(text_or_path: str) -> RangeTable:
+    """Inline JSON (starting with '[' or '{') or the path of a JSON file."""
+    stripped = text_or_path.strip()
+    if stripped.startswith(("[", "{")):
+        source, text = "table", stripped
+    else:
+        source, text = text_or_path, Path(text_or_path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+        ) from None
+    return ranges_from_json(data, source)
+
+
+def expand_ranges(ranges: RangeTable, k_max: int, max_num_seqs: int) -> IntArray:
+    """[max_num_seqs] K for B = 1..max_num_seqs (gaps and the tail carry the previous K)."""
+    checked = validate_ranges(ranges)
+    k_by_batch = np.empty(max_num_seqs, dtype=np.int64)  # [max_num_seqs]
+    starts = np.array([entry[0] for entry in checked], dtype=np.int64)  # [R]
+    ks = np.minimum(np.array([entry[2] for entry in checked], dtype=np.int64), k_max)  # [R]
+    batch_sizes = np.arange(1, max_num_seqs + 1)  # [max_num_seqs]
+    # The range a B falls in, or the last one starting before it (gap / tail carry-forward).
+    owner = np.searchsorted(starts, batch_sizes, side="right") - 1  # [max_num_seqs], >= 0
+    k_by_batch[:] = ks[owner]
+    return k_by_batch
+
+
+class RangeTablePolicy:
+    """K from a vLLM range table, looked up by B."""
+
+    def __init__(self, ranges: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InputError(f"num_speculative_tokens must be an integer >= 0, got {k_max!r}")
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        self.ranges = validate_ranges(ranges)
+        self.k_max = k_max
+        self.max_num_seqs = max_num_seqs
+        self.k_by_batch = expand_ranges(self.ranges, k_max, max_num_seqs)  # [max_num_seqs]
+
+    def k_for_batch_size(self, batch_size: int) -> int:
+        if batch_size > self.max_num_seqs:
+            raise InputError(
+                f"range table: batch size {batch_size} exceeds max_num_seqs {self.max_num_seqs}"
+            )
+        return int(self.k_by_batch[max(batch_size, 1) - 1])
+
+    def choose_k(self, view: StepView) -> int:
+        return lookup_batch_k(self.k_by_batch, view, "range table")
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """A fixed table: nothing to learn."""
+
+
+def synthetic_view(batch_size: int, k_max: int, context_len: int = 0) -> StepView:
+    """A pure-decode StepView at batch size B, for asking a policy what it would do."""
+    return StepView(
+        step_index=0,
+        time_s=0.0,
+        batch_size=batch_size,
+        num_decode_reqs=batch_size,
+        req_ids=np.arange(batch_size, dtype=np.int64),
+        context_lens=np.full(batch_size, context_len, dtype=np.int64),
+        k_max=k_max,
+        num_tokens=batch_size,
+    )
+
+
+def compile_range_table(
+    policy: KPolicy, k_max: int, max_num_seqs: int, context_len: int = 0
+) -> RangeTable:
+    """The policy's current decision for B = 1..max_num_seqs as merged [start, end, K] ranges.
+
+    The policy must be batch-level: a per-request answer is accepted only when all requests get
+    the same K. Asking does not advance any state (choose_k is not followed by observe).
+    """
+    if max_num_seqs < 1:
+        raise InputError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    ranges: RangeTable = []
+    for batch_size in range(1, max_num_seqs + 1):
+        choice = policy.choose_k(synthetic_view(batch_size, k_max, context_len))
+        values = np.unique(np.asarray(choice, dtype=np.int64))
+        if values.size != 1:
+            raise InputError(
+                f"policy chose different K per request at B={batch_size} ({values.tolist()}); "
+                "only batch-level policies compile to a range table"
+            )
+        k = int(values[0])
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = batch_size
+        else:
+            ranges.append([batch_size, batch_size, k])
+    return ranges
