@@ -1,9 +1,301 @@
-"""CLI commands (being built)."""
+"""`dsd traces show | convert | export`: look at, convert and export workloads.
+
+Wiring only: workloads come from traces.registry.build_workload (names, trace names, files),
+files and plots from traces.export. Every output is written atomically by traces.export.
+"""
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from traces.datasets import RandomLengths
+from traces.export import (
+    plot_workload,
+    summarize,
+    write_vllm_custom_jsonl,
+    write_workload_table,
+)
+from traces.loaders import TraceOptions
+from traces.registry import KNOWN_NAMES, build_workload
+from traces.rollout import RolloutConfig
+from traces.workload import Workload
+
+traces_app = typer.Typer(
+    help="Workloads: show statistics and plots, convert to our table schema, export for vLLM.",
+    no_args_is_help=True,
+)
+
+Source = Annotated[
+    str,
+    typer.Argument(
+        help=f"A workload name ({', '.join(KNOWN_NAMES)}) or a .csv/.parquet/.jsonl file."
+    ),
+]
+NumPrompts = Annotated[int | None, typer.Option(help="Requests (default: the whole set).")]
+RequestRate = Annotated[
+    float, typer.Option(help="Mean requests/s; inf keeps 0 or the trace's own times.")
+]
+Burstiness = Annotated[float, typer.Option(help="Gamma shape of gaps; 1.0 = Poisson.")]
+MaxConcurrency = Annotated[int | None, typer.Option(help="Cap on requests in flight.")]
+Seed = Annotated[int, typer.Option(help="Run seed.")]
+OutputLen = Annotated[int | None, typer.Option(help="Override every request's output tokens.")]
+RawPrompt = Annotated[
+    bool, typer.Option("--raw-prompt", help="Prompt-set lengths without the chat template.")
+]
+Shuffle = Annotated[bool, typer.Option("--shuffle", help="Permute a prompt set with the seed.")]
+RandomInputLen = Annotated[int, typer.Option(help="random: mean prompt tokens.")]
+RandomOutputLen = Annotated[int, typer.Option(help="random: mean output tokens.")]
+RandomRangeRatio = Annotated[float, typer.Option(help="random: lengths in [L(1-r), L(1+r)].")]
+TimeScale = Annotated[float, typer.Option(help="Traces: rate multiplier (2 = twice as fast).")]
+StartS = Annotated[float, typer.Option(help="Traces: window start, s since the first row.")]
+EndS = Annotated[float, typer.Option(help="Traces: window end (exclusive), s.")]
+Fraction = Annotated[float | None, typer.Option(help="Traces: keep this share of rows (seeded).")]
+NumRows = Annotated[int | None, typer.Option(help="Traces: keep this many rows (seeded).")]
+MaxPromptLen = Annotated[int | None, typer.Option(help="Traces: clip prompt tokens.")]
+MaxOutputLen = Annotated[int | None, typer.Option(help="Traces: clip output tokens.")]
+RolloutDist = Annotated[str, typer.Option(help="rl-rollout: lognormal or pareto.")]
+RolloutMedian = Annotated[float, typer.Option(help="rl-rollout: lognormal median output.")]
+RolloutSigma = Annotated[float, typer.Option(help="rl-rollout: lognormal sigma.")]
+RolloutAlpha = Annotated[float, typer.Option(help="rl-rollout: Pareto tail index.")]
+RolloutMin = Annotated[float, typer.Option(help="rl-rollout: Pareto minimum length.")]
+RolloutMax = Annotated[int, typer.Option(help="rl-rollout: output cap (max_tokens).")]
+RolloutPromptLen = Annotated[int, typer.Option(help="rl-rollout: fixed prompt tokens.")]
+RolloutPromptSet = Annotated[
+    str | None, typer.Option(help="rl-rollout: take prompts from this set instead.")
+]
+
+
+def _build(
+    source: str,
+    *,
+    num_prompts: int | None,
+    request_rate: float,
+    burstiness: float,
+    max_concurrency: int | None,
+    seed: int,
+    output_len: int | None,
+    raw_prompt: bool,
+    shuffle: bool,
+    random_input_len: int,
+    random_output_len: int,
+    random_range_ratio: float,
+    time_scale: float,
+    start_s: float,
+    end_s: float,
+    fraction: float | None,
+    num_rows: int | None,
+    max_prompt_len: int | None,
+    max_output_len: int | None,
+    rollout_dist: str,
+    rollout_median: float,
+    rollout_sigma: float,
+    rollout_alpha: float,
+    rollout_min: float,
+    rollout_max: int,
+    rollout_prompt_len: int,
+    rollout_prompt_set: str | None,
+) -> Workload:
+    if rollout_dist not in ("lognormal", "pareto"):
+        raise typer.BadParameter(f"must be lognormal or pareto, got {rollout_dist!r}")
+    return build_workload(
+        source,
+        num_prompts=num_prompts,
+        max_concurrency=max_concurrency,
+        request_rate=request_rate,
+        burstiness=burstiness,
+        seed=seed,
+        output_len=output_len,
+        chat_template=not raw_prompt,
+        shuffle=shuffle,
+        random_lengths=RandomLengths(random_input_len, random_output_len, random_range_ratio),
+        trace_options=TraceOptions(
+            start_s=start_s,
+            end_s=end_s,
+            fraction=fraction,
+            num_rows=num_rows,
+            seed=seed,
+            max_prompt_len=max_prompt_len,
+            max_output_len=max_output_len,
+            time_scale=time_scale,
+        ),
+        rollout=RolloutConfig(
+            output_dist="pareto" if rollout_dist == "pareto" else "lognormal",
+            output_median=rollout_median,
+            output_sigma=rollout_sigma,
+            pareto_alpha=rollout_alpha,
+            pareto_min_len=rollout_min,
+            max_output_len=rollout_max,
+            prompt_len=rollout_prompt_len,
+            prompt_set=rollout_prompt_set,
+        ),
+    )
+
+
+def _summary_table(workload: Workload) -> Table:
+    summary = summarize(workload)
+    table = Table(title=f"workload {summary.name}")
+    table.add_column("", style="bold")
+    table.add_column("value", justify="right")
+    rate = "inf" if math.isinf(summary.request_rate) else f"{summary.request_rate:.3f}"
+    rows = [
+        ("requests", f"{summary.num_requests:,}"),
+        ("duration (s)", f"{summary.duration_s:.2f}"),
+        ("request rate (req/s)", rate),
+        ("max concurrency", str(summary.max_concurrency or "-")),
+        ("total prompt tokens", f"{summary.total_prompt_tokens:,}"),
+        ("total output tokens", f"{summary.total_output_tokens:,}"),
+    ]
+    for label, stats in (("prompt_len", summary.prompt), ("output_len", summary.output)):
+        rows.append(
+            (
+                f"{label} mean / p50 / p90 / p99 / max",
+                f"{stats.mean:.1f} / {stats.p50:.0f} / {stats.p90:.0f} / "
+                f"{stats.p99:.0f} / {stats.max}",
+            )
+        )
+    top_tags = list(summary.tags.items())[:8]
+    more = len(summary.tags) - len(top_tags)
+    tags_text = ", ".join(f"{tag} {count}" for tag, count in top_tags)
+    rows.append(("tags", tags_text + (f", +{more} more" if more > 0 else "")))
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+@traces_app.command("show")
+def show(
+    source: Source,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for lengths.png and arrivals.png.")
+    ] = None,
+    num_prompts: NumPrompts = None,
+    request_rate: RequestRate = math.inf,
+    burstiness: Burstiness = 1.0,
+    max_concurrency: MaxConcurrency = None,
+    seed: Seed = 0,
+    output_len: OutputLen = None,
+    raw_prompt: RawPrompt = False,
+    shuffle: Shuffle = False,
+    random_input_len: RandomInputLen = 1024,
+    random_output_len: RandomOutputLen = 128,
+    random_range_ratio: RandomRangeRatio = 0.0,
+    time_scale: TimeScale = 1.0,
+    start_s: StartS = 0.0,
+    end_s: EndS = math.inf,
+    fraction: Fraction = None,
+    num_rows: NumRows = None,
+    max_prompt_len: MaxPromptLen = None,
+    max_output_len: MaxOutputLen = None,
+    rollout_dist: RolloutDist = "lognormal",
+    rollout_median: RolloutMedian = 1024.0,
+    rollout_sigma: RolloutSigma = 1.0,
+    rollout_alpha: RolloutAlpha = 1.5,
+    rollout_min: RolloutMin = 256.0,
+    rollout_max: RolloutMax = 16384,
+    rollout_prompt_len: RolloutPromptLen = 512,
+    rollout_prompt_set: RolloutPromptSet = None,
+) -> None:
+    """Print counts, duration, rate and length percentiles; write plots with --out."""
+    workload = _build(**{k: v for k, v in locals().items() if k != "out"})
+    console = Console()
+    console.print(_summary_table(workload))
+    if out is not None:
+        for path in plot_workload(workload, out):
+            console.print(f"wrote {path}")
+
+
+@traces_app.command("convert")
+def convert(
+    source: Source,
+    out: Annotated[Path, typer.Option(help="Output .csv or .parquet (our schema).")],
+    num_prompts: NumPrompts = None,
+    request_rate: RequestRate = math.inf,
+    burstiness: Burstiness = 1.0,
+    seed: Seed = 0,
+    output_len: OutputLen = None,
+    raw_prompt: RawPrompt = False,
+    shuffle: Shuffle = False,
+    random_input_len: RandomInputLen = 1024,
+    random_output_len: RandomOutputLen = 128,
+    random_range_ratio: RandomRangeRatio = 0.0,
+    time_scale: TimeScale = 1.0,
+    start_s: StartS = 0.0,
+    end_s: EndS = math.inf,
+    fraction: Fraction = None,
+    num_rows: NumRows = None,
+    max_prompt_len: MaxPromptLen = None,
+    max_output_len: MaxOutputLen = None,
+    rollout_dist: RolloutDist = "lognormal",
+    rollout_median: RolloutMedian = 1024.0,
+    rollout_sigma: RolloutSigma = 1.0,
+    rollout_alpha: RolloutAlpha = 1.5,
+    rollout_min: RolloutMin = 256.0,
+    rollout_max: RolloutMax = 16384,
+    rollout_prompt_len: RolloutPromptLen = 512,
+    rollout_prompt_set: RolloutPromptSet = None,
+) -> None:
+    """Write a workload (name or file) as our table schema (.csv or .parquet)."""
+    options = {k: v for k, v in locals().items() if k != "out"}
+    workload = _build(**options, max_concurrency=None)
+    write_workload_table(workload, out)
+    Console().print(f"wrote {out} ({len(workload.requests):,} requests)")
+
+
+@traces_app.command("export")
+def export(
+    source: Source,
+    out: Annotated[Path, typer.Option(help="Output .jsonl in vLLM's custom dataset format.")],
+    num_prompts: NumPrompts = None,
+    seed: Seed = 0,
+    output_len: OutputLen = None,
+    raw_prompt: RawPrompt = False,
+    shuffle: Shuffle = False,
+    random_input_len: RandomInputLen = 1024,
+    random_output_len: RandomOutputLen = 128,
+    random_range_ratio: RandomRangeRatio = 0.0,
+    time_scale: TimeScale = 1.0,
+    start_s: StartS = 0.0,
+    end_s: EndS = math.inf,
+    fraction: Fraction = None,
+    num_rows: NumRows = None,
+    max_prompt_len: MaxPromptLen = None,
+    max_output_len: MaxOutputLen = None,
+    rollout_dist: RolloutDist = "lognormal",
+    rollout_median: RolloutMedian = 1024.0,
+    rollout_sigma: RolloutSigma = 1.0,
+    rollout_alpha: RolloutAlpha = 1.5,
+    rollout_min: RolloutMin = 256.0,
+    rollout_max: RolloutMax = 16384,
+    rollout_prompt_len: RolloutPromptLen = 512,
+    rollout_prompt_set: RolloutPromptSet = None,
+) -> None:
+    """Write a JSONL that `vllm bench serve --dataset-name custom` replays (see docs)."""
+    options = {k: v for k, v in locals().items() if k != "out"}
+    workload = _build(**options, request_rate=math.inf, burstiness=1.0, max_concurrency=None)
+    write_vllm_custom_jsonl(workload, out)
+    console = Console()
+    console.print(f"wrote {out} ({len(workload.requests):,} requests)")
+    console.print(
+        "replay: vllm bench serve --dataset-name custom "
+        f"--dataset-path {out} --num-prompts {len(workload.requests)} --custom-output-len -1 "
+        "--skip-chat-template --disable-shuffle --ignore-eos "
+        "[--request-rate R --burstiness X | --max-concurrency C]",
+        soft_wrap=True,
+        markup=False,
+    )
+    if any(request.arrival_s > 0 for request in workload.requests):
+        console.print(
+            "note: the JSONL has no arrival times; the trace's timestamps are not replayed",
+            soft_wrap=True,
+        )
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the app."""
+    """Add `dsd traces ...` to the app."""
+    app.add_typer(traces_app, name="traces")

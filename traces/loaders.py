@@ -18,6 +18,7 @@ This module does not generate synthetic arrivals and does not use prefix-cache h
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import re
@@ -265,7 +266,7 @@ def _read_schema_table(path: Path) -> _Columns:
             raise InputError(f"{path.name}: not a readable CSV ({exc})") from None
         except pd.errors.EmptyDataError:
             raise InputError(f"{path.name}: empty file") from None
-        line_of = np.arange(len(frame)) + 2  # [N] header is line 1
+        line_of = _csv_row_lines(path, len(frame))  # [N] prompts may span several lines
         where = "line"
     for column in ("prompt_len", "output_len"):
         if column not in frame.columns:
@@ -300,6 +301,21 @@ def _read_schema_table(path: Path) -> _Columns:
         tags=columns.tags,
         prompts=columns.prompts,
     )
+
+
+def _csv_row_lines(path: Path, num_rows: int) -> np.ndarray:
+    """Line (1-based) on which each data row of a CSV starts; quoted fields may hold newlines."""
+    starts = np.empty(num_rows, dtype=np.int64)  # [N]
+    with path.open(encoding="utf-8", newline="") as handle:
+        reader = csv.reader(handle)
+        next(reader, None)  # header
+        line_no = reader.line_num + 1
+        for index, _ in enumerate(reader):
+            if index >= num_rows:
+                break
+            starts[index] = line_no
+            line_no = reader.line_num + 1
+    return starts
 
 
 def _optional_text(frame: pd.DataFrame, column: str) -> list[str | None]:

@@ -1,0 +1,226 @@
+"""Workloads out: our table schema, vLLM bench `custom` JSONL, summaries and plots.
+
+- Table schema (CSV or parquet), one row per request in send order: prompt_len, output_len,
+  arrival_s, tag, prompt (empty when synthetic). `traces.loaders.load_workload_file` reads it.
+- vLLM `custom` JSONL, one object per line: {"prompt": text, "output_tokens": n,
+  "prompt_len": n}. `vllm bench serve --dataset-name custom --dataset-path FILE` reads "prompt"
+  and, with `--custom-output-len -1`, "output_tokens"; it ignores "prompt_len", which we keep so
+  the file reads back into the same workload. Requests without text (traces, random, rollout)
+  get a synthetic prompt of exactly prompt_len SmolLM2 tokens: words from SYNTHETIC_WORDS, each
+  one token with its leading space (the tokenizer splits before every space, so they never
+  merge). The first SYNTHETIC_ID_WORDS words spell the request index in base 16, so no two of
+  the first 65,536 prompts share a prefix (prefix caching cannot make them cheaper than real
+  prompts); the rest is SYNTHETIC_WORDS[0] (" the") repeated. The JSONL carries no times:
+  replay it with --request-rate/--burstiness or --max-concurrency.
+- A summary (counts, duration, rates, length percentiles) and PNG plots (length histograms,
+  arrival rate over time).
+
+Every file is written atomically (temporary file in the same folder, then os.replace). This
+module does not build workloads and does not tokenize.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from policies.errors import InputError
+from traces.workload import Workload
+
+# 16 words that are one SmolLM2 token each, in any sequence (a test checks this with
+# `tokenizers`); the first is the filler.
+SYNTHETIC_WORDS = (
+    " the", " a", " of", " and", " to", " in", " is", " for",
+    " on", " with", " as", " at", " by", " it", " from", " or",
+)  # fmt: skip
+# Leading words that spell the request index (base 16): 16**4 distinct prefixes.
+SYNTHETIC_ID_WORDS = 4
+
+TABLE_COLUMNS = ("prompt_len", "output_len", "arrival_s", "tag", "prompt")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call write(temp_path) for a temporary file beside `path`, then move it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp_path = Path(tmp_name)
+    try:
+        write(tmp_path)
+        os.chmod(tmp_path, 0o644)  # mkstemp makes 0600; outputs are ordinary files
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def synthetic_prompt(num_tokens: int, index: int = 0) -> str:
+    """A prompt of exactly num_tokens SmolLM2 tokens, distinct per index (mod 16**4)."""
+    if num_tokens < 1:
+        raise InputError(f"prompt_len: must be >= 1, got {num_tokens}")
+    num_id_words = min(num_tokens, SYNTHETIC_ID_WORDS)
+    digits = [(index >> (4 * position)) & 0xF for position in range(num_id_words)]
+    id_words = "".join(SYNTHETIC_WORDS[digit] for digit in digits)
+    return id_words + SYNTHETIC_WORDS[0] * (num_tokens - num_id_words)
+
+
+def workload_frame(workload: Workload) -> pd.DataFrame:
+    """One row per request, columns TABLE_COLUMNS, in send order."""
+    return pd.DataFrame(
+        {
+            "prompt_len": np.array([r.prompt_len for r in workload.requests], dtype=np.int64),
+            "output_len": np.array([r.output_len for r in workload.requests], dtype=np.int64),
+            "arrival_s": np.array([r.arrival_s for r in workload.requests], dtype=np.float64),
+            "tag": pd.array([r.tag for r in workload.requests], dtype="string"),
+            "prompt": pd.array([r.prompt for r in workload.requests], dtype="string"),
+        },
+        columns=list(TABLE_COLUMNS),
+    )
+
+
+def write_workload_table(workload: Workload, path: Path) -> None:
+    """Our schema as .csv or .parquet (by suffix), atomically."""
+    suffix = path.suffix.lower()
+    frame = workload_frame(workload)
+    if suffix == ".csv":
+        atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False, float_format="%.9g"))
+    elif suffix == ".parquet":
+        atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+    else:
+        raise InputError(f"{path.name}: output must end in .csv or .parquet, got {suffix!r}")
+
+
+def write_vllm_custom_jsonl(workload: Workload, path: Path) -> None:
+    """The `vllm bench serve --dataset-name custom` file of this workload, atomically."""
+    if path.suffix.lower() != ".jsonl":
+        raise InputError(f"{path.name}: output must end in .jsonl (vLLM's custom dataset format)")
+    lines = []
+    for index, request in enumerate(workload.requests):
+        prompt = request.prompt if request.prompt else synthetic_prompt(request.prompt_len, index)
+        row = {
+            "prompt": prompt,
+            "output_tokens": request.output_len,
+            "prompt_len": request.prompt_len,
+        }
+        lines.append(json.dumps(row, ensure_ascii=False))
+    text = "\n".join(lines) + "\n"
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """Percentiles of a token-length column."""
+
+    mean: float  # tokens
+    p50: float  # tokens (numpy 'linear' percentiles)
+    p90: float  # tokens
+    p99: float  # tokens
+    max: int  # tokens
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """What `dsd traces show` prints."""
+
+    name: str  # workload name
+    num_requests: int  # requests, >= 0
+    duration_s: float  # last arrival - first arrival, seconds (0 for a closed loop)
+    request_rate: float  # num_requests / duration_s, requests/s; inf when duration_s == 0
+    total_prompt_tokens: int  # sum of prompt_len
+    total_output_tokens: int  # sum of output_len
+    prompt: LengthStats  # prompt_len percentiles
+    output: LengthStats  # output_len percentiles
+    tags: dict[str, int]  # requests per tag, most common first ('-' for untagged)
+    max_concurrency: int | None  # the workload's cap on requests in flight
+
+
+def _length_stats(lengths: np.ndarray) -> LengthStats:
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return LengthStats(
+        mean=float(lengths.mean()),
+        p50=float(p50),
+        p90=float(p90),
+        p99=float(p99),
+        max=int(lengths.max()),
+    )
+
+
+def summarize(workload: Workload) -> WorkloadSummary:
+    """Counts, duration, rate and length percentiles of a non-empty workload."""
+    if not workload.requests:
+        raise InputError(f"{workload.name}: no requests")
+    frame = workload_frame(workload)
+    arrivals_s = frame["arrival_s"].to_numpy()  # [N]
+    duration_s = float(arrivals_s[-1] - arrivals_s[0])
+    tags = Counter(r.tag if r.tag is not None else "-" for r in workload.requests)
+    return WorkloadSummary(
+        name=workload.name,
+        num_requests=len(workload.requests),
+        duration_s=duration_s,
+        request_rate=len(workload.requests) / duration_s if duration_s > 0 else float("inf"),
+        total_prompt_tokens=int(frame["prompt_len"].sum()),
+        total_output_tokens=int(frame["output_len"].sum()),
+        prompt=_length_stats(frame["prompt_len"].to_numpy()),
+        output=_length_stats(frame["output_len"].to_numpy()),
+        tags=dict(tags.most_common()),
+        max_concurrency=workload.max_concurrency,
+    )
+
+
+def plot_workload(workload: Workload, out_dir: Path) -> list[Path]:
+    """Write lengths.png (prompt/output histograms) and arrivals.png (rate over time)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never open a window
+    import matplotlib.pyplot as plt
+
+    frame = workload_frame(workload)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for axis, column in zip(axes, ("prompt_len", "output_len"), strict=True):
+        lengths = frame[column].to_numpy()  # [N]
+        low, high = max(1, int(lengths.min())), int(lengths.max())
+        if high > 10 * low:  # long tails read better on log bins
+            bins = np.geomspace(low, high + 1, 50)
+            axis.set_xscale("log")
+        else:
+            bins = np.linspace(low, high + 1, 50)
+        axis.hist(lengths, bins=bins, color="tab:blue" if column == "prompt_len" else "tab:orange")
+        axis.set_xlabel(f"{column} (tokens)")
+        axis.set_ylabel("requests")
+        axis.set_title(f"{workload.name}: {column}, p50 {np.median(lengths):.0f}")
+    fig.tight_layout()
+    lengths_path = out_dir / "lengths.png"
+    atomic_write(lengths_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+    written.append(lengths_path)
+
+    arrivals_s = frame["arrival_s"].to_numpy()  # [N]
+    fig, axis = plt.subplots(figsize=(10, 3.5))
+    duration_s = float(arrivals_s[-1] - arrivals_s[0])
+    if duration_s > 0:
+        num_bins = int(min(120, max(10, len(arrivals_s) // 20)))
+        counts, edges = np.histogram(arrivals_s, bins=num_bins)
+        width_s = edges[1] - edges[0]
+        axis.step(edges[:-1], counts / width_s, where="post")
+        axis.set_ylabel(f"requests/s ({width_s:.3g} s bins)")
+    else:
+        axis.text(0.5, 0.5, "all requests arrive at t=0", ha="center", transform=axis.transAxes)
+    axis.set_xlabel("arrival time (s)")
+    axis.set_title(f"{workload.name}: arrival rate, {len(arrivals_s)} requests")
+    fig.tight_layout()
+    arrivals_path = out_dir / "arrivals.png"
+    atomic_write(arrivals_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    plt.close(fig)
+    written.append(arrivals_path)
+    return written
