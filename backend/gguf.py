@@ -554,6 +554,12 @@ class LlamaHyperparams:
     tie_word_embeddings: bool  # True when the file has no output.weight
 
 
+def _shortest_float(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-5, not
+    9.99999974e-06), so configs read from GGUF compare equal to the published ones."""
+    return float(str(np.float32(value)))
+
+
 def llama_hyperparams(gguf: GGUFFile) -> LlamaHyperparams:
     """Read the llama hyperparameters; one-line InputError when a key is missing."""
     meta = gguf.metadata
@@ -578,8 +584,8 @@ def llama_hyperparams(gguf: GGUFFile) -> LlamaHyperparams:
         num_layers=int(need("llama.block_count")),
         num_heads=num_heads,
         num_kv_heads=int(meta.get("llama.attention.head_count_kv", num_heads)),
-        rms_norm_eps=float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=_shortest_float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_shortest_float(meta.get("llama.rope.freq_base", 10000.0)),
         max_position_embeddings=int(meta.get("llama.context_length", 2048)),
         tie_word_embeddings="output.weight" not in gguf.tensors,
     )
