@@ -49,7 +49,7 @@ class OnlineConfig:
     # Memory is about 1 / (1 - decay) steps.
     decay: float = 0.98
     # Rebuild the K table when some estimated rate moved more than this since the last build.
-    recompute_tolerance: float = 0.005
+    recompute_tolerance: float = 0.02
 
     def __post_init__(self) -> None:
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):

@@ -1,0 +1,116 @@
+"""SPEC strings -> policies, and every policy's answer to any view."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from policy_factories import h100_profile
+
+from policies.errors import InputError
+from policies.goodput import GoodputPolicy
+from policies.online import OnlineAcceptancePolicy
+from policies.range_table import RangeTablePolicy, synthetic_view
+from policies.spec import POLICY_BUILDERS, parse_policy
+from policies.static import StaticPolicy
+from policies.types import StepView
+
+
+def _parse(spec: str, profile: bool = True):  # type: ignore[no-untyped-def]
+    return parse_policy(spec, profile=h100_profile() if profile else None, k_max=5, max_num_seqs=64)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind", "k_at_b1"),
+    [
+        ("static:3", StaticPolicy, 3),  # fixed K
+        ("static:0", StaticPolicy, 0),  # plain decoding
+        ("table:[[1,8,4],[9,64,1]]", RangeTablePolicy, 4),  # inline range table
+        ("goodput", GoodputPolicy, 3),  # PR #32374 rule on the H100 profile
+        ("online", OnlineAcceptancePolicy, 3),  # defaults
+        ("online:warmup_steps=5,decay=0.9,prior_strength=10", OnlineAcceptancePolicy, 3),
+        (" GOODPUT ", GoodputPolicy, 3),  # case and spaces are forgiven
+    ],
+)
+def test_valid_specs(spec: str, kind: type, k_at_b1: int) -> None:
+    policy = _parse(spec)
+    assert isinstance(policy, kind)
+    assert policy.choose_k(synthetic_view(1, 5)) == k_at_b1
+
+
+def test_online_keys_reach_the_config() -> None:
+    policy = _parse("online:warmup_steps=5,decay=0.9,prior_strength=10,recompute_tolerance=0")
+    assert isinstance(policy, OnlineAcceptancePolicy)
+    assert (policy.config.warmup_steps, policy.config.decay) == (5, 0.9)
+    assert (policy.config.prior_strength, policy.config.recompute_tolerance) == (10.0, 0.0)
+
+
+def test_table_spec_reads_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "table.json"
+    path.write_text("[[1, 2, 5], [3, 64, 2]]")
+    policy = _parse(f"table:{path}")
+    assert policy.choose_k(synthetic_view(3, 5)) == 2
+
+
+@pytest.mark.parametrize(
+    ("spec", "profile", "fragment"),
+    [
+        ("magic", True, "unknown policy 'magic'; known: goodput, online, static, table"),
+        ("static", True, "needs an integer K >= 0"),  # K missing
+        ("static:-1", True, "needs an integer K >= 0"),  # negative
+        ("static:two", True, "needs an integer K >= 0"),  # not a number
+        ("static:9", True, "K=9 exceeds k_max 5"),  # more than the engine drafts
+        ("table:", True, "needs a JSON list or a file path"),
+        ("table:[[2,8,1]]", True, "must start at batch size 1"),
+        ("table:[[1,8,1],", True, "invalid JSON"),
+        ("goodput", False, "needs a profile (--profile)"),
+        ("goodput:3", True, "takes no argument"),
+        ("online", False, "needs a profile"),
+        ("online:speed=3", True, "expected key=value with key in"),
+        ("online:decay", True, "expected key=value"),
+        ("online:warmup_steps=1.5", True, "warmup_steps must be an integer"),
+        ("online:decay=2", True, "decay must be in (0, 1]"),
+    ],
+)
+def test_bad_specs_are_one_line_input_errors(spec: str, profile: bool, fragment: str) -> None:
+    with pytest.raises(InputError) as info:
+        _parse(spec, profile)
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_table_file_is_file_not_found(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(FileNotFoundError):
+        _parse(f"table:{tmp_path / 'nope.json'}")
+
+
+SPECS = ["static:2", "static:5", "table:[[1,3,5],[10,64,2]]", "goodput", "online:warmup_steps=0"]
+
+
+@given(
+    spec=st.sampled_from(SPECS),
+    batch_size=st.integers(0, 64),
+    num_decode=st.integers(0, 64),
+    k_max=st.integers(0, 5),
+)
+def test_every_policy_returns_k_in_range_for_any_view(
+    spec: str, batch_size: int, num_decode: int, k_max: int
+) -> None:
+    num_decode = min(num_decode, batch_size)  # prefill chunks make up the rest; may be 0
+    view = StepView(
+        step_index=3,
+        time_s=1.5,
+        batch_size=batch_size,
+        num_decode_reqs=num_decode,
+        req_ids=np.arange(num_decode, dtype=np.int64),
+        context_lens=np.full(num_decode, 100, dtype=np.int64),
+        k_max=k_max,
+    )
+    k = _parse(spec).choose_k(view)
+    assert 0 <= int(k) <= k_max
+
+
+def test_registry_is_a_plain_dict_of_builders() -> None:
+    assert type(POLICY_BUILDERS) is dict
+    assert set(POLICY_BUILDERS) == {"static", "table", "goodput", "online"}
