@@ -1,0 +1,144 @@
+"""Prompt sets with shipped token lengths, and vLLM bench's random dataset."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from policies.errors import InputError
+from traces.datasets import (
+    DEFAULT_OUTPUT_LEN,
+    PROMPT_SET_NAMES,
+    RandomLengths,
+    load_prompt_set,
+    prompt_set_workload,
+    random_workload,
+)
+
+MT_BENCH_CATEGORIES = {
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+}  # fmt: skip
+
+
+def test_mt_bench_has_80_prompts_10_per_category_and_256_output_tokens() -> None:
+    workload = prompt_set_workload("mt-bench")
+    assert len(workload.requests) == 80
+    tags = [r.tag for r in workload.requests]
+    assert set(tags) == MT_BENCH_CATEGORIES
+    assert all(tags.count(category) == 10 for category in MT_BENCH_CATEGORIES)
+    assert all(r.output_len == DEFAULT_OUTPUT_LEN == 256 for r in workload.requests)
+    assert all(r.arrival_s == 0.0 and r.prompt for r in workload.requests)
+    assert workload.requests[0].prompt.startswith("Compose an engaging travel blog post")
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [
+        ("mt-bench", 80),  # FastChat first turns
+        ("spec-bench", 480),  # 6 tasks x 80
+        ("humaneval", 164),  # all HumanEval problems
+        ("gsm8k", 1319),  # GSM8K test split
+        ("eagle-gsm8k", 80),  # EAGLE's subsets
+        ("eagle-humaneval", 80),
+        ("eagle-qa", 80),
+        ("eagle-sum", 80),
+    ],
+)
+def test_every_prompt_set_loads_with_positive_lengths(name: str, size: int) -> None:
+    records = load_prompt_set(name)
+    assert len(records) == size
+    assert all(r.raw_len >= 1 and r.chat_len > r.raw_len for r in records)
+
+
+def test_chat_template_adds_the_same_system_preamble_to_every_prompt() -> None:
+    # SmolLM2's template adds a fixed system turn and role markers: 29-30 tokens (one fewer when
+    # the text's last character merges with the following newline)
+    for name in PROMPT_SET_NAMES:
+        extra = {r.chat_len - r.raw_len for r in load_prompt_set(name)}
+        assert extra <= {29, 30}, name
+
+
+def test_raw_prompt_option_uses_raw_lengths() -> None:
+    raw = prompt_set_workload("mt-bench", chat_template=False)
+    chat = prompt_set_workload("mt-bench")
+    assert [r.prompt_len + 30 for r in raw.requests] == [r.prompt_len for r in chat.requests]
+
+
+def test_more_prompts_than_the_set_cycles_in_file_order() -> None:
+    workload = prompt_set_workload("mt-bench", num_prompts=200, output_len=64)
+    texts = [r.prompt for r in workload.requests]
+    assert texts[80:160] == texts[:80] and texts[160:] == texts[:40]
+    assert all(r.output_len == 64 for r in workload.requests)
+
+
+def test_shuffle_is_a_seeded_permutation() -> None:
+    first = prompt_set_workload("mt-bench", shuffle=True, rng=np.random.default_rng(3))
+    again = prompt_set_workload("mt-bench", shuffle=True, rng=np.random.default_rng(3))
+    plain = prompt_set_workload("mt-bench")
+    assert first == again
+    assert first != plain
+    assert sorted(r.prompt or "" for r in first.requests) == sorted(
+        r.prompt or "" for r in plain.requests
+    )
+
+
+def test_unknown_prompt_set_lists_known_names() -> None:
+    with pytest.raises(InputError, match="known: mt-bench"):
+        prompt_set_workload("mt_bench")
+
+
+@pytest.mark.parametrize(
+    ("input_len", "output_len", "ratio"),
+    [
+        (1024, 128, 0.0),  # vLLM default: fixed lengths
+        (1000, 200, 0.5),  # [500, 1500] and [100, 300]
+        (100, 1, 0.9),  # output low end clamps to 1
+        (7, 3, 0.3),  # floor/ceil on non-integer bounds: [4, 10] and [2, 4]
+    ],
+)
+def test_random_lengths_stay_in_vllm_bounds(input_len: int, output_len: int, ratio: float) -> None:
+    lengths = RandomLengths(input_len, output_len, ratio)
+    workload = random_workload(4000, lengths, rng=np.random.default_rng(0))
+    prompt_lens = np.array([r.prompt_len for r in workload.requests])
+    output_lens = np.array([r.output_len for r in workload.requests])
+    input_low, input_high = math.floor(input_len * (1 - ratio)), math.ceil(input_len * (1 + ratio))
+    output_low = max(1, math.floor(output_len * (1 - ratio)))
+    output_high = max(1, math.ceil(output_len * (1 + ratio)))
+    assert prompt_lens.min() == input_low and prompt_lens.max() == input_high
+    assert output_lens.min() == output_low and output_lens.max() == output_high
+
+
+def test_random_dataset_is_seeded() -> None:
+    lengths = RandomLengths(100, 50, 0.5)
+    first = random_workload(100, lengths, rng=np.random.default_rng(5))
+    assert first == random_workload(100, lengths, rng=np.random.default_rng(5))
+    assert first != random_workload(100, lengths, rng=np.random.default_rng(6))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"range_ratio": 1.0}, "random_range_ratio"),  # vLLM requires r < 1
+        ({"range_ratio": -0.1}, "random_range_ratio"),  # negative ratio
+        ({"input_len": 0}, "random_input_len"),  # empty prompts
+        ({"output_len": 0}, "random_output_len"),  # empty outputs
+        ({"input_len": 1, "range_ratio": 0.5}, "random_input_len"),  # floor(0.5) = 0 tokens
+    ],
+)
+def test_bad_random_lengths_raise(kwargs: dict[str, float], field: str) -> None:
+    with pytest.raises(InputError, match=field):
+        RandomLengths(**kwargs)  # type: ignore[arg-type]
+
+
+def test_shipped_lengths_equal_a_fresh_tokenization() -> None:
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("jinja2")
+    import json
+
+    from traces.datasets import PROMPT_LENGTHS_PATH
+    from traces.scripts.compute_prompt_lengths import compute_lengths
+
+    shipped = json.loads(PROMPT_LENGTHS_PATH.read_text(encoding="utf-8"))
+    assert shipped == compute_lengths()
