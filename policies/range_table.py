@@ -27,7 +27,13 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.errors import InputError
-from policies.goodput import lookup_batch_k
+from policies.goodput import (
+    GoodputTable,
+    ItlTable,
+    acceptance_lengths,
+    lookup_batch_k,
+)
+from policies.profile import Profile
 from policies.types import KPolicy, StepFeedback, StepView
 
 IntArray = npt.NDArray[np.int64]
@@ -175,3 +181,27 @@ def compile_range_table(
         else:
             ranges.append([batch_size, batch_size, k])
     return ranges
+
+
+def evaluate_policy(policy: KPolicy, profile: Profile, max_num_seqs: int) -> GoodputTable:
+    """What `policy` chooses for B = 1..max_num_seqs, scored with the profile's AL and ITL.
+
+    For the goodput policy this equals its own `goodput_table`; for any other batch-level policy
+    it shows what its choices cost under the profile (what `dsd policy explain` prints).
+    """
+    ranges = compile_range_table(policy, profile.k_max, max_num_seqs)
+    k_by_batch = expand_ranges(ranges, profile.k_max, max_num_seqs)  # [N]
+    itl = ItlTable.from_profile(profile)
+    al_by_k = acceptance_lengths(profile.acceptance_rates, profile.k_max)  # [k_max + 1]
+    batch_sizes = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
+    k_values = np.arange(profile.k_max + 1, dtype=np.int64)  # [k_max + 1]
+    objective = al_by_k[None, :] / itl.itl_ms_at(batch_sizes[:, None], k_values[None, :])
+    itl_chosen = itl.itl_ms_at(batch_sizes, k_by_batch)  # [N]
+    return GoodputTable(
+        batch_sizes=batch_sizes,
+        k_star=k_by_batch,
+        acceptance_length=al_by_k[k_by_batch],
+        itl_ms=itl_chosen,
+        goodput=al_by_k[k_by_batch] / itl_chosen,
+        goodput_by_k=objective,
+    )
