@@ -1,0 +1,745 @@
+"""The continuous-batching scheduler with speculative decoding (vLLM v1 semantics).
+
+Decides, step by step, which requests run and how many tokens each computes, keeps the KV block
+accounting, and turns a step's outcome (accepted drafts, stop positions) into output tokens. It
+NEVER computes time: durations come only from the executor, and the engine owns the clock.
+
+One step goes through three calls (the engine drives them; a property-test machine may too):
+
+1. `plan_step() -> StepPlan | None`: running requests first, in running order (decode rows want
+   1 + K tokens, prefill rows their next chunk), then waiting requests admitted FCFS while the
+   token budget, `max_num_seqs` and the KV pool allow. Preemptions happen here.
+2. `commit_step(plan, k) -> ScheduledBatch`: K (one int, or one per decode row) is clamped to
+   [0, k_max] and to the draft room reserved by the plan; accounting is optimistic:
+   `num_computed_tokens += num_scheduled_tokens` and `num_output_placeholders += 1 + K`.
+3. `update(batch, outcome) -> StepResult`: `num_computed_tokens -= rejected`, placeholders
+   resolved, output tokens appended with stop checks (max_tokens, max_model_len, EOS position):
+   never beyond the limit; the excess (drafts past a stop) is trimmed.
+
+Sync scheduling calls `update` before the next `plan_step`. Async scheduling plans step t+1
+while step t is in flight (its placeholders stand in for unknown tokens); the K given to
+`commit_step` at step t is then stored per request and applied to the drafts verified at step
+t+1 (vLLM's one-step lag: the drafter runs at the end of step t).
+
+Token budget and drafts: the plan reserves `k_max` draft tokens per decode row (trimmed to what
+the budget and max_model_len leave: drafts are trimmed before a decode row is dropped, as vLLM
+does) and KV blocks for them; `commit_step` releases what the chosen K does not use. This equals
+vLLM whenever the budget and the pool do not bind, or K == k_max; otherwise prefill chunks and
+admissions see the k_max reserve where vLLM would see the actual drafts (vLLM knows the drafts
+before it schedules, we ask the policy after B is known).
+
+Data layout: struct-of-arrays indexed by a request *slot* (reused after a request finishes), so
+that the all-decode hot path is a handful of numpy operations over the running slots; Python
+loops run only for events (admission, finish, preemption, abort). Not done here: prefix caching,
+priorities other than FCFS, encoder inputs, structured output, LoRA.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.errors import InputError
+from policies.types import IntArray, SchedulingMode, StepView, position_counts
+from sim.kv import KVBlockPool
+from sim.types import BoolArray, ScheduledBatch, StepOutcome
+from traces.workload import RequestSpec
+
+# Slot states.
+_FREE = 0  # unused slot
+_WAITING = 1  # in the waiting queue (new, or preempted)
+_RUNNING = 2  # in the running set
+_DRAINING = 3  # finished, but a step that scheduled it is still in flight (async)
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler limits, named like vLLM's engine arguments."""
+
+    # Largest context (prompt + output tokens) of a request, tokens.
+    max_model_len: int
+    # KV blocks in the pool (vLLM's num_gpu_blocks); must hold one max_model_len request.
+    num_kv_blocks: int
+    # Largest K (vLLM's num_speculative_tokens); 0 disables drafts.
+    k_max: int = 0
+    # Most requests in the running set.
+    max_num_seqs: int = 256
+    # Most tokens computed in one step (decode rows with drafts + prefill chunks).
+    max_num_batched_tokens: int = 8192
+    # Tokens per KV block.
+    block_size: int = 16
+    # "sync": plan after the previous outcome; "async": plan step t+1 while step t is in flight.
+    scheduling: SchedulingMode = "sync"
+    # Prompts may be computed over several steps.
+    enable_chunked_prefill: bool = True
+    # > 0: a prefill chunk is at most this many tokens (vLLM's long_prefill_token_threshold).
+    long_prefill_token_threshold: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_model_len < 2:
+            raise InputError(f"scheduler: max_model_len must be >= 2, got {self.max_model_len}")
+        if self.k_max < 0:
+            raise InputError(f"scheduler: k_max must be >= 0, got {self.k_max}")
+        if self.max_num_seqs < 1:
+            raise InputError(f"scheduler: max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise InputError(
+                f"scheduler: max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.block_size < 1:
+            raise InputError(f"scheduler: block_size must be >= 1, got {self.block_size}")
+        if self.scheduling not in ("sync", "async"):
+            raise InputError(
+                f"scheduler: scheduling must be 'sync' or 'async', got {self.scheduling!r}"
+            )
+        if self.long_prefill_token_threshold < 0:
+            raise InputError(
+                "scheduler: long_prefill_token_threshold must be >= 0, "
+                f"got {self.long_prefill_token_threshold}"
+            )
+        if self.num_kv_blocks * self.block_size < self.max_model_len:
+            raise InputError(
+                f"scheduler: num_kv_blocks ({self.num_kv_blocks}) x block_size "
+                f"({self.block_size}) must hold one max_model_len ({self.max_model_len}) request"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise InputError(
+                "scheduler: without chunked prefill max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """The requests chosen for one step, before K is known. Pass it back to `commit_step`."""
+
+    step_index: int  # index the step will have
+    decode_req_ids: IntArray  # [D] decode rows, running order
+    decode_context_lens: IntArray  # [D] tokens in each decode row's KV cache before the step
+    decode_draft_room: IntArray  # [D] most drafts each decode row may get (budget, model len)
+    prefill_req_ids: IntArray  # [P] prefill rows, running order then admission order
+    prefill_chunk_lens: IntArray  # [P] prompt tokens each prefill row computes
+    prefill_completes: BoolArray  # [P] the chunk ends the prompt: the row samples a token
+    new_req_ids: tuple[int, ...]  # admitted from the waiting queue in this step
+    preempted_req_ids: tuple[int, ...]  # preempted (by recompute) since the previous batch
+    finished_req_ids: tuple[int, ...]  # finished or aborted since the previous step
+    decode_slots: IntArray  # [D] scheduler slots of the decode rows (internal)
+    prefill_slots: IntArray  # [P] scheduler slots of the prefill rows (internal)
+
+    @property
+    def num_decode_reqs(self) -> int:
+        return int(self.decode_req_ids.shape[0])
+
+    @property
+    def batch_size(self) -> int:
+        """B: decode rows plus prefill rows."""
+        return int(self.decode_req_ids.shape[0] + self.prefill_req_ids.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the step before drafts (one per decode row plus the prefill chunks)."""
+        return int(self.decode_req_ids.shape[0] + int(self.prefill_chunk_lens.sum()))
+
+    def view(self, time_s: float, k_max: int, scheduling: SchedulingMode) -> StepView:
+        """The policy's view of this step."""
+        return StepView(
+            step_index=self.step_index,
+            time_s=time_s,
+            batch_size=self.batch_size,
+            num_decode_reqs=self.num_decode_reqs,
+            req_ids=self.decode_req_ids,
+            context_lens=self.decode_context_lens,
+            k_max=k_max,
+            scheduling=scheduling,
+            num_tokens=self.num_tokens,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one step's outcome did to the requests, per row of its ScheduledBatch."""
+
+    step_index: int  # the step
+    req_ids: IntArray  # [B] == batch.req_ids
+    num_output_tokens: IntArray  # [B] output tokens emitted this step, after trimming (>= 0)
+    finished_req_ids: tuple[int, ...]  # requests that finished in this step (length or stop)
+    num_accepted_tokens: int  # accepted drafts summed over the decode rows, before trimming
+
+
+@dataclass
+class SpecDecodeStats:
+    """vLLM-style spec-decode counters, plus drafted_at_pos (K varies between steps)."""
+
+    k_max: int
+    num_drafts: int = 0  # decode rows that carried >= 1 draft
+    num_draft_tokens: int = 0  # sum of K over those rows
+    num_accepted_tokens: int = 0  # sum of accepted drafts (before stop trimming)
+    # [k_max] rows whose first i+1 drafts were all accepted
+    accepted_at_pos: IntArray = field(default_factory=lambda: _EMPTY.copy())
+    # [k_max] rows that drafted at least i+1 tokens
+    drafted_at_pos: IntArray = field(default_factory=lambda: _EMPTY.copy())
+
+    def __post_init__(self) -> None:
+        if self.accepted_at_pos.shape[0] != self.k_max:
+            self.accepted_at_pos = np.zeros(self.k_max, dtype=np.int64)
+        if self.drafted_at_pos.shape[0] != self.k_max:
+            self.drafted_at_pos = np.zeros(self.k_max, dtype=np.int64)
+
+    def observe(self, num_spec_tokens: IntArray, num_accepted: IntArray) -> None:
+        """Count the decode rows of one step ([n] K and accepted per row)."""
+        drafted_rows = num_spec_tokens > 0  # [n]
+        self.num_drafts += int(drafted_rows.sum())
+        self.num_draft_tokens += int(num_spec_tokens.sum())
+        self.num_accepted_tokens += int(num_accepted.sum())
+        if self.k_max:
+            drafted, accepted = position_counts(num_spec_tokens, num_accepted, self.k_max)
+            self.drafted_at_pos += drafted
+            self.accepted_at_pos += accepted
+
+    @property
+    def acceptance_length(self) -> float:
+        """1 + accepted / num_drafts (vLLM's mean acceptance length); NaN without drafts."""
+        if self.num_drafts == 0:
+            return float("nan")
+        return 1.0 + self.num_accepted_tokens / self.num_drafts
+
+
+@dataclass(frozen=True, slots=True)
+class _CommittedStep:
+    """What `update` needs to know about a committed step (kept until its outcome arrives)."""
+
+    slots: IntArray  # [B] scheduler slots, batch row order
+    epochs: IntArray  # [B] preemption count of each slot at commit time
+    num_decode_reqs: int
+    num_spec_tokens: IntArray  # [D] K per decode row
+    completes_prompt: BoolArray  # [B] rows that sample their first token after a prefill
+    placeholders: IntArray  # [B] placeholders added at commit: 1 + K, 1 or 0
+
+
+class Scheduler:
+    """vLLM v1 style scheduler; see the module docstring for the call protocol."""
+
+    def __init__(self, config: SchedulerConfig, capacity: int = 64) -> None:
+        self.config = config
+        self.kv = KVBlockPool(config.num_kv_blocks, config.block_size, capacity)
+        self.spec_stats = SpecDecodeStats(config.k_max)
+        self._async = config.scheduling == "async"
+        capacity = max(capacity, 1)
+        # Struct of arrays, one entry per slot.
+        self._req_id = np.full(capacity, -1, dtype=np.int64)  # [S] request id in the slot
+        self._state = np.zeros(capacity, dtype=np.int8)  # [S] _FREE/_WAITING/_RUNNING/_DRAINING
+        self._prompt_len = np.zeros(capacity, dtype=np.int64)  # [S] prompt tokens
+        self._max_output = np.zeros(capacity, dtype=np.int64)  # [S] min(max_tokens, model room)
+        self._num_computed = np.zeros(capacity, dtype=np.int64)  # [S] optimistic, drafts incl.
+        self._num_output = np.zeros(capacity, dtype=np.int64)  # [S] confirmed output tokens
+        self._num_placeholders = np.zeros(capacity, dtype=np.int64)  # [S] in-flight outputs
+        self._in_prefill = np.zeros(capacity, dtype=np.bool_)  # [S] computing a (re)prompt
+        self._prefill_end = np.zeros(capacity, dtype=np.int64)  # [S] tokens the prefill covers
+        self._pending_k = np.zeros(capacity, dtype=np.int64)  # [S] async: K for the next step
+        self._epoch = np.zeros(capacity, dtype=np.int64)  # [S] preemptions so far
+        self._free_slots: list[int] = list(range(capacity - 1, -1, -1))
+        self._slot_of: dict[int, int] = {}
+        self._waiting: deque[int] = deque()
+        self._running: list[int] = []
+        self._draining: list[int] = []
+        self._inflight: dict[int, _CommittedStep] = {}
+        self._pending_plan: StepPlan | None = None
+        self._finished_since_last: list[int] = []
+        self._preempted_since_last: list[int] = []
+        self._step_index = 0
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        """Queue a request at the back of the waiting queue."""
+        if req_id in self._slot_of:
+            raise ValueError(f"request {req_id} is already in the scheduler")
+        cfg = self.config
+        if spec.prompt_len >= cfg.max_model_len:
+            raise InputError(
+                f"request {req_id}: prompt_len {spec.prompt_len} leaves no room for output "
+                f"tokens within max_model_len {cfg.max_model_len}"
+            )
+        if not self._free_slots:
+            self._grow(2 * self._state.shape[0])
+        slot = self._free_slots.pop()
+        self._slot_of[req_id] = slot
+        self._req_id[slot] = req_id
+        self._state[slot] = _WAITING
+        self._prompt_len[slot] = spec.prompt_len
+        self._max_output[slot] = min(spec.output_len, cfg.max_model_len - spec.prompt_len)
+        self._num_computed[slot] = 0
+        self._num_output[slot] = 0
+        self._num_placeholders[slot] = 0
+        self._in_prefill[slot] = True
+        self._prefill_end[slot] = spec.prompt_len
+        self._pending_k[slot] = 0
+        self._epoch[slot] = 0
+        self._waiting.append(slot)
+
+    def abort(self, req_id: int) -> None:
+        """Drop a waiting or running request; its blocks are freed now."""
+        slot = self._slot_of.get(req_id)
+        if slot is None or self._state[slot] == _DRAINING:
+            raise KeyError(f"request {req_id} is not waiting or running")
+        if self._state[slot] == _WAITING:
+            self._waiting.remove(slot)
+        else:
+            self._running.remove(slot)
+        self._finish(slot)
+
+    def has_unfinished(self) -> bool:
+        """Requests waiting or running (finished ones still in flight do not count)."""
+        return bool(self._running or self._waiting)
+
+    def has_inflight(self) -> bool:
+        """Committed steps whose outcome has not been applied."""
+        return bool(self._inflight)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def num_output_tokens(self, req_id: int) -> int:
+        """Confirmed output tokens of a request that is still in the scheduler."""
+        return int(self._num_output[self._slot_of[req_id]])
+
+    # ------------------------------------------------------------------ one step
+
+    def plan_step(self) -> StepPlan | None:
+        """Choose the rows of the next step (see module docstring); None: nothing to run."""
+        if self._pending_plan is not None:
+            raise RuntimeError("plan_step called twice without commit_step")
+        if not self._async and self._inflight:
+            raise RuntimeError("sync scheduling: update the previous step before planning")
+        if not self._running and not self._waiting:
+            return None
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        preempted: list[int] = []
+        decode_slots = _EMPTY
+        decode_rows_got = _EMPTY
+        running_prefill_slots = _EMPTY
+        running_prefill_chunks = _EMPTY
+
+        if self._running:
+            run = np.array(self._running, dtype=np.int64)  # [R] running order
+            computed = self._num_computed[run]  # [R]
+            in_prefill = self._in_prefill[run]  # [R]
+            # vLLM keeps positions < max_model_len (matters with drafts near the end).
+            room = cfg.max_model_len - 1 - computed  # [R]
+            want = np.where(in_prefill, self._prefill_end[run] - computed, 1 + cfg.k_max)  # [R]
+            if cfg.long_prefill_token_threshold:
+                want = np.where(
+                    in_prefill, np.minimum(want, cfg.long_prefill_token_threshold), want
+                )
+            np.minimum(want, room, out=want)
+            # A request whose confirmed + in-flight outputs reach max_tokens waits for its
+            # outcome instead of running a step that cannot emit (async; in sync mode the
+            # placeholders are 0 here and unfinished requests are below max_tokens).
+            saturated = ~in_prefill & (
+                self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
+            )
+            want[saturated] = 0
+            # Greedy token budget in running order: each row takes min(want, what is left).
+            cum = np.minimum(np.cumsum(want), budget)  # [R]
+            got = np.diff(cum, prepend=0)  # [R]
+            covered = computed + got  # [R]
+            if not self.kv.try_cover_many(run, covered):
+                run, got, preempted = self._cover_with_preemption(run, got)
+                computed = self._num_computed[run]
+                in_prefill = self._in_prefill[run]
+            budget -= int(got.sum())
+            scheduled = got > 0  # [R']
+            decode_mask = scheduled & ~in_prefill
+            prefill_mask = scheduled & in_prefill
+            decode_slots = run[decode_mask]
+            decode_rows_got = got[decode_mask]
+            if prefill_mask.any():
+                running_prefill_slots = run[prefill_mask]
+                running_prefill_chunks = got[prefill_mask]
+
+        new_slots: list[int] = []
+        new_chunks: list[int] = []
+        # vLLM admits nothing in a step that preempted.
+        if self._waiting and not preempted:
+            budget = self._admit(budget, new_slots, new_chunks)
+
+        self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
+        if decode_slots.shape[0] == 0 and running_prefill_slots.shape[0] == 0 and not new_slots:
+            # Possible in async mode only: the rows that fit are waiting for their in-flight
+            # outcome. The preemptions are reported with the next batch.
+            return None
+
+        if new_slots:
+            prefill_slots = np.concatenate(
+                [running_prefill_slots, np.array(new_slots, dtype=np.int64)]
+            )
+            prefill_chunks = np.concatenate(
+                [running_prefill_chunks, np.array(new_chunks, dtype=np.int64)]
+            )
+        else:
+            prefill_slots, prefill_chunks = running_prefill_slots, running_prefill_chunks
+        prefill_completes = (
+            self._num_computed[prefill_slots] + prefill_chunks == self._prefill_end[prefill_slots]
+        )
+        finished = tuple(self._finished_since_last)
+        self._finished_since_last.clear()
+        preempted_ids = tuple(self._preempted_since_last)
+        self._preempted_since_last.clear()
+        plan = StepPlan(
+            step_index=self._step_index,
+            decode_req_ids=self._req_id[decode_slots],
+            decode_context_lens=self._num_computed[decode_slots],
+            decode_draft_room=decode_rows_got - 1,
+            prefill_req_ids=self._req_id[prefill_slots],
+            prefill_chunk_lens=prefill_chunks,
+            prefill_completes=prefill_completes,
+            new_req_ids=tuple(int(r) for r in self._req_id[new_slots]) if new_slots else (),
+            preempted_req_ids=preempted_ids,
+            finished_req_ids=finished,
+            decode_slots=decode_slots,
+            prefill_slots=prefill_slots,
+        )
+        self._pending_plan = plan
+        return plan
+
+    def commit_step(self, plan: StepPlan, k: int | IntArray) -> ScheduledBatch:
+        """Fix K for the plan's decode rows and apply the optimistic accounting.
+
+        `k`: one K for every decode row, or [num_decode_reqs] K per decode row. Clamped to
+        [0, k_max]. Sync: it is this step's K (then also clamped to the plan's draft room).
+        Async: it is stored for the next step of each request, and this step uses the K stored
+        at the previous step (requests that only finished their prompt in the previous step
+        get that step's scalar K, or the largest K of a per-row answer).
+        """
+        if plan is not self._pending_plan:
+            raise RuntimeError("commit_step needs the plan returned by the last plan_step")
+        cfg = self.config
+        num_decode = plan.num_decode_reqs
+        if isinstance(k, int | np.integer):
+            k_rows = np.full(num_decode, min(max(int(k), 0), cfg.k_max), dtype=np.int64)  # [D]
+            k_default = min(max(int(k), 0), cfg.k_max)
+        else:
+            k_rows = np.asarray(k, dtype=np.int64)  # [D]
+            if k_rows.shape != (num_decode,):
+                raise ValueError(
+                    f"policy returned K of shape {k_rows.shape}, expected ({num_decode},)"
+                )
+            k_rows = np.clip(k_rows, 0, cfg.k_max)
+            k_default = int(k_rows.max()) if num_decode else 0
+        self._pending_plan = None
+        dslots = plan.decode_slots
+        pslots = plan.prefill_slots
+        if self._async:
+            num_spec = np.minimum(self._pending_k[dslots], plan.decode_draft_room)  # [D]
+            self._pending_k[dslots] = k_rows
+            self._pending_k[pslots[plan.prefill_completes]] = k_default
+        else:
+            num_spec = np.minimum(k_rows, plan.decode_draft_room)  # [D]
+        decode_tokens = 1 + num_spec  # [D]
+        self._num_computed[dslots] += decode_tokens
+        self._num_computed[pslots] += plan.prefill_chunk_lens
+        self._num_placeholders[dslots] += decode_tokens
+        completing = pslots[plan.prefill_completes]
+        self._num_placeholders[completing] += 1
+        self._in_prefill[completing] = False
+        # Release the KV reserved for drafts the chosen K does not use.
+        self.kv.shrink_to(dslots, self._num_computed[dslots])
+
+        num_prefill = pslots.shape[0]
+        slots = np.concatenate([dslots, pslots]) if num_prefill else dslots  # [B]
+        num_scheduled = (
+            np.concatenate([decode_tokens, plan.prefill_chunk_lens])
+            if num_prefill
+            else decode_tokens
+        )  # [B]
+        spec_rows = (
+            np.concatenate([num_spec, np.zeros(num_prefill, dtype=np.int64)])
+            if num_prefill
+            else num_spec
+        )  # [B]
+        completes = np.zeros(slots.shape[0], dtype=np.bool_)  # [B]
+        completes[num_decode:] = plan.prefill_completes
+        placeholders = num_scheduled.copy()  # [B]
+        placeholders[num_decode:] = plan.prefill_completes
+        self._inflight[plan.step_index] = _CommittedStep(
+            slots=slots,
+            epochs=self._epoch[slots],
+            num_decode_reqs=num_decode,
+            num_spec_tokens=num_spec,
+            completes_prompt=completes,
+            placeholders=placeholders,
+        )
+        self._step_index += 1
+        return ScheduledBatch(
+            step_index=plan.step_index,
+            req_ids=self._req_id[slots],
+            num_decode_reqs=num_decode,
+            num_scheduled_tokens=num_scheduled,
+            num_spec_tokens=spec_rows,
+            num_computed_tokens=self._num_computed[slots] - num_scheduled,
+            num_output_tokens=self._num_output[slots],
+            completes_prompt=completes,
+            total_num_scheduled_tokens=int(num_scheduled.sum()),
+            new_req_ids=plan.new_req_ids,
+            finished_req_ids=plan.finished_req_ids,
+            preempted_req_ids=plan.preempted_req_ids,
+        )
+
+    def update(self, batch: ScheduledBatch, outcome: StepOutcome) -> StepResult:
+        """Apply a step's outcome: resolve placeholders, emit output tokens, finish requests."""
+        step = self._inflight.pop(batch.step_index, None)
+        if step is None:
+            raise RuntimeError(f"step {batch.step_index} is not in flight")
+        num_decode = step.num_decode_reqs
+        accepted = np.asarray(outcome.num_accepted, dtype=np.int64)  # [D]
+        if accepted.shape != (num_decode,):
+            raise ValueError(
+                f"outcome of step {batch.step_index}: num_accepted has shape {accepted.shape}, "
+                f"expected ({num_decode},)"
+            )
+        rejected = step.num_spec_tokens - accepted  # [D]
+        if num_decode and ((accepted < 0).any() or (rejected < 0).any()):
+            raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
+        slots = step.slots  # [B]
+        self._num_placeholders[slots] -= step.placeholders
+        state = self._state[slots]  # [B]
+        # Rows of requests that finished or were aborted since the commit emit nothing (the
+        # slot may even hold a new request by now if the row had no placeholders).
+        live = ((state == _RUNNING) | (state == _WAITING)) & (self._req_id[slots] == batch.req_ids)
+        # Rows of a request preempted after this commit: its KV is gone (num_computed reset).
+        same_epoch = self._epoch[slots] == step.epochs  # [B]
+
+        dslots = slots[:num_decode]
+        if num_decode:
+            keep = live[:num_decode] & same_epoch[:num_decode]  # [D]
+            if rejected.any():
+                fix = keep & (rejected > 0)
+                fix_slots = dslots[fix]
+                self._num_computed[fix_slots] -= rejected[fix]
+                self.kv.shrink_to(fix_slots, self._num_computed[fix_slots])
+            live_decode = live[:num_decode]
+            if live_decode.all():
+                self.spec_stats.observe(step.num_spec_tokens, accepted)
+            else:
+                self.spec_stats.observe(step.num_spec_tokens[live_decode], accepted[live_decode])
+            emitted = np.concatenate(
+                [accepted + 1, step.completes_prompt[num_decode:].astype(np.int64)]
+            )  # [B]
+        else:
+            emitted = step.completes_prompt.astype(np.int64)  # [B]
+        # Append output tokens one by one with stop checks, vectorised: stop at max_tokens
+        # (already min'd with max_model_len room) or just after a stop token, trim the rest.
+        outputs = self._num_output[slots]  # [B]
+        np.minimum(emitted, self._max_output[slots] - outputs, out=emitted)
+        emitted[~live] = 0
+        stopped = None
+        if outcome.stop_index is not None:
+            stop_index = np.asarray(outcome.stop_index, dtype=np.int64)  # [B]
+            stopped = (stop_index >= 0) & (stop_index < emitted)  # [B]
+            emitted = np.where(stopped, stop_index + 1, emitted)
+        outputs += emitted
+        self._num_output[slots] = outputs
+        done = live & (outputs >= self._max_output[slots])  # [B]
+        if stopped is not None:
+            done |= stopped & live
+        finished: tuple[int, ...] = ()
+        if done.any():
+            finished_slots = slots[done]
+            finished = tuple(int(r) for r in self._req_id[finished_slots])
+            for slot in finished_slots.tolist():
+                if self._state[slot] == _RUNNING:
+                    self._running.remove(slot)
+                else:
+                    self._waiting.remove(slot)
+                self._finish(slot)
+        if self._draining:
+            self._release_drained()
+        return StepResult(
+            step_index=batch.step_index,
+            req_ids=batch.req_ids,
+            num_output_tokens=emitted,
+            finished_req_ids=finished,
+            num_accepted_tokens=int(accepted.sum()),
+        )
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self) -> None:
+        """Cheap consistency checks; tests call this after every scheduler call."""
+        cfg = self.config
+        running = np.array(self._running, dtype=np.int64)  # [R]
+        waiting = np.array(self._waiting, dtype=np.int64)  # [W]
+        assert len(set(self._running)) == running.shape[0], "duplicate running slot"
+        assert len(set(self._waiting)) == waiting.shape[0], "duplicate waiting slot"
+        assert running.shape[0] <= cfg.max_num_seqs, "running set exceeds max_num_seqs"
+        assert (self._state[running] == _RUNNING).all(), "running slot not in RUNNING state"
+        assert (self._state[waiting] == _WAITING).all(), "waiting slot not in WAITING state"
+        num_live = running.shape[0] + waiting.shape[0] + len(self._draining)
+        assert len(self._slot_of) == num_live, "slot map out of sync with queues"
+        assert (self._num_placeholders >= 0).all(), "negative placeholders"
+        if not self._inflight:
+            assert not self._num_placeholders.any(), "placeholders left with no step in flight"
+            assert not self._draining, "draining slots with no step in flight"
+        assert (self._num_output <= self._max_output).all(), "output tokens beyond max_tokens"
+        assert (self._num_computed >= 0).all(), "negative num_computed_tokens"
+        assert (self._num_computed[running] <= cfg.max_model_len - 1).all(), (
+            "num_computed_tokens beyond max_model_len - 1"
+        )
+        assert not self._num_computed[waiting].any(), "waiting request with computed tokens"
+        # Decoding requests: all tokens but the newest (plus in-flight ones) are in the KV cache.
+        decoding = running[~self._in_prefill[running]]
+        expected = (
+            self._prompt_len[decoding]
+            + self._num_output[decoding]
+            + self._num_placeholders[decoding]
+            - 1
+        )
+        bad = np.flatnonzero(self._num_computed[decoding] != expected)
+        assert bad.size == 0, (
+            f"request {int(self._req_id[decoding[bad[0]]])}: num_computed_tokens "
+            f"{int(self._num_computed[decoding[bad[0]]])} != prompt + outputs + placeholders - 1 "
+            f"= {int(expected[bad[0]])}"
+        )
+        prefilling = running[self._in_prefill[running]]
+        assert (self._num_computed[prefilling] < self._prefill_end[prefilling]).all(), (
+            "prefilling request already past its prompt"
+        )
+        for slot in self._draining:
+            assert self._state[slot] == _DRAINING and self._num_placeholders[slot] > 0
+        covered = self._num_computed.copy()  # [S]
+        plan = self._pending_plan
+        if plan is not None:
+            # Between plan and commit the pool already covers the planned tokens.
+            covered[plan.decode_slots] += 1 + plan.decode_draft_room
+            covered[plan.prefill_slots] += plan.prefill_chunk_lens
+        self.kv.check_invariants(running, covered[running])
+
+    # ------------------------------------------------------------------ internals
+
+    def _admit(self, budget: int, new_slots: list[int], new_chunks: list[int]) -> int:
+        """Admit waiting requests FCFS while budget, max_num_seqs and KV allow."""
+        cfg = self.config
+        skipped: list[int] = []
+        waiting = self._waiting
+        while waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+            slot = waiting[0]
+            if self._num_placeholders[slot]:
+                # Preempted while a step of it was in flight (async): its outputs are not
+                # known yet, so its recompute length is not either. Let the others pass.
+                skipped.append(waiting.popleft())
+                continue
+            target = int(self._num_output[slot] + self._prompt_len[slot])
+            chunk = min(target, budget)
+            if cfg.long_prefill_token_threshold:
+                chunk = min(chunk, cfg.long_prefill_token_threshold)
+            if chunk < target and not cfg.enable_chunked_prefill:
+                break
+            if not self.kv.try_cover(slot, chunk):
+                break
+            waiting.popleft()
+            self._running.append(slot)
+            self._state[slot] = _RUNNING
+            self._in_prefill[slot] = True
+            self._prefill_end[slot] = target
+            new_slots.append(slot)
+            new_chunks.append(chunk)
+            budget -= chunk
+        if skipped:
+            waiting.extendleft(reversed(skipped))
+        return budget
+
+    def _cover_with_preemption(
+        self, run: IntArray, got: IntArray
+    ) -> tuple[IntArray, IntArray, list[int]]:
+        """Slow path when the pool cannot cover every row: vLLM's preempt-the-last loop.
+
+        Rows are covered in running order; when one does not fit, the LAST running request is
+        preempted (blocks freed, back to the FRONT of waiting, num_computed_tokens = 0, its
+        outputs kept to be recomputed as prompt) until it fits or it was itself preempted.
+        """
+        preempted: list[int] = []
+        covered = self._num_computed[run] + got  # [R]
+        index = 0
+        # self._running shrinks from the end as requests are preempted.
+        while index < len(self._running):
+            slot = int(run[index])
+            if got[index] and not self.kv.try_cover(slot, int(covered[index])):
+                while True:
+                    victim = self._running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim)
+                    if victim == slot or self.kv.try_cover(slot, int(covered[index])):
+                        break
+                if preempted[-1] == slot:
+                    break
+            index += 1
+        return run[:index], got[:index], preempted
+
+    def _preempt(self, slot: int) -> None:
+        self.kv.free(slot)
+        self._num_computed[slot] = 0
+        self._in_prefill[slot] = True
+        self._state[slot] = _WAITING
+        self._epoch[slot] += 1
+        self._waiting.appendleft(slot)
+        self.num_preemptions += 1
+
+    def _finish(self, slot: int) -> None:
+        """Free a finished or aborted request's blocks; keep the slot while rows are in flight."""
+        self.kv.free(slot)
+        self._num_computed[slot] = 0
+        self._finished_since_last.append(int(self._req_id[slot]))
+        if self._num_placeholders[slot]:
+            self._state[slot] = _DRAINING
+            self._draining.append(slot)
+        else:
+            self._release(slot)
+
+    def _release_drained(self) -> None:
+        still: list[int] = []
+        for slot in self._draining:
+            if self._num_placeholders[slot]:
+                still.append(slot)
+            else:
+                self._release(slot)
+        self._draining = still
+
+    def _release(self, slot: int) -> None:
+        del self._slot_of[int(self._req_id[slot])]
+        self._state[slot] = _FREE
+        self._req_id[slot] = -1
+        self._free_slots.append(slot)
+
+    def _grow(self, capacity: int) -> None:
+        old = self._state.shape[0]
+        for name in (
+            "_req_id",
+            "_state",
+            "_prompt_len",
+            "_max_output",
+            "_num_computed",
+            "_num_output",
+            "_num_placeholders",
+            "_in_prefill",
+            "_prefill_end",
+            "_pending_k",
+            "_epoch",
+        ):
+            array = getattr(self, name)
+            grown = np.zeros(capacity, dtype=array.dtype)  # [capacity]
+            grown[:old] = array
+            setattr(self, name, grown)
+        self._req_id[old:] = -1
+        self._free_slots.extend(range(capacity - 1, old - 1, -1))
+        self.kv.grow(capacity)
