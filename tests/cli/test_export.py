@@ -1,0 +1,233 @@
+"""`dsd export vllm` and `dsd policy explain` end to end through dsd.cli.main."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backend.vllm import policy_from_speculative_config, speculative_config
+from dsd.cli import main
+from policies.errors import InputError
+from policies.goodput import GoodputPolicy
+from policies.profile import LatencyPoint, Profile
+from policies.profile_io import load_profile, save_profile
+from policies.range_table import synthetic_view
+
+PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
+H100 = PROFILES / "pr32374_llama31_8b_eagle_h100.json"
+FIXTURE = PROFILES / "pr32374_branch_test_fixture.json"
+
+
+# typer >= 0.20 raises its vendored click's exceptions (typer._click), which dsd/cli.py's
+# `except click.exceptions.ClickException` does not catch: bad flags end in a traceback instead
+# of `error: ...`, exit 2. Strict: once dsd/cli.py catches them, these pass and the mark goes.
+CLI_FLAG_ERRORS_XFAIL = pytest.mark.xfail(
+    strict=True, reason="dsd/cli.py does not catch typer._click exceptions"
+)
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_export_h100_prints_the_goodput_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(
+        ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "256"], capsys
+    )
+    assert (code, err) == (0, "")
+    config = json.loads(out)  # exactly one JSON object
+    # K* = 3 at B=1 and 0 at B=256 (checked by hand in tests/policies/test_goodput.py)
+    assert config == {
+        "num_speculative_tokens": 5,
+        "num_speculative_tokens_per_batch_size": [
+            [1, 17, 3],
+            [18, 110, 2],
+            [111, 169, 1],
+            [170, 256, 0],
+        ],
+    }
+
+
+def test_export_with_method_model_and_out_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "spec.json"
+    argv = ["export", "vllm", "--profile", str(FIXTURE), "--max-num-seqs", "64"]
+    argv += ["--policy", "static:2", "--method", "eagle", "--draft-model", "yuhuili/EAGLE"]
+    code, out, _ = _run([*argv, "--out", str(out_file)], capsys)
+    assert (code, out) == (0, "")
+    assert json.loads(out_file.read_text()) == {
+        "method": "eagle",
+        "model": "yuhuili/EAGLE",
+        "num_speculative_tokens": 7,
+        "num_speculative_tokens_per_batch_size": [[1, 64, 2]],
+    }
+
+
+def test_export_dsd_json_reproduces_the_pr32374_file(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "8"]
+    code, out, _ = _run([*argv, "--format", "dsd-json"], capsys)
+    assert code == 0
+    assert json.loads(out) == json.loads(H100.read_text())
+
+
+def test_explain_shows_profiled_and_changing_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(
+        ["policy", "explain", "--profile", str(H100), "--max-num-seqs", "256"], capsys
+    )
+    assert code == 0
+    first_cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert first_cells == ["1", "4", "16", "18", "64", "111", "170", "256"]
+    assert "range table: [[1, 17, 3], [18, 110, 2], [111, 169, 1], [170, 256, 0]]" in out
+
+
+def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["policy", "explain", "--profile", str(FIXTURE), "--max-num-seqs", "40", "--all"]
+    code, out, _ = _run(argv, capsys)
+    assert code == 0
+    assert sum(1 for line in out.splitlines() if line.startswith("│")) == 40
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        # missing profile file
+        (
+            ["export", "vllm", "--profile", "nope.json", "--max-num-seqs", "4"],
+            "nope.json: no such file",
+        ),
+        # bad policy
+        (
+            ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--policy", "x"],
+            "unknown policy 'x'",
+        ),
+        # static K past the profile's K_max
+        (
+            [
+                "export",
+                "vllm",
+                "--profile",
+                str(H100),
+                "--max-num-seqs",
+                "4",
+                "--policy",
+                "static:9",
+            ],
+            "K=9 exceeds k_max 5",
+        ),
+        # bad range table
+        (
+            [
+                "export",
+                "vllm",
+                "--profile",
+                str(H100),
+                "--max-num-seqs",
+                "4",
+                "--policy",
+                "table:[[2,4,1]]",
+            ],
+            "must start at batch size 1",
+        ),
+        # max_num_seqs 0
+        (
+            ["policy", "explain", "--profile", str(H100), "--max-num-seqs", "0"],
+            "--max-num-seqs must be >= 1",
+        ),
+        # missing required option (flag errors: see CLI_FLAG_ERRORS_XFAIL)
+        pytest.param(
+            ["export", "vllm", "--profile", str(H100)],
+            "max_num_seqs",
+            marks=CLI_FLAG_ERRORS_XFAIL,
+        ),
+        # bad --format value
+        pytest.param(
+            ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--format", "yaml"],
+            "yaml",
+            marks=CLI_FLAG_ERRORS_XFAIL,
+        ),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(
+    argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(argv, capsys)
+    assert code == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert fragment in lines[0]
+
+
+def test_bad_profile_content_is_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = json.loads(H100.read_text())
+    data["batch_stats"]["4"]["1"] = -1
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(data))
+    code, _, err = _run(["export", "vllm", "--profile", str(path), "--max-num-seqs", "4"], capsys)
+    assert code == 2
+    assert err == f"error: {path}: batch_stats['4']['1']: ITL must be finite and > 0, got -1\n"
+
+
+def test_out_file_is_not_written_on_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "spec.json"
+    argv = ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--policy", "bad"]
+    code, _, _ = _run([*argv, "--out", str(out_file)], capsys)
+    assert code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+@st.composite
+def random_profiles(draw: st.DrawFn) -> Profile:
+    """Valid profiles: B=1 plus random B; K=0, 1, k_max at every B plus random K."""
+    k_max = draw(st.integers(1, 6))
+    batch_sizes = sorted({1, *draw(st.lists(st.integers(2, 200), max_size=3))})
+    points = []
+    for b in batch_sizes:
+        for k in sorted({0, 1, k_max, *draw(st.lists(st.integers(0, k_max), max_size=2))}):
+            points.append(LatencyPoint(b, k, draw(st.floats(1.0, 100.0))))
+    raw = draw(st.lists(st.floats(0.0, 1.0), min_size=k_max, max_size=k_max))
+    rates = tuple(float(r) for r in np.minimum.accumulate(np.array(raw)))
+    return Profile(k_max=k_max, latency=tuple(points), acceptance_rates=rates)
+
+
+@settings(max_examples=30, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(profile=random_profiles(), max_num_seqs=st.integers(1, 200))
+def test_export_reload_round_trip_equals_the_policy_for_every_b(
+    profile: Profile, max_num_seqs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile_path = tmp_path / "profile.json"
+    save_profile(profile, profile_path)
+    argv = ["export", "vllm", "--profile", str(profile_path), "--max-num-seqs", str(max_num_seqs)]
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    reloaded = policy_from_speculative_config(json.loads(out), max_num_seqs)
+    direct = GoodputPolicy(load_profile(profile_path), max_num_seqs)
+    for batch_size in range(1, max_num_seqs + 1):
+        view = synthetic_view(batch_size, profile.k_max)
+        assert reloaded.choose_k(view) == direct.choose_k(view), batch_size
+
+
+def test_speculative_config_rejects_k_above_k_max() -> None:
+    with pytest.raises(InputError, match="K=4 exceeds num_speculative_tokens 3"):
+        speculative_config([[1, 8, 4]], 3)
+
+
+def test_speculative_config_without_table_reads_as_static() -> None:
+    policy = policy_from_speculative_config({"method": "eagle", "num_speculative_tokens": 3}, 8)
+    assert policy.choose_k(synthetic_view(8, 5)) == 3
