@@ -47,7 +47,7 @@ SYNTHETIC_ID_WORDS = 4
 TABLE_COLUMNS = ("prompt_len", "output_len", "arrival_s", "tag", "prompt")
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call write(temp_path) for a temporary file beside `path`, then move it into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
