@@ -102,17 +102,21 @@ def write_vllm_custom_jsonl(workload: Workload, path: Path) -> None:
     """The `vllm bench serve --dataset-name custom` file of this workload, atomically."""
     if path.suffix.lower() != ".jsonl":
         raise InputError(f"{path.name}: output must end in .jsonl (vLLM's custom dataset format)")
-    lines = []
-    for index, request in enumerate(workload.requests):
-        prompt = request.prompt if request.prompt else synthetic_prompt(request.prompt_len, index)
-        row = {
-            "prompt": prompt,
-            "output_tokens": request.output_len,
-            "prompt_len": request.prompt_len,
-        }
-        lines.append(json.dumps(row, ensure_ascii=False))
-    text = "\n".join(lines) + "\n"
-    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+    def write_lines(tmp_path: Path) -> None:
+        # streamed line by line: a long trace's synthetic prompts run to hundreds of MB
+        with tmp_path.open("w", encoding="utf-8") as out:
+            for index, request in enumerate(workload.requests):
+                prompt = request.prompt or synthetic_prompt(request.prompt_len, index)
+                row = {
+                    "prompt": prompt,
+                    "output_tokens": request.output_len,
+                    "prompt_len": request.prompt_len,
+                }
+                out.write(json.dumps(row, ensure_ascii=False))
+                out.write("\n")
+
+    atomic_write(path, write_lines)
 
 
 @dataclass(frozen=True)
