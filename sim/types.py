@@ -31,10 +31,12 @@ class ScheduledBatch:
     num_scheduled_tokens: IntArray  # [B] tokens computed per row: 1 + K (decode), chunk (prefill)
     num_spec_tokens: IntArray  # [B] K per row; 0 on prefill rows
     num_computed_tokens: IntArray  # [B] tokens in the row's KV cache before this step
-    num_output_tokens: IntArray  # [B] output tokens the request had when scheduled (placeholders excluded)
+    # [B] output tokens the request had when scheduled (placeholders excluded)
+    num_output_tokens: IntArray
     completes_prompt: BoolArray  # [B] prefill rows whose chunk ends the prompt: they sample token 1
     total_num_scheduled_tokens: int  # == int(num_scheduled_tokens.sum())
-    new_req_ids: tuple[int, ...] = ()  # first scheduled (or re-scheduled after preemption) this step
+    # first scheduled (or re-scheduled after preemption) in this step
+    new_req_ids: tuple[int, ...] = ()
     finished_req_ids: tuple[int, ...] = ()  # finished/aborted since the last step: free their state
     preempted_req_ids: tuple[int, ...] = ()  # preempted since the last step: their KV is gone
 

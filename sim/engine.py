@@ -1,0 +1,288 @@
+"""The engine loop shared by simulated and real runs: one SimPy environment, two processes.
+
+- The **client** sends the workload's requests in order, each at max(arrival_s, the time a
+  concurrency slot frees) (`vllm bench serve --max-concurrency C`; closed loop = arrivals all 0
+  plus a cap). Sending = `scheduler.add_request` + `executor.add_request` at that instant.
+- The **engine** runs steps. Sync order, per step:
+  `plan_step` -> `policy.choose_k(view)` -> `commit_step` -> `executor.execute(batch)` ->
+  advance the clock by the step duration -> `scheduler.update` -> record token times ->
+  release the concurrency slots of finished requests (the client sends at once) ->
+  `policy.observe(feedback)`.
+  Async order: step t is executed, then step t+1 is planned and committed (choose_k included)
+  BEFORE the clock advances over step t and before its outcome is applied; then the clock
+  advances, step t's outcome is applied and observed, and step t+1 starts at once. So requests
+  sent during step t join step t+2 at the earliest, the K chosen at step t is verified at step
+  t+1, and `observe(t)` comes after `choose_k(t+1)`.
+- A request sent at time T joins the first step planned at or after T (the engine asks the
+  client to send everything due before it plans). When there is nothing to run the engine sleeps
+  on an event until the client sends a request.
+
+Clock modes: "model" advances by `outcome.duration_s` (the simulator); "wall" advances by the
+measured perf_counter time of the whole iteration, host work included (scheduling, policy,
+bookkeeping of the previous step), which is what a real executor needs for an apples-to-apples
+comparison with the simulator.
+
+What this module deliberately does not do: compute latency (the executor does), choose K (the
+policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies.types import KPolicy, StepFeedback
+from sim.metrics import MetricsRecorder
+from sim.scheduler import Scheduler, SpecDecodeStats, StepPlan
+from sim.types import Executor, ScheduledBatch, StepOutcome
+from traces.workload import Workload
+
+ClockMode = Literal["model", "wall"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the engine loop runs (the scheduler has its own config)."""
+
+    # "model": advance by the executor's duration; "wall": by measured wall time.
+    clock: ClockMode = "model"
+    # Keep an event log (send / step / emit / finish) on the result; for tests and debugging.
+    record_events: bool = False
+    # Call scheduler.check_invariants() after every scheduler call (tests; slow).
+    check_invariants: bool = False
+    # Percentiles reported as pNN_*_ms, like `--metric-percentiles`.
+    percentiles: tuple[float, ...] = (99.0,)
+
+    def __post_init__(self) -> None:
+        if self.clock not in ("model", "wall"):
+            raise ValueError(f"clock must be 'model' or 'wall', got {self.clock!r}")
+        if any(not 0 <= p <= 100 for p in self.percentiles):
+            raise ValueError(f"percentiles must be in [0, 100], got {self.percentiles}")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvent:
+    """One entry of the optional event log."""
+
+    time_s: float  # engine clock, seconds
+    kind: str  # "send", "step" (a step starts), "emit" (tokens of a step), "finish"
+    req_id: int  # -1 for "step"
+    step_index: int  # -1 for "send"
+    value: int  # send: prompt_len; step: B; emit: output tokens; finish: total output tokens
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Everything a run measured. Nothing is written to disk here."""
+
+    metrics: dict[str, Any]  # `vllm bench serve` keys plus ours (see sim.metrics)
+    requests: pd.DataFrame  # one row per request
+    steps: pd.DataFrame  # one row per step
+    spec_stats: SpecDecodeStats  # spec-decode counters of the run
+    events: tuple[EngineEvent, ...]  # empty unless EngineConfig.record_events
+    num_preemptions: int  # preemptions by recompute during the run
+
+
+class _Client:
+    """Sends requests in order at max(arrival_s, a free concurrency slot)."""
+
+    def __init__(self, engine: Engine, workload: Workload) -> None:
+        self._engine = engine
+        self._requests = workload.requests
+        self._cap = workload.max_concurrency
+        self._arrivals = [r.arrival_s for r in workload.requests]
+        self.next_index = 0  # requests sent so far; also the next req_id
+        self.num_in_flight = 0
+        self._blocked: simpy.Event | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.next_index == len(self._requests)
+
+    def pump(self, due_s: float) -> None:
+        """Send, in order, every request whose arrival is <= due_s while the cap allows."""
+        sent = False
+        count = len(self._requests)
+        while (
+            self.next_index < count
+            and self._arrivals[self.next_index] <= due_s
+            and (self._cap is None or self.num_in_flight < self._cap)
+        ):
+            req_id = self.next_index
+            self.next_index += 1
+            self.num_in_flight += 1
+            self._engine.send(req_id, self._requests[req_id])
+            sent = True
+        if sent and self._blocked is not None:
+            blocked, self._blocked = self._blocked, None
+            blocked.succeed()
+
+    def release(self, num_finished: int, now_s: float) -> None:
+        self.num_in_flight -= num_finished
+        self.pump(now_s)
+
+    def process(self, env: simpy.Environment) -> Generator[simpy.Event, Any, None]:
+        while not self.done:
+            arrival_s = self._arrivals[self.next_index]
+            if arrival_s > env.now:
+                yield env.timeout(arrival_s - env.now)
+                # The head's time has come (float rounding aside): send it if the cap allows.
+                self.pump(max(env.now, arrival_s))
+            else:
+                # Due but capped: the engine's release() sends it; wake up then.
+                self._blocked = env.event()
+                yield self._blocked
+
+
+class Engine:
+    """One run: a workload through scheduler + policy + executor. Use `run()` once."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        policy: KPolicy,
+        workload: Workload,
+        config: EngineConfig | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.policy = policy
+        self.workload = workload
+        self.config = config or EngineConfig()
+        self._env = simpy.Environment()
+        self._client = _Client(self, workload)
+        self._metrics = MetricsRecorder(len(workload.requests), scheduler.config.k_max)
+        self._events: list[EngineEvent] = []
+        self._wake: simpy.Event | None = None
+        self._wall_mark_s = 0.0
+        self._ran = False
+
+    # -- called by the client
+    def send(self, req_id: int, spec: Any) -> None:
+        now_s = float(self._env.now)
+        self.scheduler.add_request(req_id, spec)
+        self.executor.add_request(req_id, spec)
+        self._metrics.record_send(req_id, now_s, spec.prompt_len)
+        if self.config.record_events:
+            self._events.append(EngineEvent(now_s, "send", req_id, -1, spec.prompt_len))
+        if self._wake is not None:
+            wake, self._wake = self._wake, None
+            wake.succeed()
+
+    def run(self) -> RunResult:
+        if self._ran:
+            raise RuntimeError("Engine.run() may be called once")
+        self._ran = True
+        env = self._env
+        env.process(self._client.process(env))
+        engine = env.process(self._engine_process())
+        env.run(until=engine)
+        scheduler = self.scheduler
+        return RunResult(
+            metrics=self._metrics.bench_metrics(scheduler.spec_stats, self.config.percentiles),
+            requests=self._metrics.request_table(),
+            steps=self._metrics.step_table(),
+            spec_stats=scheduler.spec_stats,
+            events=tuple(self._events),
+            num_preemptions=scheduler.num_preemptions,
+        )
+
+    # -- the engine process
+    def _engine_process(self) -> Generator[simpy.Event, Any, None]:
+        env = self._env
+        scheduler = self.scheduler
+        client = self._client
+        wall = self.config.clock == "wall"
+        is_async = scheduler.config.scheduling == "async"
+        self._wall_mark_s = time.perf_counter()
+        next_batch: ScheduledBatch | None = None
+        while True:
+            if next_batch is None:
+                client.pump(env.now)
+                plan = scheduler.plan_step()
+                self._check()
+                if plan is None:
+                    if client.done and not scheduler.has_unfinished():
+                        return
+                    if scheduler.has_unfinished():
+                        raise RuntimeError("scheduler has requests but planned nothing")
+                    self._wake = env.event()
+                    yield self._wake
+                    self._wall_mark_s = time.perf_counter()  # idle time is not step time
+                    continue
+                next_batch = self._commit(plan)
+            batch, next_batch = next_batch, None
+            start_s = float(env.now)
+            if self.config.record_events:
+                self._events.append(
+                    EngineEvent(start_s, "step", -1, batch.step_index, batch.batch_size)
+                )
+            outcome = self.executor.execute(batch)
+            if is_async:
+                # Schedule step t+1 while step t runs, before its outcome is known.
+                client.pump(env.now)
+                plan = scheduler.plan_step()
+                self._check()
+                if plan is not None:
+                    next_batch = self._commit(plan)
+            if wall:
+                mark_s = time.perf_counter()
+                duration_s = mark_s - self._wall_mark_s
+                self._wall_mark_s = mark_s
+            else:
+                duration_s = outcome.duration_s
+                if not duration_s > 0:
+                    raise ValueError(f"step {batch.step_index}: duration_s must be > 0")
+            yield env.timeout(duration_s)
+            self._apply(batch, outcome, start_s, duration_s)
+
+    def _commit(self, plan: StepPlan) -> ScheduledBatch:
+        scheduler = self.scheduler
+        cfg = scheduler.config
+        view = plan.view(float(self._env.now), cfg.k_max, cfg.scheduling)
+        batch = scheduler.commit_step(plan, self.policy.choose_k(view))
+        self._check()
+        return batch
+
+    def _apply(
+        self, batch: ScheduledBatch, outcome: StepOutcome, start_s: float, duration_s: float
+    ) -> None:
+        now_s = float(self._env.now)
+        result = self.scheduler.update(batch, outcome)
+        self._check()
+        self._metrics.record_step(batch, result, start_s, duration_s)
+        if self.config.record_events:
+            for req_id, num in zip(
+                batch.req_ids.tolist(), result.num_output_tokens.tolist(), strict=True
+            ):
+                if num:
+                    self._events.append(EngineEvent(now_s, "emit", req_id, batch.step_index, num))
+            for req_id in result.finished_req_ids:
+                total = int(self._metrics.num_output_tokens[req_id])
+                self._events.append(EngineEvent(now_s, "finish", req_id, batch.step_index, total))
+        if result.finished_req_ids:
+            self._client.release(len(result.finished_req_ids), now_s)
+        num_decode = batch.num_decode_reqs
+        self.policy.observe(
+            StepFeedback(
+                step_index=batch.step_index,
+                time_s=now_s,
+                batch_size=batch.batch_size,
+                req_ids=batch.req_ids[:num_decode],
+                num_spec_tokens=batch.num_spec_tokens[:num_decode],
+                num_accepted=np.asarray(outcome.num_accepted, dtype=np.int64),
+                duration_s=duration_s,
+                num_output_tokens=int(result.num_output_tokens.sum()),
+            )
+        )
+
+    def _check(self) -> None:
+        if self.config.check_invariants:
+            self.scheduler.check_invariants()

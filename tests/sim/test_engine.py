@@ -1,0 +1,211 @@
+"""Engine loop: exact timelines, client behaviour, sync/async order, clock modes, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from utils import create_scheduler
+
+from sim.engine import Engine, EngineConfig, EngineEvent
+from sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
+from traces.workload import RequestSpec, Workload
+
+STEP_S = 0.01
+
+
+def run(requests, policy, executor=None, max_concurrency=None, **scheduler_fields):
+    scheduler = create_scheduler(**scheduler_fields)
+    workload = Workload("test", tuple(requests), max_concurrency=max_concurrency)
+    engine = Engine(
+        scheduler,
+        executor or ScriptedExecutor(STEP_S),
+        policy,
+        workload,
+        EngineConfig(record_events=True, check_invariants=True),
+    )
+    return engine.run()
+
+
+def test_two_request_timeline_is_exact():
+    # K=2. Request 0: prompt 4, 5 tokens, accepts 2 then 0. Request 1: prompt 6, 3 tokens,
+    # accepts 1. Steps of 10 ms:
+    #   step 0 [0, 10ms): both prefill -> 1 token each at 10 ms
+    #   step 1 [10, 20ms): both decode K=2 -> r0 +3 (4), r1 +2 (3, done) at 20 ms
+    #   step 2 [20, 30ms): r0 decodes K=2, accepts 0 -> +1 (5, done) at 30 ms
+    executor = ScriptedExecutor(STEP_S, accept_script={0: [2, 0], 1: [1]})
+    requests = [RequestSpec(4, 5), RequestSpec(6, 3)]
+    result = run(requests, StaticK(2), executor, k_max=2)
+    assert result.events == (
+        EngineEvent(0.0, "send", 0, -1, 4),
+        EngineEvent(0.0, "send", 1, -1, 6),
+        EngineEvent(0.0, "step", -1, 0, 2),
+        EngineEvent(0.01, "emit", 0, 0, 1),
+        EngineEvent(0.01, "emit", 1, 0, 1),
+        EngineEvent(0.01, "step", -1, 1, 2),
+        EngineEvent(0.02, "emit", 0, 1, 3),
+        EngineEvent(0.02, "emit", 1, 1, 2),
+        EngineEvent(0.02, "finish", 1, 1, 3),
+        EngineEvent(0.02, "step", -1, 2, 1),
+        EngineEvent(0.03, "emit", 0, 2, 1),
+        EngineEvent(0.03, "finish", 0, 2, 5),
+    )
+    m = result.metrics
+    # TTFT: both 10 ms. E2EL: 30 and 20 ms. TPOT: (30-10)/4 = 5 and (20-10)/2 = 5 ms.
+    # ITL gaps: r0 10, 10; r1 10 ms.
+    assert m["completed"] == 2
+    assert m["total_input_tokens"] == 10
+    assert m["total_output_tokens"] == 8
+    assert m["duration"] == pytest.approx(0.03)
+    assert m["output_throughput"] == pytest.approx(8 / 0.03)
+    assert m["request_throughput"] == pytest.approx(2 / 0.03)
+    assert m["total_token_throughput"] == pytest.approx(18 / 0.03)
+    assert m["mean_ttft_ms"] == pytest.approx(10.0)
+    assert m["mean_tpot_ms"] == pytest.approx(5.0)
+    assert m["std_tpot_ms"] == pytest.approx(0.0)
+    assert m["mean_itl_ms"] == pytest.approx(10.0)
+    assert m["mean_e2el_ms"] == pytest.approx(25.0)
+    assert m["median_e2el_ms"] == pytest.approx(25.0)
+    assert m["std_e2el_ms"] == pytest.approx(5.0)  # population std of [30, 20]
+    assert m["p99_e2el_ms"] == pytest.approx(20.0 + 0.99 * 10.0)  # numpy linear percentile
+    # 3 drafting rows, 6 drafts, 3 accepted: AL = 1 + 3/3; position 1: 2 of 3, position 2: 1 of 3
+    assert m["spec_decode_num_drafts"] == 3
+    assert m["spec_decode_draft_tokens"] == 6
+    assert m["spec_decode_accepted_tokens"] == 3
+    assert m["spec_decode_acceptance_length"] == pytest.approx(2.0)
+    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 3])
+    assert m["k_histogram"] == {2: 3}
+    assert m["num_steps"] == 3
+    table = result.requests.set_index("req_id")
+    assert table.loc[0, "tpot_ms"] == pytest.approx(5.0)
+    assert table.loc[1, "e2el_ms"] == pytest.approx(20.0)
+    assert result.steps["batch_size"].tolist() == [2, 2, 1]
+    assert result.steps["num_output_tokens"].tolist() == [2, 5, 1]
+    assert result.steps["start_s"].tolist() == pytest.approx([0.0, 0.01, 0.02])
+
+
+def test_tpot_excludes_first_token_and_single_token_requests():
+    # r0: 1 token (no TPOT). r1: 3 tokens, K=0: chunks at 10, 20, 30 ms -> TPOT (30-10)/2 = 10.
+    result = run([RequestSpec(4, 1), RequestSpec(4, 3)], StaticK(0))
+    m = result.metrics
+    assert m["mean_tpot_ms"] == pytest.approx(10.0)
+    assert m["median_tpot_ms"] == pytest.approx(10.0)
+    assert m["mean_ttft_ms"] == pytest.approx(10.0)
+    assert np.isnan(result.requests.loc[0, "tpot_ms"])
+    # ITL pools only r1's two gaps
+    assert m["mean_itl_ms"] == pytest.approx(10.0)
+
+
+def test_closed_loop_never_exceeds_concurrency_and_refills_at_finish():
+    requests = [RequestSpec(5, 2 + (i % 4)) for i in range(20)]
+    result = run(requests, StaticK(1), max_concurrency=3)
+    in_flight = 0
+    finish_times = []
+    for event in result.events:
+        if event.kind == "send":
+            in_flight += 1
+            assert in_flight <= 3
+            if event.req_id >= 3:
+                # closed loop: each new request is sent the instant a slot frees
+                assert event.time_s in finish_times
+        elif event.kind == "finish":
+            in_flight -= 1
+            finish_times.append(event.time_s)
+    assert result.metrics["completed"] == 20
+
+
+def test_open_loop_request_joins_the_next_step():
+    # r1 arrives at 15 ms, during step 1 [10, 20ms): it is sent at 15 ms and prefilled in
+    # step 2 [20, 30ms): TTFT = 30 - 15 = 15 ms.
+    requests = [RequestSpec(4, 5), RequestSpec(4, 2, arrival_s=0.015)]
+    result = run(requests, StaticK(0))
+    table = result.requests.set_index("req_id")
+    assert table.loc[1, "send_s"] == pytest.approx(0.015)
+    assert table.loc[1, "ttft_ms"] == pytest.approx(15.0)
+
+
+def test_async_request_sent_during_a_step_joins_two_steps_later():
+    # Async: step 2 is planned at 10 ms (start of step 1), before r1 is sent at 15 ms, so r1
+    # is prefilled in step 3 [30, 40ms): TTFT = 25 ms.
+    requests = [RequestSpec(4, 6), RequestSpec(4, 2, arrival_s=0.015)]
+    result = run(requests, StaticK(0), scheduling="async")
+    assert result.requests.set_index("req_id").loc[1, "ttft_ms"] == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_no_drafts_wastes_no_step(scheduling):
+    requests = [RequestSpec(3 + i, 1 + 3 * i) for i in range(6)]
+    result = run(requests, StaticK(0), scheduling=scheduling, max_num_seqs=2)
+    assert result.steps["num_tokens"].sum() == sum(
+        r.prompt_len + r.output_len - 1 for r in requests
+    )
+    assert result.metrics["total_output_tokens"] == sum(r.output_len for r in requests)
+
+
+def test_async_k_chosen_at_t_is_verified_at_t_plus_1():
+    policy = ScriptedK([2, 0, 3, 1, 4])
+    executor = ScriptedExecutor(STEP_S, accept_script={0: [0]}, record=True)
+    run([RequestSpec(4, 30)], policy, executor, scheduling="async")
+    used = [int(b.num_spec_tokens[0]) for b in executor.batches]
+    assert used[:5] == [0, 2, 0, 3, 1]
+    # the policy saw feedback for step t after choosing K for step t+1
+    assert policy.feedback[0].step_index == 0
+    assert len(policy.views) == len(policy.feedback)
+
+
+def test_preemption_in_tiny_pool_completes_every_request():
+    requests = [RequestSpec(8, 16) for _ in range(5)]
+    result = run(requests, StaticK(2), num_kv_blocks=12, block_size=4, max_model_len=48)
+    assert result.num_preemptions > 0
+    assert result.metrics["completed"] == 5
+    assert result.requests["num_output_tokens"].tolist() == [16] * 5
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_same_seed_gives_identical_results(scheduling):
+    def once(seed):
+        rng = np.random.default_rng(seed)
+        requests = [RequestSpec(int(p), int(o)) for p, o in rng.integers(1, 60, (30, 2))]
+        executor = RandomAcceptanceExecutor(STEP_S, [0.8, 0.6, 0.4], rng)
+        result = run(
+            requests, StaticK(3), executor, max_concurrency=8, scheduling=scheduling, k_max=3
+        )
+        return result
+
+    first, second, other = once(5), once(5), once(6)
+    assert first.metrics == second.metrics
+    assert first.steps.equals(second.steps)
+    assert first.requests.equals(second.requests)
+    assert first.events == second.events
+    assert first.metrics != other.metrics
+
+
+def test_wall_clock_advances_by_measured_time():
+    scheduler = create_scheduler()
+    workload = Workload("wall", tuple(RequestSpec(4, 5) for _ in range(3)))
+    engine = Engine(
+        scheduler, ScriptedExecutor(1.0), StaticK(1), workload, EngineConfig(clock="wall")
+    )
+    result = engine.run()
+    durations = result.steps["duration_s"].to_numpy()
+    # real iterations take microseconds, not the executor's modelled 1 s
+    assert (durations > 0).all() and (durations < 0.5).all()
+    assert result.metrics["completed"] == 3
+    assert np.all(np.diff(result.steps["start_s"].to_numpy()) > 0)
+
+
+def test_engine_runs_once():
+    scheduler = create_scheduler()
+    engine = Engine(scheduler, ScriptedExecutor(), StaticK(0), Workload("w", (RequestSpec(2, 2),)))
+    engine.run()
+    with pytest.raises(RuntimeError):
+        engine.run()
+
+
+def test_executor_sees_every_request_before_it_is_scheduled():
+    executor = ScriptedExecutor(STEP_S, record=True)
+    run([RequestSpec(3, 2), RequestSpec(3, 2, arrival_s=0.05)], StaticK(1), executor)
+    assert executor.added == [0, 1]
+    scheduled = [rid for b in executor.batches for rid in b.new_req_ids]
+    assert scheduled == [0, 1]
+    # the finished request is announced to the executor in the next batch
+    assert any(0 in b.finished_req_ids for b in executor.batches)

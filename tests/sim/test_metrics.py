@@ -1,0 +1,71 @@
+"""Metric definitions equal `vllm bench serve`'s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.metrics import bench_metrics_from
+from sim.scheduler import SpecDecodeStats
+
+
+def metrics(**overrides):
+    params = {
+        "prompt_len": np.array([10, 20, 30]),
+        "num_output_tokens": np.array([1, 5, 9]),
+        "ttft_s": np.array([0.1, 0.2, 0.3]),
+        "tpot_s": np.array([0.01, 0.02]),
+        "itl_s": np.array([0.01, 0.02, 0.03, 0.04]),
+        "e2el_s": np.array([0.1, 0.28, 0.46]),
+        "duration_s": 2.0,
+        "spec_stats": SpecDecodeStats(k_max=2),
+        "k_histogram": np.array([4, 0, 2]),
+        "num_steps": 6,
+    }
+    params.update(overrides)
+    return bench_metrics_from(**params)
+
+
+def test_throughputs_divide_by_duration():
+    m = metrics()
+    assert m["completed"] == 3
+    assert m["total_input_tokens"] == 60
+    assert m["total_output_tokens"] == 15
+    assert m["request_throughput"] == pytest.approx(1.5)
+    assert m["output_throughput"] == pytest.approx(7.5)
+    assert m["total_token_throughput"] == pytest.approx(37.5)
+
+
+def test_stats_use_population_std_and_linear_percentiles_in_ms():
+    m = metrics()
+    itl_ms = np.array([10.0, 20.0, 30.0, 40.0])
+    assert m["mean_itl_ms"] == pytest.approx(25.0)
+    assert m["median_itl_ms"] == pytest.approx(25.0)
+    assert m["std_itl_ms"] == pytest.approx(float(np.sqrt(((itl_ms - 25) ** 2).mean())))
+    assert m["p99_itl_ms"] == pytest.approx(30.0 + 0.97 * 10.0)  # rank 0.99 * 3 = 2.97
+    assert m["mean_ttft_ms"] == pytest.approx(200.0)
+    assert m["mean_tpot_ms"] == pytest.approx(15.0)
+
+
+def test_empty_lists_read_as_zero_like_vllm():
+    m = metrics(tpot_s=np.zeros(0), itl_s=np.zeros(0))
+    assert m["mean_tpot_ms"] == 0.0
+    assert m["p99_itl_ms"] == 0.0
+
+
+def test_extra_percentiles_get_vllm_key_names():
+    m = metrics(percentiles=(50.0, 99.9))
+    assert "p50_ttft_ms" in m and "p99.9_ttft_ms" in m and "p99_ttft_ms" not in m
+
+
+def test_spec_decode_keys():
+    stats = SpecDecodeStats(k_max=2)
+    stats.observe(np.array([2, 2, 1, 0]), np.array([2, 0, 1, 0]))
+    m = metrics(spec_stats=stats)
+    # 3 drafting rows, 5 drafts, 3 accepted: AL = 1 + 3/3 = 2; pos1 2/3, pos2 1/2
+    assert m["spec_decode_num_drafts"] == 3
+    assert m["spec_decode_draft_tokens"] == 5
+    assert m["spec_decode_acceptance_length"] == pytest.approx(2.0)
+    assert m["spec_decode_acceptance_rate"] == pytest.approx(3 / 5)
+    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 2])
+    assert m["k_histogram"] == {0: 4, 2: 2}
