@@ -54,6 +54,7 @@ _RUNNING = 2  # in the running set
 _DRAINING = 3  # finished, but a step that scheduled it is still in flight (async)
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 
 
 @dataclass(frozen=True)
@@ -245,6 +246,7 @@ class Scheduler:
         self._slot_of: dict[int, int] = {}
         self._waiting: deque[int] = deque()
         self._running: list[int] = []
+        self._running_array: IntArray | None = None  # cache of _running as an array
         self._draining: list[int] = []
         self._inflight: dict[int, _CommittedStep] = {}
         self._pending_plan: StepPlan | None = None
@@ -291,6 +293,7 @@ class Scheduler:
             self._waiting.remove(slot)
         else:
             self._running.remove(slot)
+            self._running_array = None
         self._finish(slot)
 
     def has_unfinished(self) -> bool:
@@ -332,41 +335,56 @@ class Scheduler:
         running_prefill_chunks = _EMPTY
 
         if self._running:
-            run = np.array(self._running, dtype=np.int64)  # [R] running order
+            run = self._running_array
+            if run is None:
+                run = self._running_array = np.array(self._running, dtype=np.int64)  # [R]
             computed = self._num_computed[run]  # [R]
             in_prefill = self._in_prefill[run]  # [R]
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
             room = cfg.max_model_len - 1 - computed  # [R]
-            want = np.where(in_prefill, self._prefill_end[run] - computed, 1 + cfg.k_max)  # [R]
-            if cfg.long_prefill_token_threshold:
-                want = np.where(
-                    in_prefill, np.minimum(want, cfg.long_prefill_token_threshold), want
-                )
-            np.minimum(want, room, out=want)
+            any_prefill = bool(in_prefill.any())
+            if any_prefill:
+                want = np.where(in_prefill, self._prefill_end[run] - computed, 1 + cfg.k_max)
+                if cfg.long_prefill_token_threshold:
+                    want = np.where(
+                        in_prefill, np.minimum(want, cfg.long_prefill_token_threshold), want
+                    )
+                np.minimum(want, room, out=want)  # [R]
+            else:
+                want = np.minimum(room, 1 + cfg.k_max)  # [R]
             # A request whose confirmed + in-flight outputs reach max_tokens waits for its
             # outcome instead of running a step that cannot emit (async; in sync mode the
             # placeholders are 0 here and unfinished requests are below max_tokens).
-            saturated = ~in_prefill & (
-                self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
-            )
-            want[saturated] = 0
+            if self._async:
+                saturated = ~in_prefill & (
+                    self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
+                )
+                want[saturated] = 0
             # Greedy token budget in running order: each row takes min(want, what is left).
-            cum = np.minimum(np.cumsum(want), budget)  # [R]
-            got = np.diff(cum, prepend=0)  # [R]
+            cum = np.cumsum(want)  # [R]
+            if cum[-1] <= budget:
+                got = want
+            else:
+                np.minimum(cum, budget, out=cum)
+                got = cum.copy()
+                got[1:] -= cum[:-1]
             covered = computed + got  # [R]
             if not self.kv.try_cover_many(run, covered):
                 run, got, preempted = self._cover_with_preemption(run, got)
                 computed = self._num_computed[run]
                 in_prefill = self._in_prefill[run]
             budget -= int(got.sum())
-            scheduled = got > 0  # [R']
-            decode_mask = scheduled & ~in_prefill
-            prefill_mask = scheduled & in_prefill
-            decode_slots = run[decode_mask]
-            decode_rows_got = got[decode_mask]
-            if prefill_mask.any():
-                running_prefill_slots = run[prefill_mask]
-                running_prefill_chunks = got[prefill_mask]
+            if not any_prefill and not preempted and got.all():
+                decode_slots, decode_rows_got = run, got  # the all-decode hot path
+            else:
+                scheduled = got > 0  # [R']
+                decode_mask = scheduled & ~in_prefill
+                prefill_mask = scheduled & in_prefill
+                decode_slots = run[decode_mask]
+                decode_rows_got = got[decode_mask]
+                if prefill_mask.any():
+                    running_prefill_slots = run[prefill_mask]
+                    running_prefill_chunks = got[prefill_mask]
 
         new_slots: list[int] = []
         new_chunks: list[int] = []
@@ -391,6 +409,8 @@ class Scheduler:
             prefill_slots, prefill_chunks = running_prefill_slots, running_prefill_chunks
         prefill_completes = (
             self._num_computed[prefill_slots] + prefill_chunks == self._prefill_end[prefill_slots]
+            if prefill_slots.shape[0]
+            else _EMPTY_BOOL
         )
         finished = tuple(self._finished_since_last)
         self._finished_since_last.clear()
@@ -560,6 +580,7 @@ class Scheduler:
             for slot in finished_slots.tolist():
                 if self._state[slot] == _RUNNING:
                     self._running.remove(slot)
+                    self._running_array = None
                 else:
                     self._waiting.remove(slot)
                 self._finish(slot)
@@ -649,6 +670,7 @@ class Scheduler:
                 break
             waiting.popleft()
             self._running.append(slot)
+            self._running_array = None
             self._state[slot] = _RUNNING
             self._in_prefill[slot] = True
             self._prefill_end[slot] = target
@@ -677,6 +699,7 @@ class Scheduler:
             if got[index] and not self.kv.try_cover(slot, int(covered[index])):
                 while True:
                     victim = self._running.pop()
+                    self._running_array = None
                     self._preempt(victim)
                     preempted.append(victim)
                     if victim == slot or self.kv.try_cover(slot, int(covered[index])):
