@@ -237,7 +237,8 @@ def sample_windows(
         )
     starts = rng.integers(0, max_start + 1, size=batch_size)  # [batch_size]
     offsets = np.arange(seq_len + 1)  # [seq_len + 1]
-    return ids[starts[:, None] + offsets[None, :]].astype(np.int64)  # [batch_size, seq_len + 1]
+    windows: npt.NDArray[np.int64] = ids[starts[:, None] + offsets[None, :]].astype(np.int64)
+    return windows  # [batch_size, seq_len + 1]
 
 
 def heldout_windows(
@@ -252,4 +253,5 @@ def heldout_windows(
     count = max(1, min(num_windows, max_start + 1))
     starts = np.linspace(0, max_start, num=count).astype(np.int64)  # [count]
     offsets = np.arange(window_len)  # [window_len]
-    return ids[starts[:, None] + offsets[None, :]].astype(np.int64)  # [count, window_len]
+    windows: npt.NDArray[np.int64] = ids[starts[:, None] + offsets[None, :]].astype(np.int64)
+    return windows  # [count, window_len]

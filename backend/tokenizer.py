@@ -63,11 +63,12 @@ class SmolLM2Tokenizer:
             raise InputError(f"{path}: tokenizer file missing")
         self._tokenizer = Tokenizer.from_file(str(path))
         self.vocab_size = int(self._tokenizer.get_vocab_size(with_added_tokens=True))
-        ids = [self._tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
-        if any(token_id is None for token_id in ids):
+        found = [self._tokenizer.token_to_id(token) for token in SPECIAL_TOKENS]
+        ids = [int(token_id) for token_id in found if token_id is not None]
+        if len(ids) != len(SPECIAL_TOKENS):
             raise InputError(f"{path}: tokenizer lacks the ChatML special tokens")
-        self.end_of_text_id = int(ids[0])
-        self.stop_ids = (int(ids[2]), int(ids[0]))
+        self.end_of_text_id = ids[0]
+        self.stop_ids: tuple[int, ...] = (ids[2], ids[0])
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
@@ -88,9 +89,9 @@ class ByteTokenizer:
     """UTF-8 bytes as ids 0..255, then <|endoftext|>=256, <|im_start|>=257, <|im_end|>=258."""
 
     name = "bytes"
-    vocab_size = 256 + len(SPECIAL_TOKENS)
-    end_of_text_id = 256
-    stop_ids = (258, 256)
+    vocab_size: int = 256 + len(SPECIAL_TOKENS)
+    end_of_text_id: int = 256
+    stop_ids: tuple[int, ...] = (258, 256)
 
     def encode(self, text: str) -> list[int]:
         ids: list[int] = []

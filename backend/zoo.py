@@ -217,8 +217,10 @@ def _forward(model: Transformer, inputs: torch.Tensor) -> torch.Tensor:
     positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)  # [B, T]
     if inputs.device.type == "cuda":
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            return model(inputs, positions).float()
-    return model(inputs, positions)
+            logits: torch.Tensor = model(inputs, positions).float()  # [B, T, V]
+            return logits
+    logits = model(inputs, positions)  # [B, T, V]
+    return logits
 
 
 def next_token_loss(model: Transformer, windows: torch.Tensor) -> torch.Tensor:
@@ -283,7 +285,7 @@ def _train_loop(
                 group["lr"] = lr
             loss = loss_fn(windows)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step_losses[index] = float(loss.detach())
@@ -348,7 +350,8 @@ def greedy_match_matrix(
     all_positions = torch.arange(sequence.shape[1], device=device).expand_as(sequence)
     draft_logits = draft(sequence, all_positions, num_layers=draft_layers)  # [W, P+N-1, V]
     draft_next = draft_logits[:, prompt_len - 1 :].argmax(-1)  # [W, N]
-    return (draft_next == greedy).cpu().numpy()
+    matches: npt.NDArray[np.bool_] = (draft_next == greedy).cpu().numpy()
+    return matches
 
 
 def per_position_rates(matches: npt.NDArray[np.bool_], k: int) -> list[float]:
