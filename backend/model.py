@@ -474,6 +474,7 @@ class Transformer(nn.Module):
         slot_ids: torch.Tensor | None = None,  # [B] int64 cache slot of each row
         num_layers: int | None = None,
         kv_len: int | None = None,
+        logit_indices: torch.Tensor | None = None,  # [B, N] token indices into T; None: all T
     ) -> torch.Tensor:
         """Logits [B, T, V] (float32) of the next token after each given token.
 
@@ -486,7 +487,9 @@ class Transformer(nn.Module):
         given tokens by position (training, reference checks).
 
         `num_layers=k` runs only the first k layers, then the final norm and head (an early-exit
-        draft); the cache then needs only k layers.
+        draft); the cache then needs only k layers. `logit_indices` computes the head only at
+        those tokens (a prefill chunk needs one row of logits, not T x V); the result is then
+        [B, N, V].
         """
         depth = self.config.num_layers if num_layers is None else num_layers
         if not 1 <= depth <= self.config.num_layers:
@@ -510,9 +513,12 @@ class Transformer(nn.Module):
                 kv_len,
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        hidden = self.norm(hidden)  # [B, T, hidden]
+        if logit_indices is not None:
+            index = logit_indices[:, :, None].expand(-1, -1, hidden.shape[-1])  # [B, N, hidden]
+            hidden = hidden.gather(1, index)  # [B, N, hidden]
+        hidden = self.norm(hidden)  # [B, T or N, hidden]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, hid]
-        return F.linear(hidden, head).float()  # [B, T, V]
+        return F.linear(hidden, head).float()  # [B, T or N, V]
 
 
 def init_random_(model: Transformer, seed: int, std: float = 0.02) -> Transformer:

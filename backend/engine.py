@@ -1,0 +1,434 @@
+"""The speculative-decoding step for a whole batch: draft, verify, accept, roll back.
+
+`SpecDecodeEngine` owns a static KV cache for the target and one for the draft, a token buffer
+per slot, and the slots themselves (continuous batching: `alloc_slot` / `free_slot`). Per step:
+
+1. **draft**: rows with K > 0 run max(K) draft forwards. The first forward also catches the
+   draft's cache up to the target's (the draft does no work at K = 0 and at the bonus position,
+   so it may lag); rows with a smaller K draft extra tokens that are then ignored (masked).
+2. **verify**: ONE target forward over B x (max K + 1) tokens: each row's last token and its
+   drafts, padded to the widest row.
+3. **accept**: `backend.sampling` greedy match (temperature 0) or lossless rejection sampling,
+   vectorised over rows; the only host sync of the step reads accepted counts and output ids.
+4. **roll back**: each cache's slot length is set to the valid prefix; rejected positions are
+   overwritten later (see `backend.kv_cache`).
+
+Per-slot invariant between steps for a slot that decodes: the token buffer holds n tokens, the
+target cache holds positions [0, n - 1) (the last token is fed by the next step), and the draft
+cache holds [0, m) with m <= n - 1.
+
+Padding: every padded token (short rows in a padded forward) is written at the cache's last
+position `max_len - 1`, the **trash position**, which never holds a real token. The caches are
+sized `max_model_len + k_max + 2` so real positions never reach it.
+
+Draft kinds (`Draft`): a separate small model of the same vocabulary, or an early exit of the
+target (its first k layers + final norm + head). The early-exit draft keeps its OWN k-layer cache:
+its K/V for a token equal the target's first k layers', but the two are written at different
+times (the draft lazily, the target at verification) and rolled back to different lengths, so a
+shared cache would tie their lengths together; the cost is k/L of the target cache's memory.
+
+Prefill of new requests runs in chunks (`prefill`), filling the draft's cache as well; a chunk
+that reaches the end of the known tokens samples the next token. The engine knows nothing about
+requests, schedulers, tokenizers or wall time (`backend.executor` does), and has no CUDA-graph or
+compiled fast path yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from backend.kv_cache import KVCache
+from backend.model import Transformer
+from backend.sampling import (
+    PLACEHOLDER_TOKEN_ID,
+    greedy_accept,
+    probs_from_logits,
+    rejection_sample,
+    sample_from_probs,
+    sample_tokens,
+)
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Which network drafts: a separate model, or the target cut after `num_layers` layers."""
+
+    model: Transformer  # the draft network (the target itself for an early exit)
+    num_layers: int | None = None  # early-exit depth k; None: all layers of `model`
+
+    def __post_init__(self) -> None:
+        if self.num_layers is not None and not 1 <= self.num_layers <= self.model.config.num_layers:
+            raise ValueError(
+                f"early-exit depth must be in [1, {self.model.config.num_layers}], "
+                f"got {self.num_layers}"
+            )
+
+    @classmethod
+    def early_exit(cls, target: Transformer, num_layers: int) -> Draft:
+        """The target's first `num_layers` layers + final norm + head."""
+        return cls(model=target, num_layers=num_layers)
+
+    @property
+    def depth(self) -> int:
+        return self.model.config.num_layers if self.num_layers is None else self.num_layers
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity and sampling of one engine."""
+
+    num_slots: int  # requests that can hold KV at once (max_num_seqs); >= 1
+    max_model_len: int  # longest sequence a slot holds (prompt + output tokens); >= 2
+    k_max: int  # largest K a step may ask for; >= 0
+    temperature: float = 0.0  # 0: greedy match; > 0: rejection sampling at this temperature
+    seed: int = 0  # seeds the engine's torch.Generator (drafting and acceptance draws)
+
+    def __post_init__(self) -> None:
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.k_max < 0:
+            raise ValueError(f"k_max must be >= 0, got {self.k_max}")
+        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+
+    @property
+    def cache_len(self) -> int:
+        """Positions per slot: room for max_model_len + one step's drafts, plus the trash one."""
+        return self.max_model_len + self.k_max + 2
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What one SD step produced, on the host."""
+
+    num_accepted: IntArray  # [B] accepted drafts per row, 0 <= a <= K_row
+    output_token_ids: IntArray  # [B, max K + 1] emitted ids; entries past a + 1 are -1
+
+    def emitted(self, row: int) -> IntArray:
+        """The a + 1 output tokens of one row."""
+        return self.output_token_ids[row, : int(self.num_accepted[row]) + 1]
+
+
+class SpecDecodeEngine:
+    """Batched speculative decoding over slots. See the module docstring for the step."""
+
+    def __init__(self, target: Transformer, draft: Draft | None, config: EngineConfig) -> None:
+        if draft is not None and draft.model.config.vocab_size != target.config.vocab_size:
+            raise ValueError(
+                f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
+                f"({target.config.vocab_size})"
+            )
+        if config.k_max > 0 and draft is None:
+            raise ValueError("k_max > 0 needs a draft")
+        self.target = target
+        self.draft = draft
+        self.config = config
+        param = next(target.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(config.seed)
+        self.target_cache = KVCache(
+            target.config, config.num_slots, config.cache_len, device=self.device, dtype=self.dtype
+        )
+        self.draft_cache: KVCache | None = None
+        if draft is not None:
+            draft_dtype = next(draft.model.parameters()).dtype
+            self.draft_cache = KVCache(
+                draft.model.config,
+                config.num_slots,
+                config.cache_len,
+                num_layers=draft.depth,
+                device=self.device,
+                dtype=draft_dtype,
+            )
+        self.trash_position = config.cache_len - 1
+        # Known tokens per slot (prompt, then output tokens), host side.
+        self.token_ids: IntArray = np.zeros((config.num_slots, config.cache_len), dtype=np.int64)
+        self.num_tokens: IntArray = np.zeros(config.num_slots, dtype=np.int64)  # [S]
+        self._free_slots: list[int] = list(range(config.num_slots))  # ascending: lowest first
+        self._in_use = np.zeros(config.num_slots, dtype=bool)  # [S]
+
+    # ----------------------------------------------------------------------------- slots
+    def alloc_slot(self, token_ids: IntArray | list[int]) -> int:
+        """Take the lowest free slot for a sequence whose known tokens are `token_ids` (>= 1)."""
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.size < 1:
+            raise ValueError("a sequence needs at least one token")
+        if tokens.size > self.config.max_model_len:
+            raise ValueError(
+                f"{tokens.size} tokens exceed max_model_len {self.config.max_model_len}"
+            )
+        if not self._free_slots:
+            raise RuntimeError(f"all {self.config.num_slots} slots are in use")
+        slot = self._free_slots.pop(0)
+        self._in_use[slot] = True
+        self.token_ids[slot, : tokens.size] = tokens
+        self.num_tokens[slot] = tokens.size
+        self.target_cache.reset(slot)
+        if self.draft_cache is not None:
+            self.draft_cache.reset(slot)
+        return slot
+
+    def free_slot(self, slot: int) -> IntArray:
+        """Release a slot; returns a copy of its known tokens (for recompute after preemption)."""
+        self._check_in_use(np.array([slot]))
+        tokens = self.token_ids[slot, : self.num_tokens[slot]].copy()
+        self._in_use[slot] = False
+        self.num_tokens[slot] = 0
+        self.target_cache.reset(slot)
+        if self.draft_cache is not None:
+            self.draft_cache.reset(slot)
+        self._free_slots.append(slot)
+        self._free_slots.sort()
+        return tokens
+
+    def sequence(self, slot: int) -> IntArray:
+        """The slot's known tokens (a view; do not modify)."""
+        return self.token_ids[slot, : self.num_tokens[slot]]
+
+    def is_decoding(self, slot: int) -> bool:
+        """True when the prompt is in the cache and the slot's next work is an SD step."""
+        return bool(self.target_cache.lengths[slot] == self.num_tokens[slot] - 1)
+
+    @property
+    def num_free_slots(self) -> int:
+        return len(self._free_slots)
+
+    # ----------------------------------------------------------------------------- prefill
+    @torch.inference_mode()
+    def prefill(self, slot_ids: IntArray, num_chunk_tokens: IntArray) -> IntArray:
+        """Put the next chunk of each slot's known tokens into the caches.
+
+        Row i computes `num_chunk_tokens[i]` tokens starting at the slot's cache length (clipped
+        to the known tokens). A row whose chunk reaches the last known token samples the next
+        token (appended to the slot); returns [P] those ids, -1 for rows still prefilling.
+        """
+        slots = np.asarray(slot_ids, dtype=np.int64)
+        chunks = np.asarray(num_chunk_tokens, dtype=np.int64)
+        if slots.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        self._check_in_use(slots)
+        if (chunks < 1).any():
+            raise ValueError(f"prefill chunks must be >= 1 token, got {chunks.tolist()}")
+        start = self.target_cache.lengths[slots]  # [P]
+        known = self.num_tokens[slots]  # [P]
+        if (start >= known).any():
+            raise ValueError("prefill of a slot whose known tokens are all in the cache")
+        end = np.minimum(start + chunks, known)  # [P]
+        completes = end == known  # [P]
+
+        logits = self._forward_span(
+            self.target, None, self.target_cache, slots, start, end, need_logits=True
+        )  # [P, V]
+        self.target_cache.lengths[slots] = end
+        if self.draft is not None and self.draft_cache is not None:
+            # The draft covers the same span; it starts where its cache ends (catching up if it
+            # lagged), so after prefill both caches hold [0, end).
+            self._forward_span(
+                self.draft.model,
+                self.draft.num_layers,
+                self.draft_cache,
+                slots,
+                self.draft_cache.lengths[slots],
+                end,
+                need_logits=False,
+            )
+            self.draft_cache.lengths[slots] = end
+
+        next_ids = sample_tokens(logits, self.config.temperature, self.generator)  # [P]
+        next_host = next_ids.cpu().numpy().astype(np.int64)  # the one host sync of the prefill
+        first_tokens = np.where(completes, next_host, PLACEHOLDER_TOKEN_ID)  # [P]
+        for row in np.flatnonzero(completes):
+            self._append(int(slots[row]), first_tokens[row : row + 1])
+        return first_tokens
+
+    # ----------------------------------------------------------------------------- SD step
+    @torch.inference_mode()
+    def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
+        """One SD step for decoding slots with per-row K (K may differ per row and per step)."""
+        slots = np.asarray(slot_ids, dtype=np.int64)
+        spec = np.asarray(num_spec_tokens, dtype=np.int64)
+        num_rows = slots.size
+        if num_rows == 0:
+            return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
+        self._check_in_use(slots)
+        if len(set(slots.tolist())) != num_rows:
+            raise ValueError("a slot appears twice in one step")
+        if (spec < 0).any() or (spec > self.config.k_max).any():
+            raise ValueError(f"K must be in [0, {self.config.k_max}], got {spec.tolist()}")
+        lengths = self.target_cache.lengths[slots]  # [B] L: the last token sits at position L
+        if not (lengths == self.num_tokens[slots] - 1).all():
+            raise ValueError("step() on a slot that has not finished its prefill")
+        k_step = int(spec.max())
+        if (lengths + k_step + 1 > self.config.cache_len - 1).any():
+            raise ValueError("sequence would outgrow max_model_len + k_max")
+        device = self.device
+        last_tokens = self.token_ids[slots, lengths]  # [B]
+
+        draft_ids = torch.zeros((num_rows, k_step), dtype=torch.int64, device=device)  # [B, K]
+        draft_probs: torch.Tensor | None = None
+        drafting_rows = np.flatnonzero(spec > 0)  # host: which rows draft at all
+        if k_step > 0:
+            drafted, probs = self._draft(slots[drafting_rows], lengths[drafting_rows], k_step)
+            rows_t = torch.from_numpy(drafting_rows).to(device)
+            draft_ids[rows_t] = drafted  # [R, K] into [B, K]
+            if probs is not None:
+                vocab = probs.shape[-1]
+                # Rows that do not draft get a uniform q; they are masked anyway (K_row = 0).
+                draft_probs = torch.full((num_rows, k_step, vocab), 1.0 / vocab, device=device)
+                draft_probs[rows_t] = probs  # [B, K, V]
+
+        # Verify: the last token then the drafts, at positions L..L+K; pads go to the trash.
+        offsets = np.arange(k_step + 1)[None, :]  # [1, K+1]
+        positions = lengths[:, None] + offsets  # [B, K+1]
+        positions = np.where(offsets <= spec[:, None], positions, self.trash_position)
+        inputs = torch.cat(
+            (torch.from_numpy(last_tokens).to(device)[:, None], draft_ids), dim=1
+        )  # [B, K+1]
+        target_logits = self.target(
+            inputs,
+            torch.from_numpy(positions).to(device),
+            self.target_cache,
+            torch.from_numpy(slots).to(device),
+            kv_len=int((lengths + spec).max()) + 1,
+        )  # [B, K+1, V]
+        spec_t = torch.from_numpy(spec).to(device)  # [B]
+        if self.config.temperature == 0.0:
+            accepted_t, output_t = greedy_accept(draft_ids, target_logits, spec_t)
+        else:
+            target_probs = probs_from_logits(target_logits, self.config.temperature)  # [B,K+1,V]
+            if draft_probs is None:  # k_step == 0: nothing drafted
+                draft_probs = torch.zeros((num_rows, 0, target_probs.shape[-1]), device=device)
+            accepted_t, output_t = rejection_sample(
+                draft_ids, draft_probs, target_probs, spec_t, self.generator
+            )
+        # The step's one host sync: accepted counts and emitted ids.
+        num_accepted = accepted_t.cpu().numpy().astype(np.int64)  # [B]
+        output_ids = output_t.cpu().numpy().astype(np.int64)  # [B, K+1]
+
+        # Roll back: the target keeps the last token and the accepted drafts.
+        self.target_cache.lengths[slots] = lengths + num_accepted + 1
+        if self.draft_cache is not None and drafting_rows.size:
+            # The draft fed the last token (pos L) and drafts 1..K-1 (pos L+1..L+K-1); those
+            # are real tokens up to the accepted ones.
+            rows = drafting_rows
+            valid = lengths[rows] + 1 + np.minimum(num_accepted[rows], k_step - 1)
+            self.draft_cache.lengths[slots[rows]] = valid
+        for row in range(num_rows):
+            self._append(int(slots[row]), output_ids[row, : num_accepted[row] + 1])
+        return StepResult(num_accepted=num_accepted, output_token_ids=output_ids)
+
+    # ----------------------------------------------------------------------------- internals
+    def _draft(
+        self, slots: IntArray, lengths: IntArray, k_step: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """k_step draft forwards for rows whose last token sits at `lengths` -> ([R, K], q)."""
+        assert self.draft is not None and self.draft_cache is not None
+        model, depth, cache = self.draft.model, self.draft.num_layers, self.draft_cache
+        temperature = self.config.temperature
+        slots_t = torch.from_numpy(slots).to(self.device)  # [R]
+        # First forward: catch the draft's cache up to L, then the last token at L.
+        logits = self._forward_span(
+            model, depth, cache, slots, cache.lengths[slots], lengths + 1, need_logits=True
+        )  # [R, V]
+        cache.lengths[slots] = lengths + 1
+        drafted: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for index in range(k_step):
+            if temperature == 0.0:
+                token = logits.argmax(dim=-1)  # [R]
+            else:
+                q = probs_from_logits(logits, temperature)  # [R, V]
+                token = sample_from_probs(q, self.generator)  # [R]
+                probs.append(q)
+            drafted.append(token)
+            if index + 1 == k_step:
+                break  # the last draft is verified by the target, never fed to the draft
+            positions = torch.from_numpy(lengths + 1 + index).to(self.device)[:, None]  # [R, 1]
+            logits = model(
+                token[:, None],
+                positions,
+                cache,
+                slots_t,
+                num_layers=depth,
+                kv_len=int(lengths.max()) + 2 + index,
+            )[:, 0]  # [R, V]
+        draft_ids = torch.stack(drafted, dim=1)  # [R, K]
+        return draft_ids, (torch.stack(probs, dim=1) if probs else None)  # [R, K, V]
+
+    def _forward_span(
+        self,
+        model: Transformer,
+        num_layers: int | None,
+        cache: KVCache,
+        slots: IntArray,
+        start: IntArray,
+        end: IntArray,
+        need_logits: bool,
+    ) -> torch.Tensor:
+        """Feed each slot's known tokens [start, end) (ragged, padded to the trash position).
+
+        Returns [R, V] logits of each row's last fed token (or an empty tensor if not needed).
+        """
+        widths = end - start  # [R] >= 1
+        width = int(widths.max())
+        offsets = np.arange(width)[None, :]  # [1, W]
+        is_real = offsets < widths[:, None]  # [R, W]
+        positions = np.where(is_real, start[:, None] + offsets, self.trash_position)  # [R, W]
+        token_pos = np.where(is_real, positions, 0)  # [R, W]
+        tokens = self.token_ids[slots[:, None], token_pos]  # [R, W]
+        last_index = torch.from_numpy(widths - 1).to(self.device)[:, None]  # [R, 1]
+        logits = model(
+            torch.from_numpy(tokens).to(self.device),
+            torch.from_numpy(positions).to(self.device),
+            cache,
+            torch.from_numpy(slots).to(self.device),
+            num_layers=num_layers,
+            kv_len=int(end.max()),
+            logit_indices=last_index if need_logits else last_index[:, :0],
+        )  # [R, 1 or 0, V]
+        return logits[:, 0] if need_logits else logits
+
+    def _append(self, slot: int, tokens: IntArray) -> None:
+        count = self.num_tokens[slot]
+        if count + tokens.size > self.config.cache_len - 1:
+            raise ValueError(f"slot {slot} outgrew its cache")
+        self.token_ids[slot, count : count + tokens.size] = tokens
+        self.num_tokens[slot] = count + tokens.size
+
+    def _check_in_use(self, slots: IntArray) -> None:
+        if not self._in_use[slots].all():
+            raise ValueError(f"slot(s) {slots[~self._in_use[slots]].tolist()} are not allocated")
+
+
+@torch.inference_mode()
+def target_greedy_decode(
+    target: Transformer, prompt_ids: list[int] | IntArray, num_new_tokens: int
+) -> list[int]:
+    """Plain target-only greedy decoding (reference for tests): prompt forward, then 1 token/step.
+
+    Independent of `SpecDecodeEngine`: its own one-slot cache, no drafts, no padding.
+    """
+    device = next(target.parameters()).device
+    dtype = next(target.parameters()).dtype
+    prompt = torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=device)[None]  # [1, P]
+    num_prompt = prompt.shape[1]
+    cache = KVCache(target.config, 1, num_prompt + num_new_tokens + 1, device=device, dtype=dtype)
+    slot = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
+    logits = target(prompt, torch.arange(num_prompt, device=device)[None], cache, slot)  # [1,P,V]
+    token = logits[0, -1].argmax()
+    output = [int(token)]
+    for position in range(num_prompt, num_prompt + num_new_tokens - 1):
+        logits = target(token.view(1, 1), torch.tensor([[position]], device=device), cache, slot)
+        token = logits[0, -1].argmax()
+        output.append(int(token))
+    return output
