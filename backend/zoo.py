@@ -53,6 +53,9 @@ ZOO_SHAPES: dict[str, dict[str, int]] = {
     "m-target": {"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 4, "ffn": 1536},
     "m-draft": {"hidden": 256, "layers": 2, "heads": 4, "kv_heads": 2, "ffn": 768},
 }
+# max_position_embeddings of zoo models: RoPE has no hard limit, and serving runs need room for
+# prompt + output beyond the training window (quality past --seq-len is not trained for)
+ZOO_MAX_POSITIONS = 2048
 _SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "ffn")
 DistillLoss = Literal["kl", "greedy"]
 
@@ -450,7 +453,9 @@ def train_pair(
 ) -> PairResult:
     """Train a target and a draft from scratch on the same batches; save both; evaluate."""
     tokenizer = load_tokenizer(config.tokenizer)
-    max_len = max(config.seq_len + 1, config.eval_prompt_len + config.eval_tokens) + 1
+    max_len = max(
+        ZOO_MAX_POSITIONS, config.seq_len + 1, config.eval_prompt_len + config.eval_tokens
+    )
     target_cfg = parse_shape(target_shape, tokenizer.vocab_size, "--target-config", max_len)
     draft_cfg = parse_shape(draft_shape, tokenizer.vocab_size, "--draft-config", max_len)
     if draft_cfg.num_params >= target_cfg.num_params:
@@ -509,7 +514,9 @@ def distill_draft(
     if teacher.tokenizer_name != config.tokenizer:
         config = replace(config, tokenizer=teacher.tokenizer_name)  # the draft must share it
     tokenizer = load_tokenizer(config.tokenizer)
-    max_len = max(config.seq_len + 1, config.eval_prompt_len + config.eval_tokens) + 1
+    max_len = max(
+        ZOO_MAX_POSITIONS, config.seq_len + 1, config.eval_prompt_len + config.eval_tokens
+    )
     draft_cfg = parse_shape(draft_shape, teacher.config.vocab_size, "--draft-config", max_len)
     check_pair(teacher.config, draft_cfg)
     if corpus is None:
