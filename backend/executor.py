@@ -1,0 +1,207 @@
+"""TorchExecutor: the real draft + target models behind the simulator's `Executor` plug point.
+
+The engine loop (`sim.engine`) and scheduler (`sim.scheduler`) are the same as in simulation; this
+executor runs each `ScheduledBatch` on `backend.engine.SpecDecodeEngine` and reports the measured
+wall time, the real accepted counts and where an EOS token fell.
+
+Per `execute(batch)`:
+1. free the engine slots of `finished_req_ids` (state dropped) and `preempted_req_ids` (KV
+   dropped, known tokens kept: a preempted request is recomputed from scratch later);
+2. allocate a slot for each of `new_req_ids` holding all its known tokens (the prompt, plus the
+   output tokens so far after a preemption, exactly what the scheduler recomputes);
+3. one SD step for the decode rows with the batch's per-row K, then one prefill forward for the
+   prefill rows' chunks (two target forwards in the step; mixing both in one padded forward
+   would pad every decode row to the chunk length);
+4. duration = perf_counter around all of it, after `torch.cuda.synchronize()` on CUDA.
+
+Truth about positions: the executor uses the engine's OWN per-slot lengths for where tokens go,
+never `batch.num_computed_tokens`. In async scheduling, step t+1 is scheduled before step t's
+outcome is known, with optimistic `num_computed_tokens` (all drafts assumed accepted); the engine
+has already applied step t's real outcome when it runs step t+1, so its lengths are exact.
+Prefill chunk sizes are exact in both modes; a chunk is clipped to the tokens left, and the
+executor checks its own "prompt complete" against `batch.completes_prompt`.
+
+This module does not schedule, choose K, keep metrics or tokenize (a tokenizer callable may be
+passed in); prompts without text get synthetic token ids from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine
+from backend.model import Transformer
+from policies.errors import InputError
+from sim.types import ScheduledBatch, StepOutcome
+from traces.workload import RequestSpec
+
+
+@dataclass
+class _RequestState:
+    """What the executor keeps per request between steps."""
+
+    token_ids: IntArray  # [n] known tokens while not in a slot (prompt, or prompt + outputs)
+    slot: int | None = None  # engine slot while the request holds KV
+    num_prompt_tokens: int = 0  # prompt length, for reports
+    num_preemptions: int = field(default=0)  # times its KV was dropped
+
+
+class TorchExecutor:
+    """Real SD on torch for `sim.engine`: implements `sim.types.Executor`."""
+
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Draft | None,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        k_max: int,
+        temperature: float = 0.0,
+        seed: int = 0,
+        tokenize: Callable[[str], Sequence[int]] | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+        ignore_eos: bool = False,
+    ) -> None:
+        """`tokenize`: prompt text -> ids (requests with text need it); `eos_token_ids`: ids
+        that stop a request (default: the target config's); `ignore_eos`: never stop early
+        (like `vllm bench serve --ignore-eos`), so output lengths follow the workload."""
+        self.engine = SpecDecodeEngine(
+            target,
+            draft,
+            EngineConfig(
+                num_slots=max_num_seqs,
+                max_model_len=max_model_len,
+                k_max=k_max,
+                temperature=temperature,
+                seed=seed,
+            ),
+        )
+        self.tokenize = tokenize
+        eos = target.config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
+        self.eos_token_ids: IntArray = np.array(
+            [] if ignore_eos else sorted(set(eos)), dtype=np.int64
+        )
+        self._seed_sequence = np.random.SeedSequence(seed)
+        self._requests: dict[int, _RequestState] = {}
+        # Output ids of finished requests, as generated (the scheduler may count fewer: it trims
+        # tokens past max_tokens or an EOS). For reports and tests; small next to the KV cache.
+        self.finished_output_ids: dict[int, IntArray] = {}
+        vocab = target.config.vocab_size
+        specials = set(eos) | ({target.config.bos_token_id} - {None})
+        # Synthetic prompts avoid special ids (an EOS inside a prompt would read as a stop).
+        self._synthetic_vocab: IntArray = np.array(
+            [token for token in range(vocab) if token not in specials], dtype=np.int64
+        )
+        self._is_cuda = self.engine.device.type == "cuda"
+
+    # ------------------------------------------------------------------------ Executor
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        if req_id in self._requests:
+            raise ValueError(f"request {req_id} was added twice")
+        if spec.prompt is not None:
+            if self.tokenize is None:
+                raise InputError(f"request {req_id}: has prompt text but no tokenizer was given")
+            token_ids = np.asarray(list(self.tokenize(spec.prompt)), dtype=np.int64)
+            if token_ids.size != spec.prompt_len:
+                raise InputError(
+                    f"request {req_id}: prompt tokenizes to {token_ids.size} tokens but "
+                    f"prompt_len is {spec.prompt_len}"
+                )
+        else:
+            # One stream per request id, so ids do not depend on arrival order.
+            child = np.random.SeedSequence(
+                self._seed_sequence.entropy, spawn_key=(*self._seed_sequence.spawn_key, req_id)
+            )
+            rng = np.random.default_rng(child)
+            token_ids = rng.choice(self._synthetic_vocab, size=spec.prompt_len)
+        if token_ids.size > self.engine.config.max_model_len:
+            raise InputError(
+                f"request {req_id}: prompt of {token_ids.size} tokens exceeds max_model_len "
+                f"{self.engine.config.max_model_len}"
+            )
+        self._requests[req_id] = _RequestState(
+            token_ids=token_ids, num_prompt_tokens=int(token_ids.size)
+        )
+
+    def execute(self, batch: ScheduledBatch) -> StepOutcome:
+        start_s = time.perf_counter()
+        engine = self.engine
+        for req_id in batch.finished_req_ids:
+            state = self._requests.pop(req_id, None)
+            if state is None:
+                continue
+            tokens = state.token_ids if state.slot is None else engine.free_slot(state.slot)
+            self.finished_output_ids[req_id] = tokens[state.num_prompt_tokens :]
+        for req_id in batch.preempted_req_ids:
+            state = self._requests[req_id]
+            if state.slot is not None:
+                state.token_ids = engine.free_slot(state.slot)
+                state.slot = None
+                state.num_preemptions += 1
+        for req_id in batch.new_req_ids:
+            state = self._requests[req_id]
+            if state.slot is None:
+                state.slot = engine.alloc_slot(state.token_ids)
+
+        num_rows = batch.batch_size
+        num_decode = batch.num_decode_reqs
+        slots = np.array([self._slot(int(r)) for r in batch.req_ids], dtype=np.int64)  # [B]
+        stop_index = np.full(num_rows, -1, dtype=np.int64)  # [B]
+        num_accepted = np.zeros(num_decode, dtype=np.int64)  # [D]
+
+        if num_decode:
+            result = engine.step(slots[:num_decode], batch.num_spec_tokens[:num_decode])
+            num_accepted = result.num_accepted
+            stop_index[:num_decode] = self._first_stop(result.output_token_ids, num_accepted)
+        if num_rows > num_decode:
+            prefill_slots = slots[num_decode:]
+            first_tokens = engine.prefill(prefill_slots, batch.num_scheduled_tokens[num_decode:])
+            completed = first_tokens >= 0  # [P]
+            if not np.array_equal(completed, batch.completes_prompt[num_decode:]):
+                raise RuntimeError(
+                    f"step {batch.step_index}: prompt completion disagrees with the scheduler "
+                    f"(executor {completed.tolist()}, "
+                    f"scheduler {batch.completes_prompt[num_decode:].tolist()})"
+                )
+            is_eos = np.isin(first_tokens, self.eos_token_ids) & completed  # [P]
+            stop_index[num_decode:] = np.where(is_eos, 0, -1)
+
+        if self._is_cuda:
+            torch.cuda.synchronize(engine.device)
+        duration_s = max(time.perf_counter() - start_s, 1e-9)
+        return StepOutcome(duration_s=duration_s, num_accepted=num_accepted, stop_index=stop_index)
+
+    # ------------------------------------------------------------------------ helpers
+    def output_token_ids(self, req_id: int) -> IntArray:
+        """The output tokens a live request has so far (after its prompt)."""
+        state = self._requests[req_id]
+        tokens = state.token_ids if state.slot is None else self.engine.sequence(state.slot)
+        return tokens[state.num_prompt_tokens :].copy()
+
+    def all_output_ids(self) -> dict[int, IntArray]:
+        """Output ids of every request seen: finished ones and those still holding state (the
+        run's last finished requests are only freed by a batch that never comes)."""
+        outputs = dict(self.finished_output_ids)
+        for req_id in self._requests:
+            outputs[req_id] = self.output_token_ids(req_id)
+        return outputs
+
+    def _slot(self, req_id: int) -> int:
+        state = self._requests.get(req_id)
+        if state is None or state.slot is None:
+            raise RuntimeError(f"request {req_id} is scheduled but holds no slot")
+        return state.slot
+
+    def _first_stop(self, output_ids: IntArray, num_accepted: IntArray) -> IntArray:
+        """[D] index among each row's a + 1 emitted tokens of the first EOS, -1 if none."""
+        if self.eos_token_ids.size == 0:
+            return np.full(output_ids.shape[0], -1, dtype=np.int64)
+        emitted = np.arange(output_ids.shape[1])[None, :] <= num_accepted[:, None]  # [D, K+1]
+        is_eos = np.isin(output_ids, self.eos_token_ids) & emitted  # [D, K+1]
+        return np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), -1).astype(np.int64)
