@@ -1,9 +1,283 @@
-"""CLI commands (being built)."""
+"""`dsd run`: a workload through the real SD engine (TorchExecutor) in the simulator's loop.
+
+Wiring only: models from `backend.model`/`backend.weights`, the executor from
+`backend.executor`, the workload from `traces.registry`, the policy from `policies.spec`, the
+loop and metrics from `sim.engine` with the wall clock. Prints the same `vllm bench serve`-keyed
+JSON as `dsd simulate` (plus the run's settings).
+
+Model specs (`--target`, `--draft`):
+- a named shape from `backend.model.MODEL_CONFIGS` (`tiny`, `llama-3.1-8b`, ...) with random
+  weights; `random:NAME` forces random weights for any named shape (`random:smollm2-135m`);
+- anything `backend.weights.load_model` reads: `smollm2-135m` (the real weights), a .gguf file,
+  an HF or dsd checkpoint folder;
+- `--draft early-exit:K`: the target's first K layers + final norm + head; `--draft none`: no
+  draft (plain decoding; the policy's K is forced to 0).
+Prompts: with a loaded model that names its tokenizer, prompt text is chat-templated and
+tokenized and prompt lengths are re-measured with it; otherwise (random weights) requests keep
+the dataset's prompt lengths and get synthetic token ids.
+"""
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import replace
+from typing import Annotated, Any
+
+import numpy as np
 import typer
+
+from policies.errors import InputError
+
+
+def _dtype(name: str, device: str) -> Any:
+    import torch
+
+    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in choices:
+        raise InputError(f"--dtype: choose from auto, {', '.join(choices)}; got {name!r}")
+    return choices[name]
+
+
+def _build_model(spec: str, device: str, dtype: Any, seed: int) -> tuple[Any, str | None]:
+    """(Transformer, tokenizer name or None) for a model spec (see module docstring)."""
+    from backend.model import MODEL_CONFIGS, Transformer, init_random_
+    from backend.weights import SMOLLM2_SPEC, load_model
+
+    name = spec.removeprefix("random:")
+    if spec.startswith("random:") or (spec in MODEL_CONFIGS and spec != SMOLLM2_SPEC):
+        if name not in MODEL_CONFIGS:
+            raise InputError(
+                f"model {spec!r}: unknown shape; known: {', '.join(sorted(MODEL_CONFIGS))}"
+            )
+        model = Transformer(MODEL_CONFIGS[name], device=device, dtype=dtype)
+        return init_random_(model, seed).eval(), None
+    loaded = load_model(spec, device=device, dtype=dtype)
+    return loaded.model.eval(), loaded.tokenizer_name
+
+
+def run_backend(
+    *,
+    target: str,
+    draft: str,
+    policy: str,
+    num_spec_tokens: int,
+    max_concurrency: int | None,
+    num_prompts: int | None,
+    dataset_name: str,
+    output_len: int | None,
+    request_rate: float,
+    device: str,
+    dtype_name: str,
+    temperature: float,
+    seed: int,
+    max_model_len: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int,
+    scheduling: str,
+    profile_path: str | None,
+    ignore_eos: bool,
+) -> dict[str, Any]:
+    """Run and return the metrics dict (vLLM bench keys + ours + the run's settings)."""
+    import torch
+
+    from backend.engine import Draft
+    from backend.executor import TorchExecutor
+    from backend.tokenizer import chat_prompt, load_tokenizer
+    from backend.weights import check_pair
+    from policies.profile_io import load_profile
+    from policies.spec import parse_policy
+    from sim.engine import Engine, EngineConfig
+    from sim.scheduler import Scheduler, SchedulerConfig
+    from traces.registry import build_workload
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda: CUDA is not available on this machine")
+    if num_spec_tokens < 0:
+        raise InputError(f"--num-spec-tokens must be >= 0, got {num_spec_tokens}")
+    dtype = _dtype(dtype_name, device)
+    target_model, tokenizer_name = _build_model(target, device, dtype, seed)
+
+    draft_obj: Draft | None = None
+    if draft.lower() == "none":
+        num_spec_tokens = 0
+    elif draft.startswith("early-exit:"):
+        depth_text = draft.removeprefix("early-exit:")
+        if not depth_text.isdigit() or not 1 <= int(depth_text) < target_model.config.num_layers:
+            raise InputError(
+                f"--draft {draft}: K must be an integer in [1, "
+                f"{target_model.config.num_layers - 1}] (layers of the target)"
+            )
+        draft_obj = Draft.early_exit(target_model, int(depth_text))
+    else:
+        draft_model, draft_tokenizer = _build_model(draft, device, dtype, seed + 1)
+        check_pair(target_model.config, draft_model.config, tokenizer_name, draft_tokenizer)
+        draft_obj = Draft(draft_model)
+    if draft_obj is None:
+        num_spec_tokens = 0
+
+    workload = build_workload(
+        dataset_name,
+        num_prompts=num_prompts,
+        max_concurrency=max_concurrency,
+        request_rate=request_rate,
+        seed=seed,
+        output_len=output_len,
+    )
+    tokenize = None
+    if tokenizer_name is not None:
+        tokenizer = load_tokenizer(tokenizer_name)
+
+        def tokenize(text: str) -> list[int]:
+            return list(tokenizer.encode(chat_prompt(text)))
+
+        requests = tuple(
+            replace(r, prompt_len=len(tokenize(r.prompt))) if r.prompt is not None else r
+            for r in workload.requests
+        )
+    else:
+        # Random weights: the text means nothing to the model; keep lengths, synthesize ids.
+        requests = tuple(replace(r, prompt=None) for r in workload.requests)
+    workload = replace(workload, requests=requests)
+    longest = max(r.prompt_len + r.output_len for r in workload.requests)
+    if any(r.prompt_len >= max_model_len for r in workload.requests):
+        raise InputError(
+            f"--max-model-len {max_model_len}: a prompt has {max(r.prompt_len for r in requests)}"
+            " tokens; raise it"
+        )
+
+    num_seqs = max_num_seqs or min(256, max_concurrency or len(workload.requests))
+    block_size = 16
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_model_len=max_model_len,
+            # The executor holds a full max_model_len slot per sequence: the pool mirrors that.
+            num_kv_blocks=num_seqs * math.ceil(max_model_len / block_size),
+            block_size=block_size,
+            k_max=num_spec_tokens,
+            max_num_seqs=num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            scheduling=scheduling,  # type: ignore[arg-type]
+        )
+    )
+    profile = load_profile(profile_path) if profile_path else None
+    k_policy = parse_policy(policy, profile=profile, k_max=num_spec_tokens, max_num_seqs=num_seqs)
+    executor = TorchExecutor(
+        target_model,
+        draft_obj,
+        max_num_seqs=num_seqs,
+        max_model_len=max_model_len,
+        k_max=num_spec_tokens,
+        temperature=temperature,
+        seed=seed,
+        tokenize=tokenize,
+        ignore_eos=ignore_eos,
+    )
+    result = Engine(scheduler, executor, k_policy, workload, EngineConfig(clock="wall")).run()
+    metrics = dict(result.metrics)
+    metrics.update(
+        {
+            "backend": "dsd-torch",
+            "model_id": target,
+            "draft": draft,
+            "policy": policy,
+            "num_spec_tokens": num_spec_tokens,
+            "dataset_name": dataset_name,
+            "max_concurrency": max_concurrency,
+            "num_prompts": len(workload.requests),
+            "device": str(executor.engine.device),
+            "dtype": str(dtype).removeprefix("torch."),
+            "temperature": temperature,
+            "seed": seed,
+            "scheduling": scheduling,
+            "max_model_len": max_model_len,
+            "longest_request_tokens": longest,
+            "num_preemptions": result.num_preemptions,
+        }
+    )
+    return metrics
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
+
+    @app.command("run")
+    def run_command(
+        target: Annotated[str, typer.Option(help="Target model spec (named shape, checkpoint).")],
+        draft: Annotated[
+            str, typer.Option(help="Draft: model spec, early-exit:K, or none.")
+        ] = "none",
+        policy: Annotated[str, typer.Option(help="K policy SPEC (e.g. static:3).")] = "static:3",
+        num_spec_tokens: Annotated[int, typer.Option(help="k_max (num_speculative_tokens).")] = 4,
+        max_concurrency: Annotated[int | None, typer.Option(help="Requests in flight.")] = None,
+        num_prompts: Annotated[int | None, typer.Option(help="Requests to send.")] = None,
+        dataset_name: Annotated[str, typer.Option(help="Workload name or file.")] = "mt-bench",
+        output_len: Annotated[int | None, typer.Option(help="max_tokens per request.")] = None,
+        request_rate: Annotated[float, typer.Option(help="Requests/s (inf: all at 0).")] = math.inf,
+        device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+        dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+        temperature: Annotated[float, typer.Option(help="0: greedy; > 0: sampling.")] = 0.0,
+        seed: Annotated[int, typer.Option(help="Run seed (weights, prompts, sampling).")] = 0,
+        max_model_len: Annotated[int, typer.Option(help="Longest sequence, tokens.")] = 2048,
+        max_num_seqs: Annotated[int | None, typer.Option(help="Default: concurrency.")] = None,
+        max_num_batched_tokens: Annotated[int, typer.Option(help="Token budget/step.")] = 8192,
+        scheduling: Annotated[str, typer.Option(help="sync or async.")] = "sync",
+        profile: Annotated[str | None, typer.Option(help="Profile JSON for goodput.")] = None,
+        ignore_eos: Annotated[bool, typer.Option(help="Never stop at EOS.")] = False,
+        json_output: Annotated[bool, typer.Option("--json", help="Print the JSON.")] = False,
+        output: Annotated[str | None, typer.Option(help="Also write the JSON here.")] = None,
+    ) -> None:
+        """Run a workload on the real SD engine and report vLLM bench metrics."""
+        from policies.profile_io import atomic_write_text
+
+        if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+            raise InputError(f"--device: choose cpu or cuda, got {device!r}")
+        if scheduling not in ("sync", "async"):
+            raise InputError(f"--scheduling: choose sync or async, got {scheduling!r}")
+        metrics = run_backend(
+            target=target,
+            draft=draft,
+            policy=policy,
+            num_spec_tokens=num_spec_tokens,
+            max_concurrency=max_concurrency,
+            num_prompts=num_prompts,
+            dataset_name=dataset_name,
+            output_len=output_len,
+            request_rate=request_rate,
+            device=device,
+            dtype_name=dtype,
+            temperature=temperature,
+            seed=seed,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            scheduling=scheduling,
+            profile_path=profile,
+            ignore_eos=ignore_eos,
+        )
+        text = json.dumps(metrics, indent=2, default=_to_json, allow_nan=True)
+        if output:
+            atomic_write_text(output, text + "\n")
+        if json_output:
+            typer.echo(text)
+        else:
+            keys = (
+                "completed",
+                "total_output_tokens",
+                "mean_tpot_ms",
+                "mean_ttft_ms",
+                "output_throughput",
+                "spec_decode_acceptance_length",
+            )
+            for key in keys:
+                typer.echo(f"{key}: {metrics.get(key)}")

@@ -22,6 +22,10 @@ from backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
 
 TINY = MODEL_CONFIGS["tiny"]
 
+# Tiny models gain nothing from intra-op threads, and on a busy 2-core machine OpenMP's spinning
+# makes each op ~1000x slower (16 ms instead of 5 us). Every backend test module imports this.
+torch.set_num_threads(1)
+
 
 def tiny_target(seed: int = 0, config: ModelConfig = TINY) -> Transformer:
     """A tiny random target; std 0.1 keeps logits spread out so argmax has no near-ties."""

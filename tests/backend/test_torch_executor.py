@@ -153,3 +153,49 @@ def test_eos_sets_stop_index_and_finishes_early() -> None:
     # Prompt positions 0..3; outputs at positions 4..9, the last one (position 9) is EOS.
     assert result.requests["num_output_tokens"].tolist() == [6]
     assert executor.all_output_ids()[0][:6].tolist() == [14, 15, 16, 17, 18, eos]
+
+
+def test_dsd_run_prints_vllm_bench_json(capsys) -> None:
+    import json
+
+    from dsd.cli import main
+
+    main(
+        [
+            "run",
+            "--target", "tiny",
+            "--draft", "tiny-draft",
+            "--policy", "static:2",
+            "--max-concurrency", "2",
+            "--num-prompts", "3",
+            "--dataset-name", "mt-bench",
+            "--output-len", "6",
+            "--ignore-eos",
+            "--json",
+        ]
+    )  # fmt: skip
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["completed"] == 3
+    assert metrics["total_output_tokens"] == 18  # --ignore-eos: every request gets all 6
+    assert metrics["mean_tpot_ms"] > 0 and metrics["k_histogram"] == {
+        "2": metrics["spec_decode_num_drafts"]
+    }
+
+
+# (arguments, fragment of the one-line error)
+CLI_ERRORS = [
+    (["--target", "tiny", "--draft", "early-exit:5"], "early-exit:5"),  # deeper than the target
+    (["--target", "no-such-model"], "no-such-model"),  # neither a shape nor a file
+    (["--target", "tiny", "--device", "tpu"], "--device"),  # unknown device
+]
+
+
+@pytest.mark.parametrize(("args", "fragment"), CLI_ERRORS)
+def test_dsd_run_bad_input_exits_2_with_one_line(args, fragment, capsys) -> None:
+    from dsd.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--num-prompts", "1", *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
