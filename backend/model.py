@@ -497,9 +497,10 @@ class Transformer(nn.Module):
         if kv_cache is not None and (slot_ids is None or kv_cache.num_layers < depth):
             raise ValueError("a KV cache needs slot_ids and at least num_layers layers")
         hidden = self.embed_tokens(input_ids)  # [B, T, hidden]
-        cos, sin = rope_cos_sin(self.inv_freq, positions, hidden.dtype)  # [B, T, D] each
+        inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
+        cos, sin = rope_cos_sin(inv_freq, positions, hidden.dtype)  # [B, T, D] each
         for index in range(depth):
-            layer = self.layers[index]
+            layer: DecoderLayer = self.layers[index]  # type: ignore[assignment]
             cache_k = kv_cache.k[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
             cache_v = kv_cache.v[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
             hidden = hidden + layer.self_attn(
@@ -514,8 +515,8 @@ class Transformer(nn.Module):
             )
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         if logit_indices is not None:
-            index = logit_indices[:, :, None].expand(-1, -1, hidden.shape[-1])  # [B, N, hidden]
-            hidden = hidden.gather(1, index)  # [B, N, hidden]
+            gather_index = logit_indices[:, :, None].expand(-1, -1, hidden.shape[-1])  # [B,N,hid]
+            hidden = hidden.gather(1, gather_index)  # [B, N, hidden]
         hidden = self.norm(hidden)  # [B, T or N, hidden]
         head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, hid]
         return F.linear(hidden, head).float()  # [B, T or N, V]
