@@ -16,6 +16,16 @@ import typer
 from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces, cmd_zoo
 from policies.errors import InputError
 
+# Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
+# use the click package. Catch both families.
+try:
+    from typer._click.exceptions import ClickException as _TyperClickException
+except ImportError:  # pragma: no cover - older typer
+    _TyperClickException = click.ClickException
+_CLICK_ERRORS = (click.ClickException, _TyperClickException)
+_EXITS = (click.exceptions.Exit, typer.Exit)
+_ABORTS = (click.exceptions.Abort, typer.Abort)
+
 app = typer.Typer(
     name="dsd",
     help="Dynamic speculative decoding: K policies, a serving simulator, a real SD engine.",
@@ -37,11 +47,11 @@ def fail(message: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     try:
         result = app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as exc:
+    except _EXITS as exc:
         raise SystemExit(exc.exit_code) from None
-    except click.exceptions.Abort:
+    except _ABORTS:
         fail("aborted")
-    except click.exceptions.ClickException as exc:  # bad flags, missing options, bad values
+    except _CLICK_ERRORS as exc:  # bad flags, missing options, bad values
         fail(exc.format_message())
     except InputError as exc:
         fail(str(exc))

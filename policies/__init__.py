@@ -1,1 +1,1 @@
-"""K policies: choose the number of draft tokens per step (see `policies.types` for the vocabulary)."""
+"""K policies: choose the draft tokens per step (vocabulary: `policies.types`)."""

@@ -23,14 +23,6 @@ H100 = PROFILES / "pr32374_llama31_8b_eagle_h100.json"
 FIXTURE = PROFILES / "pr32374_branch_test_fixture.json"
 
 
-# typer >= 0.20 raises its vendored click's exceptions (typer._click), which dsd/cli.py's
-# `except click.exceptions.ClickException` does not catch: bad flags end in a traceback instead
-# of `error: ...`, exit 2. Strict: once dsd/cli.py catches them, these pass and the mark goes.
-CLI_FLAG_ERRORS_XFAIL = pytest.mark.xfail(
-    strict=True, reason="dsd/cli.py does not catch typer._click exceptions"
-)
-
-
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     try:
         main(argv)
@@ -145,17 +137,12 @@ def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[st
             ["policy", "explain", "--profile", str(H100), "--max-num-seqs", "0"],
             "--max-num-seqs must be >= 1",
         ),
-        # missing required option (flag errors: see CLI_FLAG_ERRORS_XFAIL)
-        pytest.param(
-            ["export", "vllm", "--profile", str(H100)],
-            "max_num_seqs",
-            marks=CLI_FLAG_ERRORS_XFAIL,
-        ),
+        # missing required option
+        pytest.param(["export", "vllm", "--profile", str(H100)], "--max-num-seqs"),
         # bad --format value
         pytest.param(
             ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--format", "yaml"],
             "yaml",
-            marks=CLI_FLAG_ERRORS_XFAIL,
         ),
     ],
 )

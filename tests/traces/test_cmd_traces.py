@@ -9,10 +9,6 @@ import pytest
 
 from dsd.cli import main
 
-CLI_FLAG_ERRORS = pytest.mark.xfail(
-    strict=True, reason="dsd/cli.py catches click.ClickException; typer raises typer._click's"
-)
-
 
 def run_cli(argv: list[str]) -> int:
     try:
@@ -76,10 +72,8 @@ def test_export_writes_vllm_custom_jsonl(
         ),
         # missing --out, and a flag value that is not an int: flag errors come from typer's
         # vendored click (typer >= 0.29), which dsd/cli.py does not catch yet (reported)
-        pytest.param(["traces", "convert", "mt-bench"], "error: ", marks=CLI_FLAG_ERRORS),
-        pytest.param(
-            ["traces", "show", "gsm8k", "--num-prompts", "abc"], "error: ", marks=CLI_FLAG_ERRORS
-        ),
+        pytest.param(["traces", "convert", "mt-bench"], "error: "),
+        pytest.param(["traces", "show", "gsm8k", "--num-prompts", "abc"], "error: "),
     ],
 )
 def test_bad_input_exits_2_with_one_error_line(
