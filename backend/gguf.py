@@ -32,7 +32,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from policies.atomic import atomic_write
 from policies.errors import InputError
 
 GGUF_MAGIC = b"GGUF"
@@ -464,17 +464,14 @@ def write_gguf(
         blobs.append(padded)
         offset += len(padded)
     header += b"\0" * (-len(header) % alignment)
-    target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
+
+    def write_file(temp_path: Path) -> None:
+        with temp_path.open("wb") as handle:
             handle.write(header)
             for blob in blobs:
                 handle.write(blob)
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write_file)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from backend.gguf import (
     write_gguf,
 )
 from backend.model import ModelConfig, RopeScaling, Transformer
+from policies.atomic import atomic_write_bytes, atomic_write_json
 from policies.errors import InputError
 
 SMOLLM2_SPEC = "smollm2-135m"
@@ -393,22 +393,6 @@ def hf_config_dict(config: ModelConfig, tokenizer_name: str | None = None) -> di
     if tokenizer_name is not None:
         data["dsd"] = {"tokenizer": tokenizer_name}
     return data
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write a file via a temp file in the same folder + os.replace."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, data: Mapping[str, Any]) -> None:
-    atomic_write_bytes(path, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def save_checkpoint(

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from policies.atomic import atomic_write_text
 from policies.errors import InputError
 from policies.profile import LatencyPoint, PrefillPoint, Profile
 
@@ -36,21 +36,6 @@ NATIVE_FORMAT = "dsd-profile"
 NATIVE_VERSION = 1
 # Slack for "non-increasing" on rates written with limited precision.
 RATE_TOLERANCE = 1e-9
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` via a temp file in the same folder and os.replace."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
-    handle, temp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temp_name, target)
-    except BaseException:
-        if os.path.exists(temp_name):
-            os.unlink(temp_name)
-        raise
 
 
 # ---------------------------------------------------------------- field readers

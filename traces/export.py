@@ -22,16 +22,14 @@ module does not build workloads and does not tokenize.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from policies.atomic import atomic_write
 from policies.errors import InputError
 from traces.workload import Workload
 
@@ -45,21 +43,6 @@ SYNTHETIC_WORDS = (
 SYNTHETIC_ID_WORDS = 4
 
 TABLE_COLUMNS = ("prompt_len", "output_len", "arrival_s", "tag", "prompt")
-
-
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call write(temp_path) for a temporary file beside `path`, then move it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp_path = Path(tmp_name)
-    try:
-        write(tmp_path)
-        os.chmod(tmp_path, 0o644)  # mkstemp makes 0600; outputs are ordinary files
-        os.replace(tmp_path, path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
 
 
 def synthetic_prompt(num_tokens: int, index: int = 0) -> str:

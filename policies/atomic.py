@@ -1,0 +1,124 @@
+"""Atomic file output: the one helper every dsd writer goes through.
+
+A file is written to a temporary file in the target's own folder (`.NAME.XXXX.tmp`), flushed to
+disk (fsync), given ordinary permissions (0644; mkstemp makes 0600) and moved over the target
+with `os.replace`, which is atomic on POSIX and Windows within one file system. A reader, or a
+re-run after the writer was killed (SIGKILL, Ctrl-C, out of memory, power loss after the
+fsync), sees either the old complete file or the new complete file, never a prefix. On an
+exception the temporary file is removed and the target is left untouched.
+
+It lives in `policies/` because that is the lowest layer (every other package may import it).
+
+Deliberately not done: no locking between concurrent writers (the last `os.replace` wins, each
+file whole), no cleanup of temporary files left by a process killed mid-write (they are hidden
+dot-files beside the target; `stale_temp_files` lists them), no writing across file systems.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# Permission bits of a finished output: an ordinary user-readable file.
+OUTPUT_MODE = 0o644
+TEMP_SUFFIX = ".tmp"
+
+
+def _temp_prefix(target: Path) -> str:
+    return f".{target.name}."
+
+
+def atomic_write(
+    path: str | os.PathLike[str], write: Callable[[Path], object], *, fsync: bool = True
+) -> None:
+    """Call `write(temp_path)`, then move the finished temp file onto `path` atomically.
+
+    `write` must write the whole file at exactly `temp_path` (a library that appends its own
+    suffix, like `np.save`, must be given an open file instead). The parent folder is created
+    if missing. `fsync=False` skips the flush to disk (still atomic against process kills,
+    not against power loss).
+    """
+    target = Path(path)
+    folder = target.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(
+        prefix=_temp_prefix(target), suffix=TEMP_SUFFIX, dir=folder
+    )
+    os.close(handle)
+    temp_path = Path(temp_name)
+    try:
+        write(temp_path)
+        if fsync:
+            _fsync_file(temp_path)
+        os.chmod(temp_path, OUTPUT_MODE)
+        os.replace(temp_path, target)
+    except BaseException:
+        temp_path.unlink(missing_ok=True)
+        raise
+    if fsync:
+        _fsync_folder(folder)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:
+    """Write `data` to `path` atomically."""
+    atomic_write(path, lambda temp_path: temp_path.write_bytes(data), fsync=fsync)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, fsync: bool = True) -> None:
+    """Write `text` (UTF-8) to `path` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def atomic_write_json(
+    path: str | os.PathLike[str],
+    data: Any,
+    *,
+    indent: int | None = 2,
+    allow_nan: bool = True,
+    fsync: bool = True,
+) -> None:
+    """Write `data` as JSON (plus a final newline) atomically.
+
+    `allow_nan=False` refuses NaN/inf (they are not JSON; strict readers reject them).
+    """
+    text = json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n"
+    atomic_write_text(path, text, fsync=fsync)
+
+
+def stale_temp_files(path: str | os.PathLike[str]) -> list[Path]:
+    """Temporary files a killed writer of `path` left beside it (safe to delete)."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        return []
+    prefix = _temp_prefix(target)
+    return sorted(
+        entry
+        for entry in target.parent.iterdir()
+        if entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)
+    )
+
+
+def _fsync_file(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Persist the rename itself; folders cannot be opened for fsync on every platform."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
