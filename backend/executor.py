@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine
+from backend.fast_path import build_engine
 from backend.model import Transformer
 from policies.errors import InputError
 from sim.types import ScheduledBatch, StepOutcome
@@ -67,11 +68,13 @@ class TorchExecutor:
         tokenize: Callable[[str], Sequence[int]] | None = None,
         eos_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
+        fast_path: str = "off",
     ) -> None:
         """`tokenize`: prompt text -> ids (requests with text need it); `eos_token_ids`: ids
         that stop a request (default: the target config's); `ignore_eos`: never stop early
-        (like `vllm bench serve --ignore-eos`), so output lengths follow the workload."""
-        self.engine = SpecDecodeEngine(
+        (like `vllm bench serve --ignore-eos`), so output lengths follow the workload;
+        `fast_path`: "off" (reference step), "eager" or "cuda-graphs" (`backend.fast_path`)."""
+        self.engine: SpecDecodeEngine = build_engine(
             target,
             draft,
             EngineConfig(
@@ -81,6 +84,7 @@ class TorchExecutor:
                 temperature=temperature,
                 seed=seed,
             ),
+            fast_path=fast_path,
         )
         self.tokenize = tokenize
         eos = target.config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)

@@ -1,0 +1,348 @@
+"""The decode fast path: the SD step at fixed shapes, so CUDA graphs can replay it.
+
+`FastSpecDecodeEngine` is a `SpecDecodeEngine` whose `step` runs the device work of a step at a
+FIXED shape chosen from a small set, so that one CUDA graph per shape can be captured once and
+replayed for every later step of that shape:
+
+- rows are padded up to a **batch bucket** (1, 2, 4, 8, ..., max_num_seqs); a padded row uses
+  slot 0, reads and writes only the trash position (`max_len - 1`), and its outputs are dropped;
+- K is the step's largest K (rows with a smaller K draft masked extras, as in the reference);
+- the attention span `kv_len` is rounded up to a **kv bucket** (powers of two times
+  `min_kv_len`, capped at the cache length), because the model gathers `[0, kv_len)` of each
+  slot and a graph needs that length fixed.
+
+A shape is a `GraphKey(num_rows, num_spec_tokens, kv_len)`. Every key is captured at most once;
+switching K between steps replays another already-captured graph, it never re-captures.
+
+The draft's lazy catch-up (the draft does no work at K = 0 and never sees the bonus token, so
+its cache may lag the target's) has a variable width, so it runs eagerly BEFORE the fixed-shape
+part: one forward over the lagging tokens of the rows that draft. After it every drafting row's
+draft cache holds exactly [0, L), and the fixed-shape part is: K draft forwards of width 1,
+one target forward over [B, K+1], greedy accept. Its inputs are four int64 rows (slot, last
+token, L, K) copied into static buffers; its output is one [B, K+2] tensor (accepted count,
+then the K+1 output ids) read back with the step's one host sync.
+
+Two runners share the padding and key bookkeeping:
+- `EagerStepRunner` runs the fixed-shape function directly (CPU or CUDA): the testable half,
+  which must agree with `SpecDecodeEngine.step` token for token;
+- `CudaGraphStepRunner` captures it per key with `torch.cuda.CUDAGraph` (one shared memory
+  pool) after a warm-up run on a side stream, then replays.
+
+What this does not do: sampling at temperature > 0 (the draft samples between forwards and the
+engine's torch.Generator is not registered with the graphs; such engines must use the reference
+path), graphs for prefill (prefill stays eager, as in vLLM), `torch.compile`, or a faster
+attention kernel (the model's gather + SDPA is used as is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine, StepResult
+from backend.kv_cache import KVCache
+from backend.model import Transformer
+from backend.sampling import greedy_accept
+
+FastPathKind = Literal["off", "eager", "cuda-graphs"]
+FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
+DEFAULT_MIN_KV_LEN = 256  # smallest attention span bucket; smaller spans round up to it
+_NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs
+
+
+def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """Padded batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    buckets = []
+    size = 1
+    while size < max_num_seqs:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_num_seqs)
+    return tuple(buckets)
+
+
+def bucket_for(num_rows: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds num_rows rows."""
+    for size in buckets:
+        if size >= num_rows:
+            return size
+    raise ValueError(f"{num_rows} rows exceed the largest batch bucket {buckets[-1]}")
+
+
+def kv_len_bucket(needed: int, cache_len: int, min_kv_len: int = DEFAULT_MIN_KV_LEN) -> int:
+    """Attention span for a step whose largest real position is needed - 1.
+
+    min_kv_len * 2^j, the smallest that is >= needed, capped at cache_len (all of it).
+    """
+    if not 1 <= needed <= cache_len:
+        raise ValueError(f"kv span {needed} outside [1, {cache_len}]")
+    span = max(1, min_kv_len)
+    while span < needed:
+        span *= 2
+    return min(span, cache_len)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphKey:
+    """The shape of one fixed-shape step: what a captured CUDA graph is keyed by."""
+
+    num_rows: int  # padded batch size (a batch bucket)
+    num_spec_tokens: int  # K of the step (its largest per-row K), 0..k_max
+    kv_len: int  # attention span read from each slot's cache (a kv bucket)
+
+
+@torch.inference_mode()
+def fixed_shape_step(
+    target: Transformer,
+    draft: Draft | None,
+    target_cache: KVCache,
+    draft_cache: KVCache | None,
+    inputs: torch.Tensor,  # [4, B] int64 rows: slot, last token, L, K
+    key: GraphKey,
+    trash_position: int,
+) -> torch.Tensor:
+    """Draft (width-1 forwards), verify, greedy accept; returns [B, K+2]: a, then output ids.
+
+    Every drafting row's draft cache must already hold [0, L). Rows with K = 0 (and padded rows,
+    whose L is the trash position) write only at the trash position of the draft cache. No host
+    sync, no data-dependent shapes: capturable as a CUDA graph for this key.
+    """
+    slots, last_tokens, lengths, spec = inputs[0], inputs[1], inputs[2], inputs[3]  # [B] each
+    k_step = key.num_spec_tokens
+    trash = torch.full_like(lengths, trash_position)  # [B]
+    drafted: list[torch.Tensor] = []
+    if k_step > 0:
+        assert draft is not None and draft_cache is not None
+        drafting = spec > 0  # [B]
+        token = last_tokens  # [B]
+        for index in range(k_step):
+            # Forward `index` feeds the last token (index 0) or draft `index` at L + index.
+            positions = torch.where(drafting, lengths + index, trash)  # [B]
+            logits = draft.model(
+                token[:, None],
+                positions[:, None],
+                draft_cache,
+                slots,
+                num_layers=draft.num_layers,
+                kv_len=key.kv_len,
+            )[:, 0]  # [B, V]
+            token = logits.argmax(dim=-1)  # [B]
+            drafted.append(token)
+    num_rows = key.num_rows
+    if drafted:
+        draft_ids = torch.stack(drafted, dim=1)  # [B, K]
+    else:
+        draft_ids = torch.zeros((num_rows, 0), dtype=torch.int64, device=inputs.device)  # [B, 0]
+    offsets = torch.arange(k_step + 1, device=inputs.device)[None, :]  # [1, K+1]
+    # Verify the last token and the drafts at L..L+K; drafts past a row's K go to the trash.
+    positions = torch.where(offsets <= spec[:, None], lengths[:, None] + offsets, trash[:, None])
+    verify_ids = torch.cat((last_tokens[:, None], draft_ids), dim=1)  # [B, K+1]
+    target_logits = target(
+        verify_ids, positions, target_cache, slots, kv_len=key.kv_len
+    )  # [B, K+1, V]
+    num_accepted, output_ids = greedy_accept(draft_ids, target_logits, spec)  # [B], [B, K+1]
+    return torch.cat((num_accepted[:, None], output_ids), dim=1)  # [B, K+2]
+
+
+class EagerStepRunner:
+    """Runs `fixed_shape_step` directly; counts the distinct keys it has run."""
+
+    def __init__(self, engine: SpecDecodeEngine) -> None:
+        self.engine = engine
+        self.keys_seen: set[GraphKey] = set()
+        max_rows = engine.config.num_slots
+        # Static inputs: graphs read them by address, so they are allocated once.
+        self.input_buffer = torch.zeros(
+            (_NUM_INPUT_ROWS, max_rows), dtype=torch.int64, device=engine.device
+        )  # [4, S]
+
+    def run(self, key: GraphKey, host_inputs: IntArray) -> IntArray:
+        """[4, key.num_rows] host inputs -> [num_rows, K+2] host outputs (the one sync)."""
+        self.keys_seen.add(key)
+        staged = self.input_buffer[:, : key.num_rows]  # [4, B] view of the static buffer
+        staged.copy_(torch.from_numpy(host_inputs), non_blocking=False)
+        out = self._execute(key, staged)  # [B, K+2]
+        return out.cpu().numpy().astype(np.int64)
+
+    def _execute(self, key: GraphKey, staged: torch.Tensor) -> torch.Tensor:
+        engine = self.engine
+        return fixed_shape_step(
+            engine.target,
+            engine.draft,
+            engine.target_cache,
+            engine.draft_cache,
+            staged,
+            key,
+            engine.trash_position,
+        )
+
+
+class CudaGraphStepRunner(EagerStepRunner):
+    """Captures `fixed_shape_step` once per key as a CUDA graph, then replays it."""
+
+    def __init__(self, engine: SpecDecodeEngine, num_warmup_runs: int = 2) -> None:
+        if engine.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the engine is on {engine.device}")
+        super().__init__(engine)
+        self.num_warmup_runs = num_warmup_runs
+        self.num_captures = 0  # graphs captured so far; fixed once every key was seen
+        self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # One pool for all graphs: they never run concurrently and each output is read right
+        # after its replay, so a later graph may reuse an earlier one's memory.
+        self._pool = torch.cuda.graph_pool_handle()
+
+    @property
+    def captured_keys(self) -> tuple[GraphKey, ...]:
+        return tuple(self._graphs)
+
+    def _execute(self, key: GraphKey, staged: torch.Tensor) -> torch.Tensor:
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(key, staged)
+            self._graphs[key] = entry
+        graph, output = entry
+        graph.replay()
+        return output
+
+    def _capture(
+        self, key: GraphKey, staged: torch.Tensor
+    ) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Warm-up runs see the real inputs of this step: they write the same K/V the replay
+        # writes (same tokens at the same positions), so running them is harmless.
+        side = torch.cuda.Stream(device=self.engine.device)  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream(self.engine.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.num_warmup_runs):
+                super()._execute(key, staged)
+        torch.cuda.current_stream(self.engine.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            output = super()._execute(key, staged)  # [B, K+2], lives in the graph's pool
+        self.num_captures += 1
+        return graph, output
+
+
+class FastSpecDecodeEngine(SpecDecodeEngine):
+    """`SpecDecodeEngine` whose SD step runs at bucketed fixed shapes (see module docstring).
+
+    `runner`: "eager" (any device; the reference for the bucketing) or "cuda-graphs" (CUDA).
+    Greedy only (temperature 0). Prefill, slots and bookkeeping are the parent's.
+    """
+
+    def __init__(
+        self,
+        target: Transformer,
+        draft: Draft | None,
+        config: EngineConfig,
+        runner: Literal["eager", "cuda-graphs"] = "eager",
+        min_kv_len: int = DEFAULT_MIN_KV_LEN,
+    ) -> None:
+        if config.temperature != 0.0:
+            raise ValueError(
+                "the fast path is greedy only (temperature 0); use the reference engine for "
+                f"temperature {config.temperature}"
+            )
+        if min_kv_len < 1:
+            raise ValueError(f"min_kv_len must be >= 1, got {min_kv_len}")
+        super().__init__(target, draft, config)
+        self.min_kv_len = min_kv_len
+        self.batch_buckets = batch_buckets(config.num_slots)
+        self.runner: EagerStepRunner
+        if runner == "eager":
+            self.runner = EagerStepRunner(self)
+        elif runner == "cuda-graphs":
+            self.runner = CudaGraphStepRunner(self)
+        else:
+            raise ValueError(f"runner must be 'eager' or 'cuda-graphs', got {runner!r}")
+
+    def graph_key(self, num_rows: int, k_step: int, max_length: int) -> GraphKey:
+        """The key of a step over num_rows rows whose longest has its last token at max_length."""
+        return GraphKey(
+            num_rows=bucket_for(num_rows, self.batch_buckets),
+            num_spec_tokens=k_step,
+            # Positions read go up to L + K (verification of the last draft).
+            kv_len=kv_len_bucket(max_length + k_step + 1, self.config.cache_len, self.min_kv_len),
+        )
+
+    @torch.inference_mode()
+    def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
+        slots = np.asarray(slot_ids, dtype=np.int64)
+        spec = np.asarray(num_spec_tokens, dtype=np.int64)
+        num_rows = slots.size
+        if num_rows == 0:
+            return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
+        self._check_in_use(slots)
+        if len(set(slots.tolist())) != num_rows:
+            raise ValueError("a slot appears twice in one step")
+        if spec.shape != slots.shape:
+            raise ValueError(f"need one K per row: {spec.shape} vs {slots.shape}")
+        if (spec < 0).any() or (spec > self.config.k_max).any():
+            raise ValueError(f"K must be in [0, {self.config.k_max}], got {spec.tolist()}")
+        lengths = self.target_cache.lengths[slots]  # [B] the last token sits at position L
+        if not (lengths == self.num_tokens[slots] - 1).all():
+            raise ValueError("step() on a slot that has not finished its prefill")
+        k_step = int(spec.max())
+        if (lengths + k_step + 1 > self.config.cache_len - 1).any():
+            raise ValueError("sequence would outgrow max_model_len + k_max")
+        drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
+        if k_step > 0:
+            self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
+
+        key = self.graph_key(num_rows, k_step, int(lengths.max()))
+        host_inputs = np.zeros((_NUM_INPUT_ROWS, key.num_rows), dtype=np.int64)  # [4, Bpad]
+        host_inputs[2, :] = self.trash_position  # padded rows sit at the trash position
+        host_inputs[0, :num_rows] = slots
+        host_inputs[1, :num_rows] = self.token_ids[slots, lengths]
+        host_inputs[2, :num_rows] = lengths
+        host_inputs[3, :num_rows] = spec
+        out = self.runner.run(key, host_inputs)[:num_rows]  # [B, K+2]
+        num_accepted = out[:, 0].copy()  # [B]
+        output_ids = out[:, 1:].copy()  # [B, K+1]
+
+        # Roll back exactly as the reference step does.
+        self.target_cache.lengths[slots] = lengths + num_accepted + 1
+        if self.draft_cache is not None and drafting_rows.size:
+            rows = drafting_rows
+            valid = lengths[rows] + 1 + np.minimum(num_accepted[rows], k_step - 1)
+            self.draft_cache.lengths[slots[rows]] = valid
+        for row in range(num_rows):
+            self._append(int(slots[row]), output_ids[row, : num_accepted[row] + 1])
+        return StepResult(num_accepted=num_accepted, output_token_ids=output_ids)
+
+    def _catch_up_draft(self, slots: IntArray, lengths: IntArray) -> None:
+        """Eager forward of the tokens the draft has not seen, so its cache holds [0, L)."""
+        assert self.draft is not None and self.draft_cache is not None
+        cache = self.draft_cache
+        behind = cache.lengths[slots] < lengths  # [R]
+        if not behind.any():
+            return
+        lagging = slots[behind]
+        self._forward_span(
+            self.draft.model,
+            self.draft.num_layers,
+            cache,
+            lagging,
+            cache.lengths[lagging],
+            lengths[behind],
+            need_logits=False,
+        )
+        cache.lengths[lagging] = lengths[behind]
+
+
+def build_engine(
+    target: Transformer,
+    draft: Draft | None,
+    config: EngineConfig,
+    fast_path: str = "off",
+) -> SpecDecodeEngine:
+    """The reference engine ("off") or the fast path ("eager", "cuda-graphs")."""
+    if fast_path == "off":
+        return SpecDecodeEngine(target, draft, config)
+    if fast_path in ("eager", "cuda-graphs"):
+        return FastSpecDecodeEngine(target, draft, config, runner=fast_path)  # type: ignore[arg-type]
+    raise ValueError(f"fast_path must be one of {', '.join(FAST_PATH_KINDS)}, got {fast_path!r}")

@@ -1,0 +1,344 @@
+"""The decode fast path: buckets, graph keys, agreement with the reference step, CUDA graphs.
+
+CPU tests run the eager runner (same padding and keys as the CUDA-graph runner); the graph
+runner's own tests are marked gpu.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from mock_models import (
+    MockModel,
+    make_engine,
+    perturbed_copy,
+    random_prompt,
+    shallow_target,
+    target_rule,
+    tiny_target,
+)
+
+from backend.engine import Draft, EngineConfig, SpecDecodeEngine, target_greedy_decode
+from backend.executor import TorchExecutor
+from backend.fast_path import (
+    FastSpecDecodeEngine,
+    GraphKey,
+    batch_buckets,
+    bucket_for,
+    build_engine,
+    kv_len_bucket,
+)
+from sim.engine import Engine
+from sim.engine import EngineConfig as LoopConfig
+from sim.fakes import ScriptedK
+from sim.scheduler import Scheduler, SchedulerConfig
+from traces.workload import RequestSpec, Workload
+
+
+def fast_engine(
+    target,
+    draft,
+    *,
+    runner: str = "eager",
+    num_slots: int = 4,
+    k_max: int = 5,
+    min_kv_len: int = 16,
+    device: str | None = None,
+) -> FastSpecDecodeEngine:
+    config = EngineConfig(num_slots=num_slots, max_model_len=96, k_max=k_max)
+    return FastSpecDecodeEngine(target, draft, config, runner=runner, min_kv_len=min_kv_len)  # type: ignore[arg-type]
+
+
+def run_pair(
+    engines: list[SpecDecodeEngine],
+    prompts: list[np.ndarray],
+    num_new_tokens: int,
+    k_for_step: Callable[[int, int], np.ndarray],
+    arrival_steps: list[int] | None = None,
+    chunk: int = 4,
+) -> list[tuple[list[list[int]], list[list[int]]]]:
+    """Drive several engines through the same continuous-batching schedule in lockstep.
+
+    Returns per engine: (outputs per request, accepted counts per step). The schedule (which
+    slots step, with which K) is computed once from the first engine and replayed on all, so
+    the comparison is step by step.
+    """
+    arrivals = arrival_steps or [0] * len(prompts)
+    slot_of: list[dict[int, int]] = [{} for _ in engines]
+    outputs: list[dict[int, list[int]]] = [{} for _ in engines]
+    accepted_logs: list[list[list[int]]] = [[] for _ in engines]
+    step_index = 0
+    while len(outputs[0]) < len(prompts):
+        for req, prompt in enumerate(prompts):
+            if arrivals[req] == step_index:
+                for index, engine in enumerate(engines):
+                    slot_of[index][req] = engine.alloc_slot(prompt)
+        first = engines[0]
+        decoding = [r for r, s in slot_of[0].items() if first.is_decoding(s)]
+        prefilling = [r for r, s in slot_of[0].items() if not first.is_decoding(s)]
+        ks = np.asarray(k_for_step(step_index, len(decoding)), dtype=np.int64)
+        for index, engine in enumerate(engines):
+            if decoding:
+                slots = np.array([slot_of[index][r] for r in decoding])
+                result = engine.step(slots, ks)
+                accepted_logs[index].append(result.num_accepted.tolist())
+            if prefilling:
+                slots = np.array([slot_of[index][r] for r in prefilling])
+                engine.prefill(slots, np.full(len(prefilling), chunk))
+            for req in list(slot_of[index]):
+                slot = slot_of[index][req]
+                generated = engine.sequence(slot)[len(prompts[req]) :]
+                if generated.size >= num_new_tokens:
+                    outputs[index][req] = generated[:num_new_tokens].tolist()
+                    engine.free_slot(slot)
+                    del slot_of[index][req]
+        step_index += 1
+    return [
+        ([outputs[i][r] for r in range(len(prompts))], accepted_logs[i])
+        for i in range(len(engines))
+    ]
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_target(seed=0)
+
+
+@pytest.fixture(scope="module")
+def close_draft(target) -> torch.nn.Module:
+    return perturbed_copy(target, noise_std=0.006, seed=1)
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "expected"),
+    [
+        (1, (1,)),  # a single slot: one bucket
+        (4, (1, 2, 4)),  # a power of two ends the list
+        (6, (1, 2, 4, 6)),  # otherwise max_num_seqs closes it
+        (64, (1, 2, 4, 8, 16, 32, 64)),
+    ],
+)
+def test_batch_buckets_are_powers_of_two_then_max(max_num_seqs: int, expected) -> None:
+    assert batch_buckets(max_num_seqs) == expected
+
+
+@pytest.mark.parametrize(
+    ("num_rows", "expected"),
+    [(1, 1), (2, 2), (3, 4), (5, 6), (6, 6)],  # rows round up to the next bucket of (1,2,4,6)
+)
+def test_bucket_for_rounds_rows_up(num_rows: int, expected: int) -> None:
+    assert bucket_for(num_rows, (1, 2, 4, 6)) == expected
+
+
+def test_bucket_for_rejects_too_many_rows() -> None:
+    with pytest.raises(ValueError, match="exceed"):
+        bucket_for(7, (1, 2, 4, 6))
+
+
+@pytest.mark.parametrize(
+    ("needed", "cache_len", "min_kv_len", "expected"),
+    [
+        (1, 1000, 256, 256),  # short spans round up to the minimum
+        (256, 1000, 256, 256),  # exact fit
+        (257, 1000, 256, 512),  # doubles
+        (900, 1000, 256, 1000),  # capped at the whole cache
+        (5, 100, 1, 8),  # min 1: plain powers of two
+    ],
+)
+def test_kv_len_bucket(needed: int, cache_len: int, min_kv_len: int, expected: int) -> None:
+    assert kv_len_bucket(needed, cache_len, min_kv_len) == expected
+
+
+def test_fast_eager_agrees_with_reference_token_for_token(target, close_draft) -> None:
+    rng = np.random.default_rng(7)
+    prompts = [random_prompt(rng, n) for n in (2, 15, 9, 21, 5)]
+    k_rng = np.random.default_rng(8)
+    reference = make_engine(target, Draft(close_draft), k_max=5, num_slots=4)
+    fast = fast_engine(target, Draft(close_draft), k_max=5, num_slots=4)
+    (ref_out, ref_acc), (fast_out, fast_acc) = run_pair(
+        [reference, fast],
+        prompts,
+        20,
+        lambda step, rows: k_rng.integers(0, 6, size=rows),  # K per row, new every step
+        arrival_steps=[0, 0, 2, 12, 40],  # continuous arrivals, odd batch sizes (3 -> bucket 4)
+    )
+    assert fast_out == ref_out
+    assert fast_acc == ref_acc
+    for prompt, output in zip(prompts, fast_out, strict=True):
+        assert output == target_greedy_decode(target, prompt, 20)
+    assert sum(map(sum, fast_acc)) > 0
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2])
+def test_fast_eager_agrees_with_reference_for_early_exit_draft(exit_layer: int) -> None:
+    target = shallow_target(seed=2, num_layers=3)
+    rng = np.random.default_rng(3)
+    prompts = [random_prompt(rng, n) for n in (6, 11, 4)]
+    k_rng = np.random.default_rng(4)
+    reference = make_engine(target, Draft.early_exit(target, exit_layer), k_max=4)
+    fast = fast_engine(target, Draft.early_exit(target, exit_layer), k_max=4)
+    (ref_out, ref_acc), (fast_out, fast_acc) = run_pair(
+        [reference, fast], prompts, 25, lambda step, rows: k_rng.integers(0, 5, size=rows)
+    )
+    assert fast_out == ref_out
+    assert fast_acc == ref_acc
+
+
+def test_graph_keys_stay_fixed_when_k_flips(target, close_draft) -> None:
+    fast = fast_engine(target, Draft(close_draft), k_max=4, min_kv_len=128)
+    rng = np.random.default_rng(0)
+    slots = np.array([fast.alloc_slot(random_prompt(rng, 5)) for _ in range(3)])
+    fast.prefill(slots, np.full(3, 5))
+    schedule = [0, 3, 1, 0, 3, 3, 1, 0]  # K flips every step
+    for k in schedule:  # first pass: every (bucket, K) is seen once
+        fast.step(slots, np.full(3, k))
+    keys_after_first_pass = set(fast.runner.keys_seen)
+    # 3 rows -> bucket 4; min_kv_len 128 exceeds the 102-position cache, so one span: all of it.
+    cache_len = fast.config.cache_len
+    assert keys_after_first_pass == {GraphKey(4, k, cache_len) for k in (0, 1, 3)}
+    for k in schedule * 2:  # flipping K again adds no key
+        fast.step(slots, np.full(3, k))
+    assert fast.runner.keys_seen == keys_after_first_pass
+
+
+def test_fast_path_draft_does_no_work_at_k0_and_catches_up_eagerly() -> None:
+    target = MockModel(target_rule)
+    draft = MockModel(target_rule)
+    config = EngineConfig(num_slots=2, max_model_len=64, k_max=3)
+    engine = FastSpecDecodeEngine(target, Draft(draft), config, min_kv_len=8)  # type: ignore[arg-type]
+    slot = engine.alloc_slot(np.array([5, 6, 7]))
+    engine.prefill(np.array([slot]), np.array([3]))
+    draft.calls.clear()
+    for _ in range(4):
+        engine.step(np.array([slot]), np.array([0]))
+    assert draft.calls == []  # K = 0: no draft forward, not even a padded one
+    assert engine.draft_cache is not None and engine.draft_cache.lengths[slot] == 3
+    result = engine.step(np.array([slot]), np.array([2]))
+    # Eager catch-up of the 4 lagging tokens, then two fixed-shape width-1 forwards (bucket 1).
+    assert draft.calls == [(1, 4), (1, 1), (1, 1)]
+    assert int(result.num_accepted[0]) == 2
+
+
+def test_fast_path_rejects_sampling_temperature(target, close_draft) -> None:
+    config = EngineConfig(num_slots=2, max_model_len=32, k_max=2, temperature=0.7)
+    with pytest.raises(ValueError, match="greedy only"):
+        FastSpecDecodeEngine(target, Draft(close_draft), config)
+
+
+def test_build_engine_picks_the_path(target, close_draft) -> None:
+    config = EngineConfig(num_slots=2, max_model_len=32, k_max=2)
+    assert type(build_engine(target, Draft(close_draft), config, "off")) is SpecDecodeEngine
+    assert isinstance(
+        build_engine(target, Draft(close_draft), config, "eager"), FastSpecDecodeEngine
+    )
+    with pytest.raises(ValueError, match="fast_path"):
+        build_engine(target, Draft(close_draft), config, "turbo")
+
+
+def _loop_outputs(target, draft, fast_path: str) -> tuple[dict[int, list[int]], list[int]]:
+    """(output ids per request, accepted tokens per step) of a short run in the engine loop."""
+    executor = TorchExecutor(
+        target,
+        Draft(draft),
+        max_num_seqs=4,
+        max_model_len=96,
+        k_max=4,
+        ignore_eos=True,
+        fast_path=fast_path,
+    )
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_model_len=96,
+            num_kv_blocks=128,
+            block_size=4,
+            k_max=4,
+            max_num_seqs=4,
+            max_num_batched_tokens=32,
+        )
+    )
+    requests = tuple(RequestSpec(prompt_len=n, output_len=18) for n in (5, 9, 3, 14, 7, 2))
+    policy = ScriptedK([3, 0, 4, 1, 2, 0, 4])  # K flips every step, back to 0 at times
+    result = Engine(
+        scheduler,
+        executor,
+        policy,
+        Workload("t", requests, max_concurrency=3),
+        LoopConfig(clock="wall"),
+    ).run()
+    outputs = {r: ids.tolist() for r, ids in sorted(executor.all_output_ids().items())}
+    return outputs, result.steps["num_accepted_tokens"].tolist()
+
+
+def test_executor_fast_path_matches_reference_in_the_engine_loop(target, close_draft) -> None:
+    reference = _loop_outputs(target, close_draft, "off")
+    fast = _loop_outputs(target, close_draft, "eager")
+    assert fast == reference  # same outputs and the same accepted count at every step
+    assert len(reference[0]) == 6
+    assert sum(reference[1]) > 0
+
+
+# ------------------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+def test_cuda_graph_runner_agrees_with_reference_and_captures_once_per_key() -> None:
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    target = tiny_target(seed=0).to(device)
+    draft = perturbed_copy(tiny_target(seed=0), noise_std=0.006, seed=1).to(device)
+    rng = np.random.default_rng(7)
+    prompts = [random_prompt(rng, n) for n in (2, 15, 9, 21, 5)]
+    k_rng = np.random.default_rng(8)
+    reference = make_engine(target, Draft(draft), k_max=5, num_slots=4)
+    graphs = fast_engine(target, Draft(draft), runner="cuda-graphs", k_max=5, num_slots=4)
+    (ref_out, ref_acc), (graph_out, graph_acc) = run_pair(
+        [reference, graphs],
+        prompts,
+        20,
+        lambda step, rows: k_rng.integers(0, 6, size=rows),
+        arrival_steps=[0, 0, 2, 12, 40],
+    )
+    assert graph_out == ref_out
+    assert graph_acc == ref_acc
+    runner = graphs.runner
+    assert runner.num_captures == len(runner.keys_seen)  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_count_stays_fixed_when_k_flips() -> None:
+    device = torch.device("cuda")
+    target = tiny_target(seed=0).to(device)
+    draft = perturbed_copy(tiny_target(seed=0), noise_std=0.006, seed=1).to(device)
+    engine = fast_engine(target, Draft(draft), runner="cuda-graphs", k_max=4, min_kv_len=128)
+    rng = np.random.default_rng(0)
+    slots = np.array([engine.alloc_slot(random_prompt(rng, 5)) for _ in range(3)])
+    engine.prefill(slots, np.full(3, 5))
+    schedule = [0, 3, 1, 0, 3, 3, 1, 0]
+    for k in schedule:
+        engine.step(slots, np.full(3, k))
+    captures = engine.runner.num_captures  # type: ignore[attr-defined]
+    assert captures == 3  # (bucket 4, K) for K in 0, 1, 3
+    for k in schedule * 2:
+        engine.step(slots, np.full(3, k))
+    assert engine.runner.num_captures == captures  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_bf16_greedy_matches_eager_fast_path() -> None:
+    # bf16: agreement with the eager fixed-shape path (same kernels, same shapes), not with a
+    # float32 reference, since bf16 rounding may flip near-ties.
+    device = torch.device("cuda")
+    target = tiny_target(seed=0).to(device=device, dtype=torch.bfloat16)
+    draft = perturbed_copy(tiny_target(seed=0), noise_std=0.006, seed=1).to(
+        device=device, dtype=torch.bfloat16
+    )
+    rng = np.random.default_rng(1)
+    prompts = [random_prompt(rng, n) for n in (4, 8, 6)]
+    eager = fast_engine(target, Draft(draft), runner="eager", k_max=3)
+    graphs = fast_engine(target, Draft(draft), runner="cuda-graphs", k_max=3)
+    k_rng = np.random.default_rng(2)
+    (eager_out, _), (graph_out, _) = run_pair(
+        [eager, graphs], prompts, 24, lambda step, rows: k_rng.integers(0, 4, size=rows)
+    )
+    assert graph_out == eager_out
