@@ -8,6 +8,20 @@ SPEC grammar: `NAME[:ARGUMENT]`.
 - `goodput`: PR #32374's rule on the profile (needs a profile).
 - `online[:key=value,...]`: goodput with rates learnt at run time; keys are the fields of
   `policies.online.OnlineConfig` (warmup_steps, prior_strength, decay, recompute_tolerance).
+- `per-request[:key=value,...]`: K per request from per-request acceptance posteriors (needs a
+  profile); keys: `policies.per_request.PerRequestConfig`.
+- `context[:table=JSON_OR_PATH]`: without an argument, goodput over (B, K, context) with the
+  context latency function the caller passes (`context_latency`), else the profile's
+  context-recorded latency grid; `context:table=...` is a 5-tuple
+  `[start_bs, end_bs, start_ctx, end_ctx, K]` table (inline JSON or a file).
+- `hysteresis:BASE[:margin=...,min_dwell=...,lookahead=...,trend_smoothing=...]`: wraps the
+  batch-level policy BASE (itself a SPEC) against flapping; keys:
+  `policies.switching.HysteresisConfig`.
+- `bandit[:seed=N,discount=...,min_relative_std=...,min_plays=...]`: Thompson sampling over K
+  per log2 B bucket, no profile; the seed is the SPEC's `seed`, else the caller's `seed`
+  (from the run's SeedSequence), else 0.
+- `envelope:PATH`: the best static K per concurrency from a JSON sweep table
+  (`policies.envelope`).
 
 New policies plug in by adding a builder to `POLICY_BUILDERS`. This module only parses; the
 policies' semantics live in their own modules.
@@ -18,13 +32,27 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
+
+from policies.bandit import BanditConfig, ThompsonBanditPolicy
+from policies.context_aware import (
+    ContextGoodputPolicy,
+    ContextLatencyFn,
+    ContextLatencyGrid,
+    ContextRangeTablePolicy,
+    read_context_ranges,
+)
+from policies.envelope import EnvelopePolicy, StaticSweep
 from policies.errors import InputError
 from policies.goodput import GoodputPolicy
 from policies.online import OnlineAcceptancePolicy, OnlineConfig
+from policies.per_request import PerRequestConfig, PerRequestPolicy
 from policies.profile import Profile
 from policies.range_table import RangeTablePolicy, read_ranges
 from policies.static import StaticPolicy
+from policies.switching import HysteresisConfig, HysteresisPolicy
 from policies.types import KPolicy
 
 
@@ -35,6 +63,10 @@ class PolicyContext:
     profile: Profile | None  # the loaded profile, if the command has one
     k_max: int  # num_speculative_tokens of the engine, >= 0
     max_num_seqs: int  # largest B the engine schedules, >= 1
+    # Seed for policies that sample (bandit); from the run's SeedSequence. None: SPEC or 0.
+    seed: int | np.random.SeedSequence | None = None
+    # ITL(B, K [n], total context tokens) ms for `context`, e.g. the sim's fitted model.
+    context_latency: ContextLatencyFn | None = None
 
 
 PolicyBuilder = Callable[[str | None, PolicyContext], KPolicy]
@@ -71,25 +103,38 @@ def _build_goodput(argument: str | None, context: PolicyContext) -> KPolicy:
     return GoodputPolicy(_needs_profile("goodput", context), context.max_num_seqs)
 
 
-def _parse_online_config(argument: str | None) -> OnlineConfig:
+def _parse_keys(
+    name: str, argument: str | None, config_type: type[Any], extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`key=value,...` into typed values for the fields of `config_type` (plus `extra` ints)."""
     if not argument:
-        return OnlineConfig()
-    fields = {f.name: f for f in dataclasses.fields(OnlineConfig)}
-    values: dict[str, int | float] = {}
+        return {}
+    defaults = config_type()
+    fields = {f.name for f in dataclasses.fields(config_type)} | set(extra)
+    values: dict[str, Any] = {}
     for item in argument.split(","):
         key, sep, raw = item.partition("=")
-        key = key.strip()
+        key, raw = key.strip(), raw.strip()
         if not sep or key not in fields:
             raise InputError(
-                f"policy 'online': expected key=value with key in {sorted(fields)}, got {item!r}"
+                f"policy {name!r}: expected key=value with key in {sorted(fields)}, got {item!r}"
             )
-        default = getattr(OnlineConfig(), key)
+        default = getattr(defaults, key, 0)
         try:
-            values[key] = int(raw) if isinstance(default, int) else float(raw)
+            if isinstance(default, str):
+                values[key] = raw
+            elif isinstance(default, int):
+                values[key] = int(raw)
+            else:
+                values[key] = float(raw)
         except ValueError:
             kind = "an integer" if isinstance(default, int) else "a number"
-            raise InputError(f"policy 'online': {key} must be {kind}, got {raw!r}") from None
-    return OnlineConfig(**values)  # type: ignore[arg-type]
+            raise InputError(f"policy {name!r}: {key} must be {kind}, got {raw!r}") from None
+    return values
+
+
+def _parse_online_config(argument: str | None) -> OnlineConfig:
+    return OnlineConfig(**_parse_keys("online", argument, OnlineConfig))
 
 
 def _build_online(argument: str | None, context: PolicyContext) -> KPolicy:
@@ -97,24 +142,116 @@ def _build_online(argument: str | None, context: PolicyContext) -> KPolicy:
     return OnlineAcceptancePolicy(_needs_profile("online", context), context.max_num_seqs, config)
 
 
+def _build_per_request(argument: str | None, context: PolicyContext) -> KPolicy:
+    config = PerRequestConfig(**_parse_keys("per-request", argument, PerRequestConfig))
+    profile = _needs_profile("per-request", context)
+    return PerRequestPolicy(profile, context.max_num_seqs, config)
+
+
+def _build_context(argument: str | None, context: PolicyContext) -> KPolicy:
+    if argument:
+        key, sep, value = argument.partition("=")
+        if key.strip() != "table" or not sep or not value.strip():
+            raise InputError(
+                f"policy 'context' takes table=JSON_OR_PATH or nothing, got context:{argument}"
+            )
+        return ContextRangeTablePolicy(
+            read_context_ranges(value), context.k_max, context.max_num_seqs
+        )
+    profile = _needs_profile("context", context)
+    latency = context.context_latency
+    if latency is None:
+        latency = ContextLatencyGrid.from_profile(profile)
+    return ContextGoodputPolicy(latency, profile.acceptance_rates[: context.k_max], context.k_max)
+
+
+def _split_hysteresis(argument: str) -> tuple[str, str | None]:
+    """(BASE, options): the last `:` segment is options when all its keys are ours."""
+    base, sep, tail = argument.rpartition(":")
+    ours = {f.name for f in dataclasses.fields(HysteresisConfig)}
+    if sep and tail and all(item.partition("=")[0].strip() in ours for item in tail.split(",")):
+        return base, tail
+    return argument, None
+
+
+def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
+    if not argument:
+        raise InputError("policy 'hysteresis' needs a base policy (hysteresis:BASE[:key=value])")
+    base_spec, options = _split_hysteresis(argument)
+    base_name = base_spec.strip().partition(":")[0].strip().lower()
+    if base_name in ("bandit", "per-request", "hysteresis"):
+        raise InputError(
+            f"policy 'hysteresis' wraps a batch-level policy with a pure choose_k, "
+            f"not {base_name!r}"
+        )
+    base = _parse_with_context(base_spec, context)
+    config = HysteresisConfig(**_parse_keys("hysteresis", options, HysteresisConfig))
+    return HysteresisPolicy(base, context.max_num_seqs, config)
+
+
+def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
+    values = _parse_keys("bandit", argument, BanditConfig, extra=("seed",))
+    seed_value = values.pop("seed", None)
+    seed: int | np.random.SeedSequence
+    if seed_value is not None:
+        if seed_value < 0:
+            raise InputError(f"policy 'bandit': seed must be >= 0, got {seed_value}")
+        seed = int(seed_value)
+    else:
+        seed = context.seed if context.seed is not None else 0
+    return ThompsonBanditPolicy(context.k_max, context.max_num_seqs, seed, BanditConfig(**values))
+
+
+def _build_envelope(argument: str | None, context: PolicyContext) -> KPolicy:
+    if not argument:
+        raise InputError("policy 'envelope' needs a static sweep JSON file (envelope:PATH)")
+    return EnvelopePolicy(StaticSweep.read(argument.strip()), context.max_num_seqs)
+
+
 POLICY_BUILDERS: dict[str, PolicyBuilder] = {
     "static": _build_static,
     "table": _build_table,
     "goodput": _build_goodput,
     "online": _build_online,
+    "per-request": _build_per_request,
+    "context": _build_context,
+    "hysteresis": _build_hysteresis,
+    "bandit": _build_bandit,
+    "envelope": _build_envelope,
 }
 
 
-def parse_policy(spec: str, *, profile: Profile | None, k_max: int, max_num_seqs: int) -> KPolicy:
-    """The KPolicy a SPEC string names; InputError naming the SPEC on any problem."""
+def parse_policy(
+    spec: str,
+    *,
+    profile: Profile | None,
+    k_max: int,
+    max_num_seqs: int,
+    seed: int | np.random.SeedSequence | None = None,
+    context_latency: ContextLatencyFn | None = None,
+) -> KPolicy:
+    """The KPolicy a SPEC string names; InputError naming the SPEC on any problem.
+
+    `seed` feeds policies that sample (bandit); `context_latency` feeds `context`.
+    """
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
         raise InputError(f"k_max must be an integer >= 0, got {k_max!r}")
     if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
         raise InputError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    context = PolicyContext(
+        profile=profile,
+        k_max=k_max,
+        max_num_seqs=max_num_seqs,
+        seed=seed,
+        context_latency=context_latency,
+    )
+    return _parse_with_context(spec, context)
+
+
+def _parse_with_context(spec: str, context: PolicyContext) -> KPolicy:
     name, sep, argument = spec.strip().partition(":")
     name = name.strip().lower()
     builder = POLICY_BUILDERS.get(name)
     if builder is None:
         raise InputError(f"unknown policy {spec!r}; known: {', '.join(sorted(POLICY_BUILDERS))}")
-    context = PolicyContext(profile=profile, k_max=k_max, max_num_seqs=max_num_seqs)
     return builder(argument if sep else None, context)

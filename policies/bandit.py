@@ -1,0 +1,141 @@
+"""A Thompson-sampling bandit over K per batch-size bucket: learns online, needs no profile.
+
+Arms are K = 0..k_max; contexts are log2 buckets of B (bucket b holds 2^b <= B < 2^(b+1)), so
+a policy for B up to 256 keeps 9 x (k_max + 1) arms. The reward of a step is its output tokens
+per ms per decode request, the per-request goodput the engine actually delivered:
+
+    reward = sum_j (a_j + 1) / D / duration_ms,
+
+credited to the bucket of the step's B and the arm of the K it drafted (max K of the step's
+requests, from the feedback itself, so async scheduling's one-step lag needs no bookkeeping).
+
+Posterior per arm: a Gaussian on the mean reward with a known-variance approximation: mean of
+the (discounted) rewards, standard error sqrt(var / n) with var the bucket's pooled reward
+variance (floored at `min_relative_std` of the bucket's mean, so early identical rewards do
+not freeze it). Each step samples every arm of the bucket and plays the best sample. Arms never
+played in the bucket are tried first, in K order. Counts are multiplied by `discount` on every
+update of the bucket, so old evidence fades and the bandit follows drift (acceptance that
+changes over time).
+
+Randomness comes only from the `numpy.random.Generator` made from the seed given to the
+constructor: the same seed and the same feedback give the same K sequence.
+
+It does not share evidence between buckets or between K (no smoothness assumption), and does
+not choose K per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.types import StepFeedback, StepView
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class BanditConfig:
+    """Knobs of the bandit (SPEC `bandit:key=value,...`)."""
+
+    # Per-update multiplier of a bucket's counts, in (0, 1]; 1 never forgets.
+    discount: float = 0.995
+    # Floor of the reward noise, as a fraction of the bucket's mean reward.
+    min_relative_std: float = 0.05
+    # Rewards every arm must have before Thompson sampling starts (tried in K order).
+    min_plays: int = 1
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.discount <= 1.0):
+            raise InputError(f"bandit: discount must be in (0, 1], got {self.discount}")
+        if not (np.isfinite(self.min_relative_std) and self.min_relative_std > 0):
+            raise InputError(f"bandit: min_relative_std must be > 0, got {self.min_relative_std}")
+        if isinstance(self.min_plays, bool) or not isinstance(self.min_plays, int):
+            raise InputError(f"bandit: min_plays must be an integer, got {self.min_plays!r}")
+        if self.min_plays < 1:
+            raise InputError(f"bandit: min_plays must be >= 1, got {self.min_plays}")
+
+
+def batch_bucket(batch_size: int) -> int:
+    """floor(log2(B)) for B >= 1; B = 0 reads bucket 0."""
+    return max(int(batch_size), 1).bit_length() - 1
+
+
+class ThompsonBanditPolicy:
+    """Thompson sampling over K in 0..k_max per log2 batch-size bucket."""
+
+    def __init__(
+        self,
+        k_max: int,
+        max_num_seqs: int,
+        seed: int | np.random.SeedSequence,
+        config: BanditConfig | None = None,
+    ) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InputError(f"bandit: k_max must be an integer >= 0, got {k_max!r}")
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(f"bandit: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        self.k_max = k_max
+        self.max_num_seqs = max_num_seqs
+        self.config = config or BanditConfig()
+        self.rng = np.random.default_rng(seed)
+        num_buckets = batch_bucket(max_num_seqs) + 1
+        shape = (num_buckets, k_max + 1)
+        self.plays = np.zeros(shape)  # [buckets, K+1] discounted number of rewards
+        self.reward_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of rewards
+        self.reward_sq_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of squares
+        self.raw_plays = np.zeros(shape, dtype=np.int64)  # [buckets, K+1] undiscounted count
+
+    def posterior(self, bucket: int) -> tuple[FloatArray, FloatArray]:
+        """(mean [K+1], standard error [K+1]) of each arm's mean reward in the bucket."""
+        plays = self.plays[bucket]
+        safe = np.maximum(plays, 1e-12)
+        means = np.where(plays > 0, self.reward_sum[bucket] / safe, 0.0)  # [K+1]
+        total = float(plays.sum())
+        if total > 0:
+            bucket_mean = float(self.reward_sum[bucket].sum() / total)
+            # Pooled within-arm variance: E[x^2] - mean_arm^2, averaged over the bucket.
+            within = float(
+                np.maximum(self.reward_sq_sum[bucket] - plays * means**2, 0.0).sum() / total
+            )
+        else:
+            bucket_mean, within = 0.0, 0.0
+        floor = (self.config.min_relative_std * abs(bucket_mean)) ** 2
+        std_error = np.sqrt(max(within, floor) / safe)  # [K+1]
+        return means, std_error
+
+    def choose_k(self, view: StepView) -> int:
+        k_cap = min(self.k_max, max(view.k_max, 0))
+        if view.batch_size > self.max_num_seqs:
+            raise InputError(
+                f"bandit: batch size {view.batch_size} exceeds max_num_seqs {self.max_num_seqs}"
+            )
+        bucket = batch_bucket(view.batch_size)
+        untried = np.flatnonzero(self.raw_plays[bucket, : k_cap + 1] < self.config.min_plays)
+        if untried.size:
+            return int(untried[0])
+        means, std_error = self.posterior(bucket)
+        samples = self.rng.normal(means[: k_cap + 1], std_error[: k_cap + 1])  # [k_cap + 1]
+        return int(np.argmax(samples))
+
+    def observe(self, feedback: StepFeedback) -> None:
+        num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [D]
+        num_decode = int(num_spec.size)
+        duration_ms = feedback.duration_s * 1e3
+        if num_decode == 0 or not (duration_ms > 0):
+            return  # a prefill-only step says nothing about K
+        k = min(int(num_spec.max()), self.k_max)
+        output_tokens = float(np.asarray(feedback.num_accepted).sum()) + num_decode
+        reward = output_tokens / num_decode / duration_ms
+        bucket = min(batch_bucket(feedback.batch_size), self.plays.shape[0] - 1)
+        discount = self.config.discount
+        self.plays[bucket] *= discount
+        self.reward_sum[bucket] *= discount
+        self.reward_sq_sum[bucket] *= discount
+        self.plays[bucket, k] += 1.0
+        self.reward_sum[bucket, k] += reward
+        self.reward_sq_sum[bucket, k] += reward * reward
+        self.raw_plays[bucket, k] += 1

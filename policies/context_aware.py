@@ -1,0 +1,318 @@
+"""Context-aware K: the step latency depends on how much context the batch reads, not only on B.
+
+With long contexts a decode step spends much of its time reading the KV cache, which costs the
+same whatever K is, so the extra verified tokens of a larger K are relatively cheaper and the
+best K at a given B can rise. Two forms:
+
+(b) `ContextGoodputPolicy`: K* = argmax_k AL(k) / ITL(B, k, context), smallest k on ties, with
+    B = `view.num_decode_reqs` (the rows that decode; prefill chunks do not draft) and context =
+    the total context tokens of those rows, sum(`view.context_lens`). The latency is a function
+    passed in, `ContextLatencyFn(batch_size, num_spec_tokens [n], context_tokens) -> ms [n]`,
+    because policies cannot import the simulator: the app layer hands in the sim's
+    fitted model, or `ContextLatencyGrid` (a small measured grid, multilinear, clamped) is used.
+(a) `ContextRangeTablePolicy`: a table of `[start_bs, end_bs, start_ctx, end_ctx, K]` entries
+    (bounds inclusive; ctx is the *mean* context per decode request, tokens), the 5-tuple form
+    proposed for vLLM. Rules (the range-table rules, per axis): the entries group by their
+    (start_bs, end_bs) B range; B ranges do not overlap, the first starts at 1, and a B in a gap
+    or past the last range takes the range before it; within a B range the context ranges do
+    not overlap, the first starts at 0, and a context in a gap or past the last range takes the
+    range before it; bs bounds > 0, ctx bounds >= 0, start <= end, K >= 0; K clamped to k_max.
+    `compile_context_table` builds (a) from (b) on given context bucket edges.
+
+Neither form learns acceptance (see `policies.online`) or chooses K per request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.goodput import acceptance_lengths
+from policies.profile import Profile
+from policies.types import StepFeedback, StepView
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+# (decode rows B, K values [n], total context tokens of the B rows) -> step latency ms [n].
+ContextLatencyFn = Callable[[float, FloatArray, float], FloatArray]
+ContextTable = list[list[int]]  # [[start_bs, end_bs, start_ctx, end_ctx, K], ...]
+
+
+def _weights(points: FloatArray, query: float) -> tuple[int, int, float]:
+    """Bracketing indices and weight of a scalar query on sorted points, clamped at the ends."""
+    clamped = min(max(query, float(points[0])), float(points[-1]))
+    hi = min(int(np.searchsorted(points, clamped, side="left")), len(points) - 1)
+    lo = max(hi - 1, 0)
+    span = float(points[hi] - points[lo])
+    return lo, hi, (clamped - float(points[lo])) / span if span > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class ContextLatencyGrid:
+    """Measured ITL on a full (B, mean context per row, K) grid, read multilinearly, clamped."""
+
+    batch_sizes: IntArray  # [nB] strictly increasing, >= 1
+    context_lens: IntArray  # [nC] mean context per decode row, tokens, strictly increasing
+    ks: IntArray  # [nK] strictly increasing, >= 0
+    itl_ms: FloatArray  # [nB, nC, nK] finite, > 0
+
+    def __post_init__(self) -> None:
+        shape = (len(self.batch_sizes), len(self.context_lens), len(self.ks))
+        if self.itl_ms.shape != shape or 0 in shape:
+            raise InputError(f"context latency grid: shape {self.itl_ms.shape} != axes {shape}")
+        for name in ("batch_sizes", "context_lens", "ks"):
+            if np.any(np.diff(getattr(self, name)) <= 0):
+                raise InputError(f"context latency grid: {name} must be strictly increasing")
+        if not np.all(np.isfinite(self.itl_ms) & (self.itl_ms > 0)):
+            raise InputError("context latency grid: every ITL must be finite and > 0")
+
+    @staticmethod
+    def from_profile(profile: Profile) -> ContextLatencyGrid:
+        """From latency points that record context_len; every (B, context, K) must be present."""
+        points = [p for p in profile.latency if p.context_len is not None]
+        if not points:
+            raise InputError("profile: no latency point records context_len")
+        bs = sorted({p.batch_size for p in points})
+        ctx = sorted({int(p.context_len or 0) for p in points})
+        ks = sorted({p.num_spec_tokens for p in points})
+        sums = np.zeros((len(bs), len(ctx), len(ks)))
+        counts = np.zeros_like(sums)
+        for p in points:
+            index = (bs.index(p.batch_size), ctx.index(int(p.context_len or 0)))
+            sums[(*index, ks.index(p.num_spec_tokens))] += p.median_ms
+            counts[(*index, ks.index(p.num_spec_tokens))] += 1
+        if np.any(counts == 0):
+            missing = np.argwhere(counts == 0)[0]
+            raise InputError(
+                f"profile: latency grid is missing B={bs[missing[0]]}, "
+                f"context_len={ctx[missing[1]]}, K={ks[missing[2]]}"
+            )
+        return ContextLatencyGrid(
+            batch_sizes=np.array(bs, dtype=np.int64),
+            context_lens=np.array(ctx, dtype=np.int64),
+            ks=np.array(ks, dtype=np.int64),
+            itl_ms=sums / counts,
+        )
+
+    def itl_ms_at(
+        self, batch_size: float, num_spec_tokens: FloatArray, context_tokens: float
+    ) -> FloatArray:
+        """ITL ms for one (B, total context) and an array of K, multilinear, clamped."""
+        b_lo, b_hi, b_w = _weights(self.batch_sizes.astype(np.float64), batch_size)
+        mean_ctx = context_tokens / max(batch_size, 1.0)
+        c_lo, c_hi, c_w = _weights(self.context_lens.astype(np.float64), mean_ctx)
+        plane = (
+            (1 - b_w) * (1 - c_w) * self.itl_ms[b_lo, c_lo]
+            + (1 - b_w) * c_w * self.itl_ms[b_lo, c_hi]
+            + b_w * (1 - c_w) * self.itl_ms[b_hi, c_lo]
+            + b_w * c_w * self.itl_ms[b_hi, c_hi]
+        )  # [nK]
+        k_query = np.asarray(num_spec_tokens, dtype=np.float64)
+        return np.asarray(np.interp(k_query, self.ks.astype(np.float64), plane), dtype=np.float64)
+
+    def __call__(
+        self, batch_size: float, num_spec_tokens: FloatArray, context_tokens: float
+    ) -> FloatArray:
+        return self.itl_ms_at(batch_size, num_spec_tokens, context_tokens)
+
+
+class ContextGoodputPolicy:
+    """K* = argmax_k AL(k) / ITL(B, k, total context), read from the view every step."""
+
+    def __init__(
+        self, latency_ms: ContextLatencyFn, acceptance_rates: Sequence[float], k_max: int
+    ) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InputError(f"context: k_max must be an integer >= 0, got {k_max!r}")
+        self.latency_ms = latency_ms
+        self.k_max = k_max
+        self.al_by_k = acceptance_lengths(acceptance_rates, k_max)  # [k_max + 1]
+        self.k_values = np.arange(k_max + 1, dtype=np.float64)  # [k_max + 1]
+
+    def best_k(self, num_decode: int, context_tokens: float, k_cap: int) -> int:
+        """The goodput-optimal K at D decode rows reading `context_tokens` in total."""
+        if k_cap <= 0:
+            return 0
+        ks = self.k_values[: k_cap + 1]  # [k+1]
+        itl = np.asarray(
+            self.latency_ms(float(max(num_decode, 1)), ks, float(context_tokens)), dtype=np.float64
+        )  # [k+1]
+        return int(np.argmax(self.al_by_k[: k_cap + 1] / itl))  # first max: smallest K on ties
+
+    def choose_k(self, view: StepView) -> int:
+        k_cap = min(self.k_max, max(view.k_max, 0))
+        context_tokens = float(np.sum(view.context_lens))
+        return self.best_k(int(view.num_decode_reqs), context_tokens, k_cap)
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """Fixed acceptance and latency: nothing to learn."""
+
+
+def validate_context_ranges(entries: Any, source: str = "context table") -> ContextTable:
+    """Entries sorted by (start_bs, start_ctx), checked against the rules in the docstring."""
+    if not isinstance(entries, list | tuple) or len(entries) == 0:
+        raise InputError(
+            f"{source}: expected a non-empty list of [start_bs, end_bs, start_ctx, end_ctx, K]"
+        )
+    checked: ContextTable = []
+    for index, entry in enumerate(entries):
+        where = f"{source}[{index}]"
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) != 5
+            or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in entry)
+        ):
+            raise InputError(
+                f"{where}: expected [start_bs, end_bs, start_ctx, end_ctx, K] integers, "
+                f"got {entry!r}"
+            )
+        start_bs, end_bs, start_ctx, end_ctx, k = (int(v) for v in entry)
+        if start_bs <= 0 or end_bs <= 0:
+            raise InputError(f"{where}: batch size bounds must be > 0, got [{start_bs}, {end_bs}]")
+        if start_bs > end_bs:
+            raise InputError(f"{where}: start_bs {start_bs} > end_bs {end_bs}")
+        if start_ctx < 0 or end_ctx < 0:
+            raise InputError(f"{where}: context bounds must be >= 0, got [{start_ctx}, {end_ctx}]")
+        if start_ctx > end_ctx:
+            raise InputError(f"{where}: start_ctx {start_ctx} > end_ctx {end_ctx}")
+        if k < 0:
+            raise InputError(f"{where}: K must be >= 0, got {k}")
+        checked.append([start_bs, end_bs, start_ctx, end_ctx, k])
+    checked.sort(key=lambda e: (e[0], e[2]))
+    b_ranges = sorted({(e[0], e[1]) for e in checked})
+    if b_ranges[0][0] != 1:
+        raise InputError(
+            f"{source}: the first batch size range must start at 1, got {b_ranges[0][0]}"
+        )
+    for previous, current in itertools.pairwise(b_ranges):
+        if current[0] <= previous[1]:
+            raise InputError(
+                f"{source}: batch size ranges {list(previous)} and {list(current)} overlap"
+            )
+    for b_range in b_ranges:
+        group = [e for e in checked if (e[0], e[1]) == b_range]
+        if group[0][2] != 0:
+            raise InputError(
+                f"{source}: batch size range {list(b_range)}: the first context range must "
+                f"start at 0, got {group[0][2]}"
+            )
+        for previous_entry, current_entry in itertools.pairwise(group):
+            if current_entry[2] <= previous_entry[3]:
+                raise InputError(
+                    f"{source}: entries {previous_entry} and {current_entry} overlap in context"
+                )
+    return checked
+
+
+def read_context_ranges(text_or_path: str) -> ContextTable:
+    """Inline JSON (starting with '[') or the path of a JSON file holding the list."""
+    stripped = text_or_path.strip()
+    if stripped.startswith("["):
+        source, text = "context table", stripped
+    else:
+        source = text_or_path
+        try:
+            text = Path(text_or_path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+        ) from None
+    return validate_context_ranges(data, source)
+
+
+class ContextRangeTablePolicy:
+    """K from a (B range, mean context range) table, looked up per step in O(log entries)."""
+
+    def __init__(self, entries: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InputError(f"context table: k_max must be an integer >= 0, got {k_max!r}")
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(
+                f"context table: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
+            )
+        self.entries = validate_context_ranges(list(entries))
+        self.k_max = k_max
+        self.max_num_seqs = max_num_seqs
+        groups = sorted({(e[0], e[1]) for e in self.entries})
+        group_starts = np.array([g[0] for g in groups], dtype=np.int64)  # [G]
+        batch_sizes = np.arange(1, max_num_seqs + 1)  # [max_num_seqs]
+        # The B range a B falls in, or the last one starting before it (gap / tail carry).
+        self.group_by_batch = np.searchsorted(group_starts, batch_sizes, side="right") - 1  # [N]
+        self.ctx_starts: list[IntArray] = []  # per group: [E_g] context range starts
+        self.ctx_ks: list[IntArray] = []  # per group: [E_g] K, clamped to k_max
+        for group in groups:
+            rows = [e for e in self.entries if (e[0], e[1]) == group]
+            self.ctx_starts.append(np.array([e[2] for e in rows], dtype=np.int64))
+            self.ctx_ks.append(np.minimum(np.array([e[4] for e in rows], dtype=np.int64), k_max))
+
+    def k_for(self, batch_size: int, mean_context: float) -> int:
+        if batch_size > self.max_num_seqs:
+            raise InputError(
+                f"context table: batch size {batch_size} exceeds max_num_seqs {self.max_num_seqs}"
+            )
+        group = int(self.group_by_batch[max(batch_size, 1) - 1])
+        starts = self.ctx_starts[group]
+        owner = max(int(np.searchsorted(starts, mean_context, side="right")) - 1, 0)
+        return int(self.ctx_ks[group][owner])
+
+    def choose_k(self, view: StepView) -> int:
+        lens = view.context_lens
+        mean_context = float(np.mean(lens)) if len(lens) else 0.0
+        return min(self.k_for(int(view.batch_size), mean_context), max(view.k_max, 0))
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """A fixed table: nothing to learn."""
+
+
+def compile_context_table(
+    policy: ContextGoodputPolicy,
+    max_num_seqs: int,
+    context_edges: Sequence[int],
+    max_context: int,
+) -> ContextTable:
+    """The 5-tuple table of `policy` on context buckets [e_j, e_{j+1} - 1], last to max_context.
+
+    Each bucket is decided at its midpoint mean context; B ranges are the runs of B whose K over
+    all buckets is identical, and within a B range adjacent buckets with equal K are merged.
+    The table is exact at the midpoints and approximate between them (that is the table's job).
+    """
+    edges = [int(e) for e in context_edges]
+    if not edges or edges[0] != 0 or any(b <= a for a, b in itertools.pairwise(edges)):
+        raise InputError(f"context edges must start at 0 and increase, got {edges}")
+    if max_context < edges[-1]:
+        raise InputError(f"max_context {max_context} is below the last context edge {edges[-1]}")
+    ends = [e - 1 for e in edges[1:]] + [max_context]
+    midpoints = [(start + end) / 2.0 for start, end in zip(edges, ends, strict=True)]
+    k_grid = np.array(
+        [
+            [policy.best_k(b, mid * b, policy.k_max) for mid in midpoints]
+            for b in range(1, max_num_seqs + 1)
+        ],
+        dtype=np.int64,
+    )  # [max_num_seqs, num_buckets]
+    table: ContextTable = []
+    start_b = 1
+    for b in range(2, max_num_seqs + 2):
+        if b <= max_num_seqs and np.array_equal(k_grid[b - 1], k_grid[start_b - 1]):
+            continue
+        row = k_grid[start_b - 1]
+        bucket = 0
+        for j in range(1, len(edges) + 1):
+            if j < len(edges) and row[j] == row[bucket]:
+                continue
+            table.append([start_b, b - 1, edges[bucket], ends[j - 1], int(row[bucket])])
+            bucket = j
+        start_b = b
+    return table

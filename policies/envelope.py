@@ -1,0 +1,156 @@
+"""The oracle envelope: the best static K per concurrency, from a sweep of static-K runs.
+
+Input: a table of measured mean TPOT per (concurrency, K) from static-K runs (simulated or
+real; the sweep itself belongs to the evaluation, not here). `best_static_k` picks, per
+concurrency, the K with the lowest mean TPOT (the smallest K on ties within `tie_tolerance`,
+relative). Its TPOT at each concurrency is the envelope that dynamic policies are compared to.
+
+`EnvelopePolicy` applies it by batch size: B uses the best K of the largest swept concurrency
+<= B (a closed loop at concurrency C runs at B ~ C in steady state), and B below the smallest
+swept concurrency uses that concurrency's K — the range-table carry-forward rule, so
+`to_range_table` (via `policies.range_table.compile_range_table`) gives exactly the same map.
+
+Table file (`envelope:PATH`): JSON, a list of records
+`{"concurrency": C, "k": K, "mean_tpot_ms": T}`; missing (C, K) cells are allowed, every C needs
+at least one. It does not run anything and does not interpolate TPOT between concurrencies.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.range_table import RangeTable, compile_range_table
+from policies.types import StepFeedback, StepView
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class StaticSweep:
+    """Mean TPOT of static-K runs on a (concurrency, K) grid; NaN where a cell was not run."""
+
+    concurrencies: IntArray  # [nC] strictly increasing, >= 1
+    ks: IntArray  # [nK] strictly increasing, >= 0
+    mean_tpot_ms: FloatArray  # [nC, nK] finite > 0, or NaN (not run)
+
+    def __post_init__(self) -> None:
+        if self.mean_tpot_ms.shape != (len(self.concurrencies), len(self.ks)):
+            raise InputError(
+                f"static sweep: TPOT shape {self.mean_tpot_ms.shape} does not match "
+                f"{len(self.concurrencies)} concurrencies x {len(self.ks)} K"
+            )
+        if len(self.concurrencies) == 0 or self.concurrencies[0] < 1:
+            raise InputError("static sweep: needs concurrencies >= 1")
+        if np.any(np.diff(self.concurrencies) <= 0) or np.any(np.diff(self.ks) <= 0):
+            raise InputError("static sweep: concurrencies and K must be strictly increasing")
+        if len(self.ks) == 0 or self.ks[0] < 0:
+            raise InputError("static sweep: needs K >= 0")
+        run = ~np.isnan(self.mean_tpot_ms)
+        if np.any(run & ~(np.isfinite(self.mean_tpot_ms) & (self.mean_tpot_ms > 0))):
+            raise InputError("static sweep: mean_tpot_ms must be finite and > 0")
+        empty = np.flatnonzero(~run.any(axis=1))
+        if empty.size:
+            raise InputError(
+                f"static sweep: concurrency {int(self.concurrencies[empty[0]])} has no K run"
+            )
+
+    @staticmethod
+    def from_records(records: Sequence[Any], source: str = "static sweep") -> StaticSweep:
+        """From `[{"concurrency": C, "k": K, "mean_tpot_ms": T}, ...]` (any order)."""
+        if not isinstance(records, list | tuple) or not records:
+            raise InputError(f"{source}: expected a non-empty list of records")
+        cells: dict[tuple[int, int], float] = {}
+        for index, record in enumerate(records):
+            where = f"{source}[{index}]"
+            if not isinstance(record, dict):
+                raise InputError(f"{where}: expected an object, got {record!r}")
+            for key in ("concurrency", "k", "mean_tpot_ms"):
+                if key not in record:
+                    raise InputError(f"{where}: missing {key!r}")
+            concurrency, k, tpot = record["concurrency"], record["k"], record["mean_tpot_ms"]
+            if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+                raise InputError(
+                    f"{where}: concurrency must be an integer >= 1, got {concurrency!r}"
+                )
+            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+                raise InputError(f"{where}: k must be an integer >= 0, got {k!r}")
+            if (
+                isinstance(tpot, bool)
+                or not isinstance(tpot, int | float)
+                or not (np.isfinite(tpot) and tpot > 0)
+            ):
+                raise InputError(f"{where}: mean_tpot_ms must be finite and > 0, got {tpot!r}")
+            if (concurrency, k) in cells:
+                raise InputError(f"{where}: duplicate cell concurrency={concurrency}, k={k}")
+            cells[(concurrency, k)] = float(tpot)
+        concurrencies = sorted({c for c, _ in cells})
+        ks = sorted({k for _, k in cells})
+        grid = np.full((len(concurrencies), len(ks)), np.nan)
+        for (c, k), tpot in cells.items():
+            grid[concurrencies.index(c), ks.index(k)] = tpot
+        return StaticSweep(
+            concurrencies=np.array(concurrencies, dtype=np.int64),
+            ks=np.array(ks, dtype=np.int64),
+            mean_tpot_ms=grid,
+        )
+
+    @staticmethod
+    def read(path: str) -> StaticSweep:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(
+                f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+            ) from None
+        return StaticSweep.from_records(data, path)
+
+    def best_static_k(self, tie_tolerance: float = 0.0) -> tuple[IntArray, FloatArray]:
+        """([nC] best K, [nC] its mean TPOT ms): smallest K within tie_tolerance of the min."""
+        tpot = np.where(np.isnan(self.mean_tpot_ms), np.inf, self.mean_tpot_ms)  # [nC, nK]
+        best_tpot = tpot.min(axis=1)  # [nC]
+        near_best = tpot <= best_tpot[:, None] * (1.0 + tie_tolerance)  # [nC, nK]
+        choice = np.argmax(near_best, axis=1)  # first True: smallest K
+        rows = np.arange(len(self.concurrencies))
+        return self.ks[choice].astype(np.int64), tpot[rows, choice]
+
+
+class EnvelopePolicy:
+    """Best static K per concurrency, applied by batch size (carry-forward between C)."""
+
+    def __init__(self, sweep: StaticSweep, max_num_seqs: int, tie_tolerance: float = 0.0) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(
+                f"envelope: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
+            )
+        self.sweep = sweep
+        self.max_num_seqs = max_num_seqs
+        self.best_k, self.best_tpot_ms = sweep.best_static_k(tie_tolerance)  # [nC] each
+        batch_sizes = np.arange(1, max_num_seqs + 1)  # [N]
+        owner = np.searchsorted(sweep.concurrencies, batch_sizes, side="right") - 1  # [N]
+        self.k_by_batch = self.best_k[np.maximum(owner, 0)]  # [N]
+
+    def choose_k(self, view: StepView) -> int:
+        if view.batch_size > self.max_num_seqs:
+            raise InputError(
+                f"envelope: batch size {view.batch_size} exceeds max_num_seqs {self.max_num_seqs}"
+            )
+        return min(int(self.k_by_batch[max(view.batch_size, 1) - 1]), max(view.k_max, 0))
+
+    def observe(self, feedback: StepFeedback) -> None:
+        """A fixed map: nothing to learn."""
+
+    def to_range_table(self, k_max: int) -> RangeTable:
+        return compile_range_table(self, k_max, self.max_num_seqs)

@@ -1,0 +1,233 @@
+"""Per-request K: each decode request gets its own K from its own learnt acceptance.
+
+Acceptance model (per request, learnt online). Request j has an unknown conditional acceptance
+probability q_j, the probability that a draft is accepted given all drafts before it were. Its
+posterior is Beta(alpha_j, beta_j) with the prior Beta(s * q0, s * (1 - q0)), where q0 is the
+profile's pooled conditional rate (accepted drafts / conditional trials implied by r_1..r_Kmax)
+and s = `prior_strength`. A step where request j drafted K and had a accepted is a + [a < K]
+conditional trials with a successes: alpha_j += a, beta_j += [a < K]. The request's
+unconditional per-position rates are the profile's rates scaled by how much its posterior moved:
+
+    r_i(j) = r_i(profile) * E_post[q_j^i] / E_prior[q^i],
+    E[q^i] = prod_{m<i} (alpha + m) / (alpha + beta + m)   (Beta moments)
+
+clipped to [0, 1] and made non-increasing in i. A request never seen reads exactly the
+profile's rates. (Treating every position's trial alike is the approximation: it pools all of
+a request's evidence into one number, which is what lets it learn within a few steps.)
+
+Allocation. With per-request K_i the step verifies sum(K_i + 1) tokens. Assumption (the
+simulator's "token-equivalent" mixed-K costing): the step costs ITL(D, K_eff) with
+D = num_decode_reqs and K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens,
+read from the profile's ITL table (fractional K interpolated). The objective is expected output
+tokens per ms of step time, sum_j AL_j(K_j) / ITL(D, K_eff). Because every request's marginal
+gain r_{k+1}(j) is non-increasing in k, greedy marginal-gain allocation (add one draft at a
+time to the request with the largest marginal expected tokens) visits, for every total number
+of drafts m, the allocation that maximises expected tokens among all with m drafts; ITL depends
+only on m. So we sort all D * K_max marginal gains once, take prefix sums, score every m and
+keep the best: the result is the exact optimum of the objective (ties: fewer drafts, then lower
+batch position). Cost per step O(D K_max log(D K_max)), vectorised.
+
+Memory. Requests are tracked by req_id in sorted arrays; an id not seen for
+`forget_after_steps` steps is dropped, and at most `max_tracked` ids are kept (the least
+recently seen go first), so memory is bounded whatever the run length.
+
+What it does not do: model padded mixed-K cost (with ITL(D, max K) the best per-request answer
+is a uniform K and the goodput policy already finds it), learn ITL, or look at context length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.errors import InputError
+from policies.goodput import ItlTable
+from policies.profile import Profile
+from policies.types import StepFeedback, StepView
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class PerRequestConfig:
+    """Knobs of the per-request policy (SPEC `per-request:key=value,...`)."""
+
+    # Pseudo-trials the profile's pooled conditional rate is worth in each request's prior.
+    prior_strength: float = 8.0
+    # A tracked request not seen in this many steps is forgotten (it finished or was preempted).
+    forget_after_steps: int = 64
+    # Hard bound on tracked requests; the least recently seen are dropped beyond it.
+    max_tracked: int = 4096
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.prior_strength) and self.prior_strength > 0):
+            raise InputError(f"per-request: prior_strength must be > 0, got {self.prior_strength}")
+        for name in ("forget_after_steps", "max_tracked"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"per-request: {name} must be an integer >= 1, got {value!r}")
+
+
+def pooled_conditional_rate(acceptance_rates: FloatArray) -> float:
+    """Accepted drafts / conditional trials at K_max implied by unconditional rates r_1..r_K.
+
+    Position i is a trial when the first i-1 drafts were accepted (probability r_{i-1}, r_0 = 1)
+    and a success with probability r_i.
+    """
+    rates = np.asarray(acceptance_rates, dtype=np.float64)  # [K]
+    if rates.size == 0:
+        return 0.0
+    trials = np.concatenate(([1.0], rates[:-1]))  # [K] r_{i-1}
+    return float(np.clip(rates.sum() / trials.sum(), 1e-6, 1.0 - 1e-6))
+
+
+def beta_power_moments(alpha: FloatArray, beta: FloatArray, k_max: int) -> FloatArray:
+    """[n, k_max] E[q^i] for i = 1..k_max under Beta(alpha, beta) (alpha, beta: [n])."""
+    offsets = np.arange(k_max, dtype=np.float64)  # [k_max] m = 0..k_max-1
+    factors = (alpha[:, None] + offsets[None, :]) / (
+        alpha[:, None] + beta[:, None] + offsets[None, :]
+    )  # [n, k_max]
+    moments = np.cumprod(factors, axis=1, dtype=np.float64)  # [n, k_max]
+    return moments
+
+
+def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> IntArray:
+    """[D] K per request maximising (D + tokens from drafts) / ITL(total drafts).
+
+    `gains` [D, K_max]: gains[j, k] = expected extra output tokens from request j's (k+1)-th
+    draft, non-increasing in k. `itl_ms_by_total_drafts` [D * K_max + 1]: step time when m
+    drafts are made in total. Exact under the non-increasing gains (see the module docstring).
+    """
+    num_decode, k_max = gains.shape
+    if num_decode == 0 or k_max == 0:
+        return np.zeros(num_decode, dtype=np.int64)
+    flat = gains.reshape(-1)  # [D*K_max], row-major: index = j * K_max + k
+    # Stable sort on -gain: equal gains keep (request, position) order, so a request's drafts
+    # are always taken in position order and earlier batch rows win ties.
+    order = np.argsort(-flat, kind="stable")  # [D*K_max]
+    tokens = num_decode + np.concatenate(([0.0], np.cumsum(flat[order])))  # [D*K_max + 1]
+    objective = tokens / itl_ms_by_total_drafts  # [D*K_max + 1]
+    best_total = int(np.argmax(objective))  # first max: the fewest drafts on ties
+    chosen_rows = order[:best_total] // k_max  # [best_total]
+    return np.bincount(chosen_rows, minlength=num_decode).astype(np.int64)  # [D]
+
+
+class PerRequestPolicy:
+    """K per decode request from per-request Beta posteriors, optimal token-equivalent split."""
+
+    def __init__(
+        self, profile: Profile, max_num_seqs: int, config: PerRequestConfig | None = None
+    ) -> None:
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(
+                f"per-request: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
+            )
+        self.config = config or PerRequestConfig()
+        self.k_max = profile.k_max
+        self.max_num_seqs = max_num_seqs
+        self.itl = ItlTable.from_profile(profile)
+        self.profile_rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]
+        q0 = pooled_conditional_rate(self.profile_rates)
+        strength = self.config.prior_strength
+        self.prior_alpha = strength * q0
+        self.prior_beta = strength * (1.0 - q0)
+        # [k_max] E_prior[q^i]: the denominator that makes an unseen request read the profile.
+        self.prior_moments = beta_power_moments(
+            np.array([self.prior_alpha]), np.array([self.prior_beta]), self.k_max
+        )[0]
+        # Tracked requests, sorted by id; all arrays [N], N <= max_tracked.
+        self.tracked_ids = np.zeros(0, dtype=np.int64)  # request ids, strictly increasing
+        self.alpha = np.zeros(0)  # posterior alpha per tracked id
+        self.beta = np.zeros(0)  # posterior beta per tracked id
+        self.last_seen_step = np.zeros(0, dtype=np.int64)  # step index of the latest feedback
+
+    def _lookup(self, req_ids: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+        """(slot per id [n], found [n]); slot is meaningless where not found."""
+        slots = np.searchsorted(self.tracked_ids, req_ids)  # [n]
+        slots = np.minimum(slots, max(len(self.tracked_ids) - 1, 0))
+        found = (
+            (self.tracked_ids[slots] == req_ids)
+            if len(self.tracked_ids)
+            else np.zeros(len(req_ids), dtype=bool)
+        )
+        return slots.astype(np.int64), found
+
+    def request_rates(self, req_ids: IntArray) -> FloatArray:
+        """[n, k_max] each request's estimated unconditional per-position rates."""
+        ids = np.asarray(req_ids, dtype=np.int64)
+        slots, found = self._lookup(ids)
+        alpha = np.full(len(ids), self.prior_alpha)  # [n]
+        beta = np.full(len(ids), self.prior_beta)  # [n]
+        if len(self.tracked_ids):
+            alpha = np.where(found, self.alpha[slots], alpha)
+            beta = np.where(found, self.beta[slots], beta)
+        scale = beta_power_moments(alpha, beta, self.k_max) / self.prior_moments  # [n, k_max]
+        rates = np.clip(self.profile_rates[None, :] * scale, 0.0, 1.0)  # [n, k_max]
+        return np.minimum.accumulate(rates, axis=1)  # [n, k_max]
+
+    def itl_by_total_drafts(self, num_decode: int, k_max: int) -> FloatArray:
+        """[D * k_max + 1] ITL(D, m / D) ms for m = 0..D*k_max total drafts (token-equivalent)."""
+        total_drafts = np.arange(num_decode * k_max + 1, dtype=np.float64)
+        return self.itl.itl_ms_at(float(num_decode), total_drafts / num_decode)
+
+    def choose_k(self, view: StepView) -> IntArray:
+        num_decode = int(view.num_decode_reqs)
+        k_cap = min(self.k_max, max(view.k_max, 0))
+        if num_decode == 0 or k_cap == 0:
+            return np.zeros(num_decode, dtype=np.int64)
+        if view.batch_size > self.max_num_seqs:
+            raise InputError(
+                f"per-request: batch size {view.batch_size} exceeds max_num_seqs "
+                f"{self.max_num_seqs}"
+            )
+        rates = self.request_rates(np.asarray(view.req_ids, dtype=np.int64))[:, :k_cap]  # [D, k]
+        return best_allocation(rates, self.itl_by_total_drafts(num_decode, k_cap))
+
+    def observe(self, feedback: StepFeedback) -> None:
+        ids = np.asarray(feedback.req_ids, dtype=np.int64)  # [n]
+        if len(ids):
+            num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [n]
+            num_accepted = np.minimum(np.asarray(feedback.num_accepted, dtype=np.int64), num_spec)
+            drafted = num_spec > 0  # [n] a K=0 step says nothing about acceptance
+            self._insert_missing(ids)
+            slots, _found = self._lookup(ids)
+            # a successes out of a + [a < K] conditional trials (ids are unique within a step).
+            self.alpha[slots] += np.where(drafted, num_accepted, 0)
+            self.beta[slots] += np.where(drafted & (num_accepted < num_spec), 1.0, 0.0)
+            self.last_seen_step[slots] = feedback.step_index
+        self._forget(feedback.step_index)
+
+    def _insert_missing(self, ids: IntArray) -> None:
+        _slots, found = self._lookup(ids)
+        new_ids = np.unique(ids[~found])  # [m]
+        if new_ids.size == 0:
+            return
+        all_ids = np.concatenate((self.tracked_ids, new_ids))
+        order = np.argsort(all_ids, kind="stable")
+        self.tracked_ids = all_ids[order]
+        self.alpha = np.concatenate((self.alpha, np.full(new_ids.size, self.prior_alpha)))[order]
+        self.beta = np.concatenate((self.beta, np.full(new_ids.size, self.prior_beta)))[order]
+        self.last_seen_step = np.concatenate(
+            (self.last_seen_step, np.full(new_ids.size, -1, dtype=np.int64))
+        )[order]
+
+    def _forget(self, step_index: int) -> None:
+        keep = self.last_seen_step >= step_index - self.config.forget_after_steps  # [N]
+        if int(keep.sum()) > self.config.max_tracked:
+            # Keep the most recently seen max_tracked (ties: higher id, i.e. newer request).
+            recency = np.lexsort((self.tracked_ids, self.last_seen_step))  # ascending
+            keep = np.zeros_like(keep)
+            keep[recency[-self.config.max_tracked :]] = True
+        if keep.all():
+            return
+        self.tracked_ids = self.tracked_ids[keep]
+        self.alpha = self.alpha[keep]
+        self.beta = self.beta[keep]
+        self.last_seen_step = self.last_seen_step[keep]
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self.tracked_ids)
