@@ -24,18 +24,22 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from policies.atomic import atomic_write_text
 from policies.errors import InputError
 from policies.profile import LatencyPoint, PrefillPoint, Profile
+from policies.user_files import parse_user_json, read_user_text
 
 NATIVE_FORMAT = "dsd-profile"
 NATIVE_VERSION = 1
 # Slack for "non-increasing" on rates written with limited precision.
 RATE_TOLERANCE = 1e-9
+# Largest integer field or key accepted: counts and sizes must fit numpy's int64 arithmetic.
+MAX_INTEGER = 2**62
+_ASCII_INTEGER = re.compile(r"-?[0-9]+")
 
 
 # ---------------------------------------------------------------- field readers
@@ -68,32 +72,38 @@ class _Reader:
 
     def integer(self, value: Any, field_path: str, minimum: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(field_path, f"must be an integer >= {minimum}, got {value!r}")
+            raise self.fail(field_path, f"must be an integer >= {minimum}, got {_short(value)}")
         if value < minimum:
             raise self.fail(field_path, f"must be an integer >= {minimum}, got {value}")
+        if value > MAX_INTEGER:
+            raise self.fail(field_path, f"must be at most {MAX_INTEGER}, got {_short(value)}")
         return value
 
     def integer_key(self, key: str, field_path: str, minimum: int) -> int:
+        # ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses.
         text = key.strip()
-        if not text.lstrip("-").isdigit() or int(text) < minimum:
-            raise self.fail(field_path, f"key must be an integer >= {minimum}, got {key!r}")
+        if _ASCII_INTEGER.fullmatch(text) is None or int(text) < minimum or int(text) > MAX_INTEGER:
+            raise self.fail(field_path, f"key must be an integer >= {minimum}, got {_short(key)}")
         return int(text)
 
     def number(self, value: Any, field_path: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(field_path, f"must be a number, got {value!r}")
-        return float(value)
+            raise self.fail(field_path, f"must be a number, got {_short(value)}")
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond the float range (JSON allows any digits)
+            raise self.fail(field_path, f"number too large, got {_short(value)}") from None
 
     def positive_ms(self, value: Any, field_path: str, what: str = "ITL") -> float:
         number = self.number(value, field_path)
         if not math.isfinite(number) or number <= 0:
-            raise self.fail(field_path, f"{what} must be finite and > 0, got {value!r}")
+            raise self.fail(field_path, f"{what} must be finite and > 0, got {_short(value)}")
         return number
 
     def rate(self, value: Any, field_path: str) -> float:
         number = self.number(value, field_path)
         if not (math.isfinite(number) and 0.0 <= number <= 1.0):
-            raise self.fail(field_path, f"acceptance rate must be in [0, 1], got {value!r}")
+            raise self.fail(field_path, f"acceptance rate must be in [0, 1], got {_short(value)}")
         return number
 
     def rates(self, values: Any, field_path: str) -> tuple[float, ...]:
@@ -108,6 +118,12 @@ class _Reader:
                     f"after {rates[i - 1]!r}",
                 )
         return rates
+
+
+def _short(value: Any) -> str:
+    """repr of a value, cut to one readable line (a hostile file may hold huge values)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
 
 
 def _kind(value: Any) -> str:
@@ -164,14 +180,14 @@ def _parse_pr32374(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         )
     is_online = data.get("is_online", False)
     if not isinstance(is_online, bool):
-        raise reader.fail("is_online", f"must be true or false, got {is_online!r}")
+        raise reader.fail("is_online", f"must be true or false, got {_short(is_online)}")
     batch_stats = reader.obj(reader.require(data, "batch_stats", ""), "batch_stats")
     points: list[LatencyPoint] = []
     for b_key, row in batch_stats.items():
-        row_path = f"batch_stats[{b_key!r}]"
+        row_path = f"batch_stats[{_short(b_key)}]"
         batch_size = reader.integer_key(b_key, row_path, 1)
         for k_key, itl in reader.obj(row, row_path).items():
-            cell_path = f"{row_path}[{k_key!r}]"
+            cell_path = f"{row_path}[{_short(k_key)}]"
             num_spec_tokens = reader.integer_key(k_key, cell_path, 0)
             points.append(
                 LatencyPoint(
@@ -233,7 +249,9 @@ def _optional(
 def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     version = data.get("version")
     if version != NATIVE_VERSION:
-        raise reader.fail("version", f"unsupported version {version!r}, expected {NATIVE_VERSION}")
+        raise reader.fail(
+            "version", f"unsupported version {_short(version)}, expected {NATIVE_VERSION}"
+        )
     k_max = reader.integer(reader.require(data, "k_max", ""), "k_max", 1)
     temperature = reader.number(data.get("temperature", 0.0), "temperature")
     if not math.isfinite(temperature) or temperature < 0:
@@ -412,12 +430,6 @@ def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
 # ---------------------------------------------------------------- entry points
 
 
-def _nonfinite_constant(name: str) -> float:
-    # JSON has no NaN/Infinity, Python's json accepts them: let them through as floats so the
-    # field check rejects them with the field's name.
-    return float(name)
-
-
 def parse_profile(data: Any, source: str) -> Profile:
     """A Profile from already-decoded JSON (`source` names it in error messages)."""
     reader = _Reader(source)
@@ -426,7 +438,7 @@ def parse_profile(data: Any, source: str) -> Profile:
     if data.get("format") == NATIVE_FORMAT:
         return _parse_native(reader, data)
     if "format" in data:
-        raise reader.fail("format", f"unknown profile format {data['format']!r}")
+        raise reader.fail("format", f"unknown profile format {_short(data['format'])}")
     if "batch_stats" in data:
         return _parse_pr32374(reader, data)
     raise reader.fail(
@@ -439,11 +451,6 @@ def parse_profile(data: Any, source: str) -> Profile:
 def load_profile(path: str | os.PathLike[str]) -> Profile:
     """Read a native or PR #32374 profile file; one-line InputError on any problem."""
     source = str(path)
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text, parse_constant=_nonfinite_constant)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
-        ) from None
+    # NaN/Infinity literals pass the decoder so the field check names the field they are in.
+    data = parse_user_json(read_user_text(path, source), source, allow_nonfinite=True)
     return parse_profile(data, source)
