@@ -1,0 +1,190 @@
+"""Per-request K: exact allocation vs brute force, learning per request, bounded memory."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from policy_factories import h100_profile
+
+from policies.errors import InputError
+from policies.per_request import (
+    PerRequestConfig,
+    PerRequestPolicy,
+    best_allocation,
+    beta_power_moments,
+    pooled_conditional_rate,
+)
+from policies.range_table import synthetic_view
+from policies.types import StepFeedback, StepView
+
+
+def _view(req_ids: list[int], step: int = 0, k_max: int = 5) -> StepView:
+    ids = np.array(req_ids, dtype=np.int64)
+    return StepView(
+        step_index=step,
+        time_s=0.0,
+        batch_size=len(ids),
+        num_decode_reqs=len(ids),
+        req_ids=ids,
+        context_lens=np.zeros(len(ids), dtype=np.int64),
+        k_max=k_max,
+    )
+
+
+def _feedback(step: int, req_ids, ks, accepted) -> StepFeedback:  # type: ignore[no-untyped-def]
+    return StepFeedback(
+        step_index=step,
+        time_s=0.0,
+        batch_size=len(req_ids),
+        req_ids=np.asarray(req_ids, dtype=np.int64),
+        num_spec_tokens=np.asarray(ks, dtype=np.int64),
+        num_accepted=np.asarray(accepted, dtype=np.int64),
+        duration_s=0.01,
+    )
+
+
+def _brute_force(gains: np.ndarray, itl_by_total: np.ndarray) -> float:
+    num_decode, k_max = gains.shape
+    best = -np.inf
+    for ks in itertools.product(range(k_max + 1), repeat=num_decode):
+        tokens = num_decode + sum(gains[j, :k].sum() for j, k in enumerate(ks))
+        best = max(best, tokens / itl_by_total[sum(ks)])
+    return float(best)
+
+
+@given(
+    st.integers(1, 4),  # D decode rows
+    st.integers(1, 3),  # K_max
+    st.data(),
+)
+def test_best_allocation_matches_brute_force(num_decode: int, k_max: int, data) -> None:  # type: ignore[no-untyped-def]
+    raw = data.draw(
+        st.lists(st.floats(0.0, 1.0), min_size=num_decode * k_max, max_size=num_decode * k_max)
+    )
+    # Non-increasing gains per request, as unconditional rates are.
+    gains = np.minimum.accumulate(np.array(raw).reshape(num_decode, k_max), axis=1)
+    slope = data.draw(st.floats(0.0, 3.0))
+    itl_by_total = 5.0 + slope * np.arange(num_decode * k_max + 1)  # ITL rises with drafts
+    ks = best_allocation(gains, itl_by_total)
+    tokens = num_decode + sum(gains[j, : int(k)].sum() for j, k in enumerate(ks))
+    assert tokens / itl_by_total[int(ks.sum())] == pytest.approx(
+        _brute_force(gains, itl_by_total), rel=1e-12
+    )
+
+
+def test_unseen_requests_read_the_profile_rates() -> None:
+    profile = h100_profile()
+    policy = PerRequestPolicy(profile, 64)
+    rates = policy.request_rates(np.array([7, 8]))
+    np.testing.assert_allclose(rates, np.tile(profile.acceptance_rates, (2, 1)), rtol=1e-12)
+
+
+def test_uniform_unseen_batch_matches_goodput_at_b1() -> None:
+    # One unseen request: token-equivalent cost at D=1 is the profile's ITL(1, K): K* = 3.
+    policy = PerRequestPolicy(h100_profile(), 64)
+    assert policy.choose_k(_view([0])).tolist() == [3]
+
+
+def test_learns_which_requests_accept() -> None:
+    policy = PerRequestPolicy(h100_profile(), 64)
+    ids = list(range(8))
+    for step in range(30):
+        ks = policy.choose_k(_view(ids, step))
+        accepted = np.where(np.arange(8) < 4, ks, 0)  # rows 0-3 accept all, 4-7 reject all
+        policy.observe(_feedback(step, ids, ks, accepted))
+    ks = policy.choose_k(_view(ids, 30))
+    assert (ks[:4] == 5).all()
+    assert (ks[4:] == 0).all()
+
+
+def test_k_within_bounds_and_view_k_max() -> None:
+    policy = PerRequestPolicy(h100_profile(), 256)
+    for batch_size in (1, 7, 64, 256):
+        ks = policy.choose_k(synthetic_view(batch_size, 2))
+        assert ks.shape == (batch_size,)
+        assert ks.min() >= 0 and ks.max() <= 2
+    assert policy.choose_k(_view([])).shape == (0,)
+
+
+def test_forgets_requests_not_seen_and_memory_is_bounded() -> None:
+    config = PerRequestConfig(forget_after_steps=5, max_tracked=16)
+    policy = PerRequestPolicy(h100_profile(), 256, config)
+    for step in range(100):
+        ids = list(range(step * 10, step * 10 + 32))  # 32 ids, mostly new each step
+        policy.observe(_feedback(step, ids, [2] * 32, [1] * 32))
+        assert policy.num_tracked <= 16
+    policy.observe(_feedback(200, [1], [1], [1]))
+    assert policy.num_tracked == 1  # everything older than 5 steps is gone
+
+
+def test_deterministic() -> None:
+    def run() -> list[list[int]]:
+        policy = PerRequestPolicy(h100_profile(), 64)
+        rng = np.random.default_rng(0)
+        out = []
+        for step in range(20):
+            ids = list(range(step, step + 6))
+            ks = policy.choose_k(_view(ids, step))
+            policy.observe(_feedback(step, ids, ks, rng.integers(0, ks + 1)))
+            out.append(ks.tolist())
+        return out
+
+    assert run() == run()
+
+
+def test_beta_moments_and_pooled_rate() -> None:
+    moments = beta_power_moments(np.array([2.0]), np.array([2.0]), 2)[0]
+    np.testing.assert_allclose(moments, [0.5, 0.3])  # E[q] = 1/2, E[q^2] = 3/10 for Beta(2, 2)
+    # Geometric rates q^i give back q.
+    assert pooled_conditional_rate(np.array([0.6, 0.36, 0.216])) == pytest.approx(0.6)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"prior_strength": 0.0},  # no prior
+        {"forget_after_steps": 0},  # forgets at once
+        {"max_tracked": 0},  # cannot track anything
+    ],
+)
+def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="per-request"):
+        PerRequestConfig(**kwargs)
+
+
+@given(
+    st.sampled_from(
+        [
+            "per-request",  # K per request
+            "bandit:seed=1",  # sampling, no profile
+            "hysteresis:goodput:margin=0.2,min_dwell=2",  # wrapper
+            "context:table=[[1,64,0,50,5],[1,64,51,100000,2]]",  # 5-tuple table
+        ]
+    ),
+    st.integers(0, 64),  # B
+    st.integers(0, 64),  # decode rows (clipped to B)
+    st.integers(0, 5),  # view k_max
+)
+def test_new_policies_return_k_in_range_for_any_view(
+    spec: str, batch_size: int, num_decode: int, k_max: int
+) -> None:
+    from policies.spec import parse_policy
+
+    num_decode = min(num_decode, batch_size)  # prefill chunks make up the rest; may be 0
+    view = StepView(
+        step_index=3,
+        time_s=1.5,
+        batch_size=batch_size,
+        num_decode_reqs=num_decode,
+        req_ids=np.arange(num_decode, dtype=np.int64),
+        context_lens=np.full(num_decode, 100, dtype=np.int64),
+        k_max=k_max,
+    )
+    policy = parse_policy(spec, profile=h100_profile(), k_max=5, max_num_seqs=64)
+    k = np.asarray(policy.choose_k(view))
+    assert k.ndim == 0 or k.shape == (num_decode,)
+    assert ((k >= 0) & (k <= k_max)).all()

@@ -1,0 +1,99 @@
+"""Hysteresis wrapper: no flapping at a table edge, dwell, async lookahead, clamping."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+import pytest
+
+from policies.errors import InputError
+from policies.range_table import RangeTablePolicy, synthetic_view
+from policies.spec import parse_policy
+from policies.switching import HysteresisConfig, HysteresisPolicy
+
+EDGE_TABLE = [[1, 17, 3], [18, 256, 2]]  # one edge between B=17 and B=18
+
+
+def _policy(**kwargs) -> HysteresisPolicy:  # type: ignore[no-untyped-def]
+    base = RangeTablePolicy(EDGE_TABLE, 5, 256)
+    return HysteresisPolicy(base, 256, HysteresisConfig(**kwargs))
+
+
+def test_no_flapping_when_b_wanders_across_an_edge() -> None:
+    policy = _policy(margin=0.15, min_dwell=0)
+    base = RangeTablePolicy(EDGE_TABLE, 5, 256)
+    batch_sizes = [17, 18] * 50  # B flips across the edge every step
+    wrapped = [policy.choose_k(synthetic_view(b, 5)) for b in batch_sizes]
+    raw = [base.choose_k(synthetic_view(b, 5)) for b in batch_sizes]
+    assert len(set(wrapped)) == 1  # the wrapper never switches
+    assert sum(a != b for a, b in itertools.pairwise(raw)) == 99  # the base flaps
+
+
+def test_follows_a_clear_change() -> None:
+    policy = _policy(margin=0.15, min_dwell=0)
+    assert policy.choose_k(synthetic_view(17, 5)) == 3
+    assert policy.choose_k(synthetic_view(40, 5)) == 2  # far from the edge: switch at once
+    assert policy.choose_k(synthetic_view(4, 5)) == 3
+
+
+def test_min_dwell_holds_k() -> None:
+    policy = _policy(margin=0.0, min_dwell=3)
+    ks = [policy.choose_k(synthetic_view(b, 5)) for b in [4, 40, 40, 40, 40]]
+    assert ks == [3, 3, 3, 2, 2]  # K=3 held for 3 steps, then the switch
+    assert policy.num_switches == 1
+
+
+def test_clamps_to_view_k_max_at_once() -> None:
+    policy = _policy(margin=0.5, min_dwell=100)
+    assert policy.choose_k(synthetic_view(4, 5)) == 3
+    assert policy.choose_k(synthetic_view(4, 1)) == 1  # engine now runs at most K=1
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "lookahead", "expected"),
+    [
+        ("async", "auto", 2),  # async: B is rising by 4 a step, next B = 19 -> K = 2
+        ("sync", "auto", 3),  # sync: decide for the current B = 15
+        ("sync", "always", 2),  # forced lookahead
+        ("async", "never", 3),  # lookahead off
+    ],
+)
+def test_async_lookahead_uses_predicted_b(scheduling: str, lookahead: str, expected: int) -> None:
+    policy = _policy(margin=0.0, min_dwell=0, lookahead=lookahead, trend_smoothing=1.0)
+    for batch_size in (3, 7, 11):
+        policy.choose_k(dataclasses.replace(synthetic_view(batch_size, 5), scheduling=scheduling))
+    view = dataclasses.replace(synthetic_view(15, 5), scheduling=scheduling)
+    assert policy.choose_k(view) == expected
+
+
+def test_observe_reaches_the_base() -> None:
+    from policy_factories import h100_profile
+
+    policy = parse_policy(
+        "hysteresis:online:warmup_steps=0:margin=0.1",
+        profile=h100_profile(),
+        k_max=5,
+        max_num_seqs=64,
+    )
+    assert isinstance(policy, HysteresisPolicy)
+    assert policy.config.margin == 0.1
+    from policies.types import StepFeedback
+
+    policy.observe(StepFeedback(0, 0.0, 2, np.arange(2), np.array([3, 3]), np.array([0, 0]), 0.01))
+    assert policy.base.num_observed_steps == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ("hysteresis", "needs a base policy"),  # no base
+        ("hysteresis:bandit", "batch-level"),  # sampling base
+        ("hysteresis:static:2:margin=2", "margin must be in"),  # margin out of range
+        ("hysteresis:static:2:min_dwell=-1", "min_dwell must be >= 0"),  # negative dwell
+    ],
+)
+def test_bad_specs(spec: str, fragment: str) -> None:
+    with pytest.raises(InputError, match=fragment):
+        parse_policy(spec, profile=None, k_max=5, max_num_seqs=64)
