@@ -36,6 +36,9 @@ class KVBlockPool:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
+        # Power-of-two block sizes (the usual 16) round up with an add and a shift, much
+        # cheaper than integer division; -1 when block_size is not a power of two.
+        self._shift = block_size.bit_length() - 1 if block_size & (block_size - 1) == 0 else -1
         self.num_total_blocks = num_blocks
         self.num_free_blocks = num_blocks
         self.num_held = np.zeros(max(capacity, 1), dtype=np.int64)  # [capacity] blocks per slot
@@ -52,7 +55,12 @@ class KVBlockPool:
             self.num_held = grown
 
     def blocks_for(self, num_tokens: IntArray) -> IntArray:
-        """Blocks needed to cover `num_tokens` tokens, elementwise."""
+        """Blocks needed to cover `num_tokens` tokens, elementwise (a new array)."""
+        if self._shift >= 0:
+            # ceil(n / 2^s) == (n + 2^s - 1) >> s for every integer n (the shift floors).
+            blocks = num_tokens + (self.block_size - 1)  # [n]
+            np.right_shift(blocks, self._shift, out=blocks)
+            return blocks
         return -(-num_tokens // self.block_size)  # [n]
 
     def try_cover(self, slot: int, num_tokens: int) -> bool:
@@ -68,13 +76,15 @@ class KVBlockPool:
 
     def try_cover_many(self, slots: IntArray, num_tokens: IntArray) -> bool:
         """All-or-nothing `try_cover` for distinct slots (the hot path of a step)."""
-        needed = self.blocks_for(num_tokens) - self.num_held[slots]  # [n]
-        np.maximum(needed, 0, out=needed)
-        total = int(needed.sum())
+        held = self.num_held[slots]  # [n]
+        target = self.blocks_for(num_tokens)  # [n]
+        np.maximum(target, held, out=target)  # a slot never gives blocks back here
+        total = int(np.add.reduce(target)) - int(np.add.reduce(held))
         if total > self.num_free_blocks:
             return False
-        self.num_free_blocks -= total
-        self.num_held[slots] += needed
+        if total:
+            self.num_free_blocks -= total
+            self.num_held[slots] = target
         return True
 
     def shrink_to(self, slots: IntArray, num_tokens: IntArray) -> None:
@@ -84,13 +94,12 @@ class KVBlockPool:
         request's holding is always exactly ceil(covered / block_size). The difference is at most
         the draft tokens of one step per request.
         """
-        target = self.blocks_for(num_tokens)  # [n]
         held = self.num_held[slots]  # [n]
-        excess = held - target  # [n]
-        np.maximum(excess, 0, out=excess)
-        total = int(excess.sum())
+        target = self.blocks_for(num_tokens)  # [n]
+        np.minimum(target, held, out=target)  # a slot never gains blocks here
+        total = int(np.add.reduce(held)) - int(np.add.reduce(target))
         if total:
-            self.num_held[slots] = held - excess
+            self.num_held[slots] = target
             self.num_free_blocks += total
 
     def free(self, slot: int) -> int:

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.errors import InputError
-from policies.types import IntArray, SchedulingMode, StepView, position_counts
+from policies.types import IntArray, SchedulingMode, StepView
 from sim.kv import KVBlockPool
 from sim.types import BoolArray, ScheduledBatch, StepOutcome
 from traces.workload import RequestSpec
@@ -143,6 +143,8 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         """Tokens in the step before drafts (one per decode row plus the prefill chunks)."""
+        if not self.prefill_chunk_lens.shape[0]:
+            return int(self.decode_req_ids.shape[0])
         return int(self.decode_req_ids.shape[0] + int(self.prefill_chunk_lens.sum()))
 
     def view(self, time_s: float, k_max: int, scheduling: SchedulingMode) -> StepView:
@@ -192,14 +194,20 @@ class SpecDecodeStats:
 
     def observe(self, num_spec_tokens: IntArray, num_accepted: IntArray) -> None:
         """Count the decode rows of one step ([n] K and accepted per row)."""
-        drafted_rows = num_spec_tokens > 0  # [n]
-        self.num_drafts += int(drafted_rows.sum())
-        self.num_draft_tokens += int(num_spec_tokens.sum())
-        self.num_accepted_tokens += int(num_accepted.sum())
-        if self.k_max:
-            drafted, accepted = position_counts(num_spec_tokens, num_accepted, self.k_max)
-            self.drafted_at_pos += drafted
-            self.accepted_at_pos += accepted
+        if num_spec_tokens.shape[0] == 0:
+            return
+        # Histograms of K and of accepted (both small non-negative ints) give every counter:
+        # rows with K >= i are a suffix sum of the K histogram (same for accepted). Two
+        # bincounts instead of [n, k_max] comparisons: this runs every step.
+        k_counts = np.bincount(num_spec_tokens).tolist()  # [max K + 1]
+        accepted_counts = np.bincount(num_accepted).tolist()  # [max a + 1]
+        self.num_drafts += num_spec_tokens.shape[0] - k_counts[0]
+        self.num_draft_tokens += sum(k * count for k, count in enumerate(k_counts))
+        self.num_accepted_tokens += sum(a * count for a, count in enumerate(accepted_counts))
+        if self.k_max and len(k_counts) > 1:
+            self.drafted_at_pos += _at_least(k_counts, self.k_max)
+            if len(accepted_counts) > 1:
+                self.accepted_at_pos += _at_least(accepted_counts, self.k_max)
 
     @property
     def acceptance_length(self) -> float:
@@ -207,6 +215,24 @@ class SpecDecodeStats:
         if self.num_drafts == 0:
             return float("nan")
         return 1.0 + self.num_accepted_tokens / self.num_drafts
+
+
+def _filled(size: int, value: int) -> IntArray:
+    """[size] int64 array of `value` (np.full is several times slower on small arrays)."""
+    array = np.empty(size, dtype=np.int64)
+    array.fill(value)
+    return array
+
+
+def _at_least(counts: list[int], k_max: int) -> IntArray:
+    """[k_max] number of values >= i for i = 1..k_max, from a histogram `counts` of the values."""
+    at_least = [0] * k_max
+    running = 0
+    for value in range(len(counts) - 1, 0, -1):
+        running += counts[value]
+        if value <= k_max:
+            at_least[value - 1] = running  # values past k_max are in the suffix sums too
+    return np.array(at_least, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +245,11 @@ class _CommittedStep:
     num_spec_tokens: IntArray  # [D] K per decode row
     completes_prompt: BoolArray  # [B] rows that sample their first token after a prefill
     placeholders: IntArray  # [B] placeholders added at commit: 1 + K, 1 or 0
+    # K of every decode row when they all have the same K (known without a reduction), else -1
+    uniform_k: int
+    # Scheduler._num_events when the step was planned: unchanged at update means no request
+    # of the step finished, was aborted or preempted since, so every row is still live.
+    num_events_at_plan: int
 
 
 class Scheduler:
@@ -254,6 +285,12 @@ class Scheduler:
         self._preempted_since_last: list[int] = []
         self._step_index = 0
         self.num_preemptions = 0
+        # Finishes, aborts and preemptions so far: a step whose requests saw none of these
+        # between plan and update takes the fast path of `update`.
+        self._num_events = 0
+        # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
+        self._pending_full_room = False
+        self._pending_num_events = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -333,6 +370,8 @@ class Scheduler:
         decode_rows_got = _EMPTY
         running_prefill_slots = _EMPTY
         running_prefill_chunks = _EMPTY
+        full_room = False  # every decode row got 1 + k_max tokens
+        decode_context_lens: IntArray | None = None
 
         if self._running:
             run = self._running_array
@@ -340,18 +379,28 @@ class Scheduler:
                 run = self._running_array = np.array(self._running, dtype=np.int64)  # [R]
             computed = self._num_computed[run]  # [R]
             in_prefill = self._in_prefill[run]  # [R]
-            # vLLM keeps positions < max_model_len (matters with drafts near the end).
-            room = cfg.max_model_len - 1 - computed  # [R]
             any_prefill = bool(in_prefill.any())
-            if any_prefill:
-                want = np.where(in_prefill, self._prefill_end[run] - computed, 1 + cfg.k_max)
+            num_rows = run.shape[0]
+            decode_want = 1 + cfg.k_max
+            # vLLM keeps positions < max_model_len (matters with drafts near the end).
+            # All-decode fast check: no row near max_model_len, so every row wants 1 + k_max.
+            full_room = (
+                not any_prefill
+                and num_rows * decode_want <= budget
+                and int(computed.max()) + decode_want <= cfg.max_model_len - 1
+            )
+            if full_room:
+                want = _filled(num_rows, decode_want)  # [R]
+            elif any_prefill:
+                room = cfg.max_model_len - 1 - computed  # [R]
+                want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
                 if cfg.long_prefill_token_threshold:
                     want = np.where(
                         in_prefill, np.minimum(want, cfg.long_prefill_token_threshold), want
                     )
                 np.minimum(want, room, out=want)  # [R]
             else:
-                want = np.minimum(room, 1 + cfg.k_max)  # [R]
+                want = np.minimum(cfg.max_model_len - 1 - computed, decode_want)  # [R]
             # A request whose confirmed + in-flight outputs reach max_tokens waits for its
             # outcome instead of running a step that cannot emit (async; in sync mode the
             # placeholders are 0 here and unfinished requests are below max_tokens).
@@ -359,23 +408,33 @@ class Scheduler:
                 saturated = ~in_prefill & (
                     self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
                 )
-                want[saturated] = 0
+                if saturated.any():
+                    want[saturated] = 0
+                    full_room = False
             # Greedy token budget in running order: each row takes min(want, what is left).
-            cum = np.cumsum(want)  # [R]
-            if cum[-1] <= budget:
-                got = want
+            if full_room:
+                got = want  # R * (1 + k_max) fits the budget
             else:
-                np.minimum(cum, budget, out=cum)
-                got = cum.copy()
-                got[1:] -= cum[:-1]
+                cum = np.cumsum(want)  # [R]
+                if cum[-1] <= budget:
+                    got = want
+                else:
+                    np.minimum(cum, budget, out=cum)
+                    got = cum.copy()
+                    got[1:] -= cum[:-1]
             covered = computed + got  # [R]
             if not self.kv.try_cover_many(run, covered):
                 run, got, preempted = self._cover_with_preemption(run, got)
                 computed = self._num_computed[run]
                 in_prefill = self._in_prefill[run]
-            budget -= int(got.sum())
-            if not any_prefill and not preempted and got.all():
+                full_room = False
+            if full_room:
+                budget -= num_rows * decode_want
+            else:
+                budget -= int(got.sum())
+            if full_room or (not any_prefill and not preempted and got.all()):
                 decode_slots, decode_rows_got = run, got  # the all-decode hot path
+                decode_context_lens = computed
             else:
                 scheduled = got > 0  # [R']
                 decode_mask = scheduled & ~in_prefill
@@ -419,9 +478,15 @@ class Scheduler:
         plan = StepPlan(
             step_index=self._step_index,
             decode_req_ids=self._req_id[decode_slots],
-            decode_context_lens=self._num_computed[decode_slots],
-            decode_draft_room=decode_rows_got - 1,
-            prefill_req_ids=self._req_id[prefill_slots],
+            decode_context_lens=(
+                self._num_computed[decode_slots]
+                if decode_context_lens is None
+                else decode_context_lens
+            ),
+            decode_draft_room=(
+                _filled(decode_slots.shape[0], cfg.k_max) if full_room else decode_rows_got - 1
+            ),
+            prefill_req_ids=self._req_id[prefill_slots] if prefill_slots.shape[0] else _EMPTY,
             prefill_chunk_lens=prefill_chunks,
             prefill_completes=prefill_completes,
             new_req_ids=tuple(int(r) for r in self._req_id[new_slots]) if new_slots else (),
@@ -431,6 +496,8 @@ class Scheduler:
             prefill_slots=prefill_slots,
         )
         self._pending_plan = plan
+        self._pending_full_room = full_room
+        self._pending_num_events = self._num_events
         return plan
 
     def commit_step(self, plan: StepPlan, k: int | IntArray) -> ScheduledBatch:
@@ -446,8 +513,8 @@ class Scheduler:
             raise RuntimeError("commit_step needs the plan returned by the last plan_step")
         cfg = self.config
         num_decode = plan.num_decode_reqs
+        k_rows: IntArray | None = None  # [D] per-row K, None for one K for every row
         if isinstance(k, int | np.integer):
-            k_rows = np.full(num_decode, min(max(int(k), 0), cfg.k_max), dtype=np.int64)  # [D]
             k_default = min(max(int(k), 0), cfg.k_max)
         else:
             k_rows = np.asarray(k, dtype=np.int64)  # [D]
@@ -460,38 +527,72 @@ class Scheduler:
         self._pending_plan = None
         dslots = plan.decode_slots
         pslots = plan.prefill_slots
+        num_prefill = pslots.shape[0]
+        # No finish, abort or preemption since plan_step: the plan's gathers are still current.
+        unchanged = self._pending_num_events == self._num_events
+        uniform_k = -1
         if self._async:
             num_spec = np.minimum(self._pending_k[dslots], plan.decode_draft_room)  # [D]
-            self._pending_k[dslots] = k_rows
-            self._pending_k[pslots[plan.prefill_completes]] = k_default
-        else:
+            self._pending_k[dslots] = k_default if k_rows is None else k_rows
+            if num_prefill:
+                self._pending_k[pslots[plan.prefill_completes]] = k_default
+        elif k_rows is not None:
             num_spec = np.minimum(k_rows, plan.decode_draft_room)  # [D]
-        decode_tokens = 1 + num_spec  # [D]
-        self._num_computed[dslots] += decode_tokens
-        self._num_computed[pslots] += plan.prefill_chunk_lens
-        self._num_placeholders[dslots] += decode_tokens
-        completing = pslots[plan.prefill_completes]
-        self._num_placeholders[completing] += 1
-        self._in_prefill[completing] = False
-        # Release the KV reserved for drafts the chosen K does not use.
-        self.kv.shrink_to(dslots, self._num_computed[dslots])
+        elif k_default == 0 or self._pending_full_room:
+            # Draft room is >= 0 on every row, and == k_max on every row with full room.
+            num_spec = _filled(num_decode, k_default)  # [D]
+            uniform_k = k_default
+        else:
+            num_spec = np.minimum(plan.decode_draft_room, k_default)  # [D]
+        decode_tokens = num_spec + 1  # [D]
+        if unchanged:
+            computed_after = plan.decode_context_lens + decode_tokens  # [D]
+            self._num_computed[dslots] = computed_after
+        else:
+            self._num_computed[dslots] += decode_tokens
+            computed_after = self._num_computed[dslots]
+        if self._async:
+            self._num_placeholders[dslots] += decode_tokens
+        else:
+            # Sync: nothing is in flight, so every placeholder is 0 (an invariant).
+            self._num_placeholders[dslots] = decode_tokens
+        if num_prefill:
+            self._num_computed[pslots] += plan.prefill_chunk_lens
+            completing = pslots[plan.prefill_completes]
+            self._num_placeholders[completing] += 1
+            self._in_prefill[completing] = False
+        # Release the KV reserved for drafts the chosen K does not use (none if K == k_max).
+        if uniform_k != cfg.k_max or not self._pending_full_room:
+            self.kv.shrink_to(dslots, computed_after)
 
-        num_prefill = pslots.shape[0]
-        slots = np.concatenate([dslots, pslots]) if num_prefill else dslots  # [B]
-        num_scheduled = (
-            np.concatenate([decode_tokens, plan.prefill_chunk_lens])
-            if num_prefill
-            else decode_tokens
-        )  # [B]
-        spec_rows = (
-            np.concatenate([num_spec, np.zeros(num_prefill, dtype=np.int64)])
-            if num_prefill
-            else num_spec
-        )  # [B]
-        completes = np.zeros(slots.shape[0], dtype=np.bool_)  # [B]
-        completes[num_decode:] = plan.prefill_completes
-        placeholders = num_scheduled.copy()  # [B]
-        placeholders[num_decode:] = plan.prefill_completes
+        if num_prefill:
+            slots = np.concatenate([dslots, pslots])  # [B]
+            num_scheduled = np.concatenate([decode_tokens, plan.prefill_chunk_lens])  # [B]
+            spec_rows = np.concatenate([num_spec, np.zeros(num_prefill, dtype=np.int64)])  # [B]
+            completes = np.zeros(slots.shape[0], dtype=np.bool_)  # [B]
+            completes[num_decode:] = plan.prefill_completes
+            placeholders = num_scheduled.copy()  # [B]
+            placeholders[num_decode:] = plan.prefill_completes
+            req_ids = self._req_id[slots]  # [B]
+            computed_before = self._num_computed[slots] - num_scheduled  # [B]
+        else:
+            # Arrays are shared between the batch and the committed step: read-only from here.
+            slots = dslots
+            num_scheduled = placeholders = decode_tokens  # [B]
+            spec_rows = num_spec  # [B]
+            completes = np.zeros(num_decode, dtype=np.bool_)  # [B]
+            if unchanged:
+                req_ids = plan.decode_req_ids
+                computed_before = plan.decode_context_lens
+            else:
+                req_ids = self._req_id[slots]
+                computed_before = computed_after - decode_tokens
+        if uniform_k >= 0:
+            total_num_scheduled = num_decode * (1 + uniform_k) + (
+                int(plan.prefill_chunk_lens.sum()) if num_prefill else 0
+            )
+        else:
+            total_num_scheduled = int(np.add.reduce(num_scheduled))
         self._inflight[plan.step_index] = _CommittedStep(
             slots=slots,
             epochs=self._epoch[slots],
@@ -499,18 +600,20 @@ class Scheduler:
             num_spec_tokens=num_spec,
             completes_prompt=completes,
             placeholders=placeholders,
+            uniform_k=uniform_k,
+            num_events_at_plan=self._pending_num_events,
         )
         self._step_index += 1
         return ScheduledBatch(
             step_index=plan.step_index,
-            req_ids=self._req_id[slots],
+            req_ids=req_ids,
             num_decode_reqs=num_decode,
             num_scheduled_tokens=num_scheduled,
             num_spec_tokens=spec_rows,
-            num_computed_tokens=self._num_computed[slots] - num_scheduled,
+            num_computed_tokens=computed_before,
             num_output_tokens=self._num_output[slots],
             completes_prompt=completes,
-            total_num_scheduled_tokens=int(num_scheduled.sum()),
+            total_num_scheduled_tokens=total_num_scheduled,
             new_req_ids=plan.new_req_ids,
             finished_req_ids=plan.finished_req_ids,
             preempted_req_ids=plan.preempted_req_ids,
@@ -528,6 +631,12 @@ class Scheduler:
                 f"outcome of step {batch.step_index}: num_accepted has shape {accepted.shape}, "
                 f"expected ({num_decode},)"
             )
+        if (
+            step.num_events_at_plan == self._num_events
+            and num_decode == step.slots.shape[0]
+            and outcome.stop_index is None
+        ):
+            return self._update_live_decode(batch, step, accepted)
         rejected = step.num_spec_tokens - accepted  # [D]
         if num_decode and ((accepted < 0).any() or (rejected < 0).any()):
             raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
@@ -573,17 +682,7 @@ class Scheduler:
         done = live & (outputs >= self._max_output[slots])  # [B]
         if stopped is not None:
             done |= stopped & live
-        finished: tuple[int, ...] = ()
-        if done.any():
-            finished_slots = slots[done]
-            finished = tuple(int(r) for r in self._req_id[finished_slots])
-            for slot in finished_slots.tolist():
-                if self._state[slot] == _RUNNING:
-                    self._running.remove(slot)
-                    self._running_array = None
-                else:
-                    self._waiting.remove(slot)
-                self._finish(slot)
+        finished = self._finish_rows(slots[done]) if done.any() else ()
         if self._draining:
             self._release_drained()
         return StepResult(
@@ -593,6 +692,65 @@ class Scheduler:
             finished_req_ids=finished,
             num_accepted_tokens=int(accepted.sum()),
         )
+
+    def _update_live_decode(
+        self, batch: ScheduledBatch, step: _CommittedStep, accepted: IntArray
+    ) -> StepResult:
+        """`update` of a step whose rows all decode and are all still live (no finish, abort
+        or preemption since it was planned) and that reports no stop tokens: the same
+        accounting as the general path, in a few array operations (the per-step hot path)."""
+        slots = step.slots  # [D]
+        if step.uniform_k == 0:
+            # Nothing drafted: nothing rejected, and the counters do not move.
+            if accepted.any():
+                raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
+            num_accepted_tokens = 0
+        else:
+            rejected = step.num_spec_tokens - accepted  # [D]
+            if int(np.minimum(accepted, rejected).min()) < 0:
+                raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
+            # Rows with nothing rejected keep their count and their blocks (held == needed).
+            computed = self._num_computed[slots] - rejected  # [D]
+            self._num_computed[slots] = computed
+            self.kv.shrink_to(slots, computed)
+            accepted_before = self.spec_stats.num_accepted_tokens
+            self.spec_stats.observe(step.num_spec_tokens, accepted)
+            num_accepted_tokens = self.spec_stats.num_accepted_tokens - accepted_before
+        if self._inflight:
+            self._num_placeholders[slots] -= step.placeholders
+        else:
+            # Nothing else in flight: this step held every placeholder of its rows.
+            self._num_placeholders[slots] = 0
+        # Output tokens with the max_tokens check (already min'd with the max_model_len room).
+        emitted = accepted + 1  # [D]
+        outputs = self._num_output[slots]  # [D]
+        left = self._max_output[slots] - outputs  # [D] >= 1: live requests are unfinished
+        np.minimum(emitted, left, out=emitted)
+        outputs += emitted
+        self._num_output[slots] = outputs
+        done = emitted == left  # [D] reached max_tokens
+        finished = self._finish_rows(slots[done]) if done.any() else ()
+        if self._draining:
+            self._release_drained()
+        return StepResult(
+            step_index=batch.step_index,
+            req_ids=batch.req_ids,
+            num_output_tokens=emitted,
+            finished_req_ids=finished,
+            num_accepted_tokens=num_accepted_tokens,
+        )
+
+    def _finish_rows(self, finished_slots: IntArray) -> tuple[int, ...]:
+        """Finish the requests of these slots (running or waiting); their ids in row order."""
+        finished = tuple(int(r) for r in self._req_id[finished_slots])
+        for slot in finished_slots.tolist():
+            if self._state[slot] == _RUNNING:
+                self._running.remove(slot)
+                self._running_array = None
+            else:
+                self._waiting.remove(slot)
+            self._finish(slot)
+        return finished
 
     # ------------------------------------------------------------------ invariants
 
@@ -710,6 +868,7 @@ class Scheduler:
         return run[:index], got[:index], preempted
 
     def _preempt(self, slot: int) -> None:
+        self._num_events += 1
         self.kv.free(slot)
         self._num_computed[slot] = 0
         self._in_prefill[slot] = True
@@ -720,6 +879,7 @@ class Scheduler:
 
     def _finish(self, slot: int) -> None:
         """Free a finished or aborted request's blocks; keep the slot while rows are in flight."""
+        self._num_events += 1
         self.kv.free(slot)
         self._num_computed[slot] = 0
         self._finished_since_last.append(int(self._req_id[slot]))
