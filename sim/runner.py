@@ -389,6 +389,9 @@ def resolve(config: SimulationConfig) -> ResolvedSimulation:
     else:
         num_kv_blocks = int(config.num_kv_blocks)
     latency = _cached_latency_model(key, config.latency_model, k_max)
+    # Parse the policy once here so a bad SPEC fails before anything runs (runs build their own:
+    # policies may hold state).
+    parse_policy(config.policy, profile=profile, k_max=k_max, max_num_seqs=max_num_seqs)
     latency_kind = "table" if isinstance(latency, TableLatencyModel) else "parametric"
     return ResolvedSimulation(
         config=config,

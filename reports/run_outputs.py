@@ -1,0 +1,158 @@
+"""A simulated run's outputs: the result dict, its JSON text, and the files of `--out DIR`.
+
+- `bench_result(run, resolved)`: the `vllm bench serve` result keys (sim.metrics) plus the run's
+  settings under vLLM's names (`backend`, `num_prompts`, `request_rate` ("inf" when infinite, as
+  vLLM writes it), `burstiness`, `max_concurrency`) and ours (`policy`, `k_max`, `scheduling`,
+  `latency_model`, `prefill_source`, `acceptance_model`, `num_preemptions`, `seed`).
+- `result_json_text(result)`: one JSON object, keys sorted, floats as Python writes them
+  (shortest round-trip repr; NaN as `NaN`, like vLLM's `json.dump`), so the same seed gives
+  byte-identical text in any process.
+- `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
+  steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
+  line). Everything is serialised in memory first; a new folder is filled under a temporary
+  name and renamed into place, an existing folder gets each file by atomic replace. So a
+  failure leaves no partial output.
+
+What this module does not do: run anything, print, or decide what a result means.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies.atomic import atomic_write_bytes
+from sim.engine import RunResult
+from sim.runner import ResolvedSimulation
+
+RESULT_FILE = "result.json"
+REQUESTS_FILE = "requests.csv"
+STEPS_FILE = "steps.parquet"
+CONFIG_FILE = "config.json"
+RUN_FILES: tuple[str, ...] = (RESULT_FILE, REQUESTS_FILE, STEPS_FILE, CONFIG_FILE)
+
+
+def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]:
+    """The result dict of one run: vLLM bench metrics + the run's settings."""
+    config = resolved.config
+    latency = resolved.latency
+    result = dict(run.metrics)
+    result.update(
+        {
+            "backend": "dsd-sim",
+            "profile": config.profile,
+            "policy": config.policy,
+            "dataset_name": config.dataset,
+            "num_prompts": len(resolved.workload.requests),
+            "max_concurrency": config.max_concurrency,
+            "request_rate": "inf" if math.isinf(config.request_rate) else config.request_rate,
+            "burstiness": config.burstiness,
+            "scheduling": config.scheduling,
+            "k_max": resolved.k_max,
+            "max_num_seqs": resolved.max_num_seqs,
+            "latency_model": resolved.latency_kind,
+            "prefill_source": latency.prefill_source,
+            "acceptance_model": config.acceptance_model,
+            "host_overhead_ms": config.host_overhead_ms,
+            "num_preemptions": run.num_preemptions,
+            "seed": config.seed,
+        }
+    )
+    return result
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def result_json_text(result: Mapping[str, Any]) -> str:
+    """One JSON object, sorted keys, two-space indent, no trailing newline."""
+    return json.dumps(result, indent=2, sort_keys=True, default=_json_default, allow_nan=True)
+
+
+def request_frame(run: RunResult, resolved: ResolvedSimulation) -> pd.DataFrame:
+    """Per-request table: the engine's columns plus what was asked (max_tokens, tag)."""
+    frame = run.requests.copy()
+    requests = resolved.workload.requests
+    frame.insert(2, "max_tokens", np.array([r.output_len for r in requests], dtype=np.int64))
+    frame.insert(3, "tag", [r.tag or "" for r in requests])
+    frame.insert(4, "arrival_s", np.array([r.arrival_s for r in requests], dtype=np.float64))
+    return frame
+
+
+def step_frame(run: RunResult) -> pd.DataFrame:
+    """Per-step table: B, decode rows, tokens, K (sum/mean/min/max), accepted, output, time."""
+    frame = run.steps.copy()
+    frame["duration_ms"] = frame["duration_s"] * 1000.0
+    return frame
+
+
+def _parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def serialise_run(
+    result: Mapping[str, Any],
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    config: Mapping[str, Any],
+) -> dict[str, bytes]:
+    """File name -> bytes for every run file (nothing touches the disk here)."""
+    return {
+        RESULT_FILE: (result_json_text(result) + "\n").encode("utf-8"),
+        REQUESTS_FILE: requests.to_csv(index=False).encode("utf-8"),
+        STEPS_FILE: _parquet_bytes(steps),
+        CONFIG_FILE: (result_json_text(config) + "\n").encode("utf-8"),
+    }
+
+
+def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
+    """Write `files` into `out_dir`: all or nothing for a new folder, file by file otherwise."""
+    target = Path(out_dir)
+    if target.exists() and not target.is_dir():
+        raise FileExistsError(f"{target}: exists and is not a folder")
+    if target.is_dir():
+        for name, data in files.items():
+            atomic_write_bytes(target / name, data)
+        return target
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    # mkdir (not mkdtemp, which makes 0700) so the folder gets the user's usual permissions.
+    staging = parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    staging.mkdir()
+    try:
+        for name, data in files.items():
+            (staging / name).write_bytes(data)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def write_run_outputs(
+    out_dir: str | os.PathLike[str],
+    run: RunResult,
+    resolved: ResolvedSimulation,
+    result: Mapping[str, Any],
+    config: Mapping[str, Any],
+) -> Path:
+    """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc)."""
+    files = serialise_run(result, request_frame(run, resolved), step_frame(run), config)
+    return write_files(out_dir, files)
