@@ -1,0 +1,410 @@
+"""Measure a (target, draft, device) setup into a `policies.profile.Profile`.
+
+Three measurements, all on the real SD engine (`backend.engine` or its fast path):
+- **decode ITL(B, K, context)**: B slots hold synthetic prompts of `context_len` tokens; each
+  timed step is one `engine.step` at K for every row, after warm-up steps, with
+  `torch.cuda.synchronize()` before reading the clock on CUDA. After every step the slots are
+  truncated back to `context_len` tokens, so every timed step sees the same context (and the
+  draft's catch-up is the steady-state one token at most). Median, p10, p90 and n per point.
+- **prefill cost**: one request's prompt of N tokens in one chunk (target and draft), for a few N.
+- **acceptance**: the prompt set run through the engine at K = k_max (greedy or sampled at the
+  profile's temperature) until each request has its output tokens or an EOS; per position i
+  the count of steps that drafted >= i tokens and that accepted >= i, for the whole set and per
+  request (each request's own unconditional rates).
+
+The step timing covers the engine step only (draft, verify, accept, the one host sync), not the
+scheduler or policy work of a serving loop; `dsd validate` reports how much that host work adds.
+This module does not parse flags, build models, tokenize or write files (`dsd profile` does).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+import numpy as np
+import torch
+
+from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine
+from backend.fast_path import FAST_PATH_KINDS, build_engine
+from backend.model import Transformer
+from policies.errors import InputError
+from policies.profile import LatencyPoint, PrefillPoint, Profile
+
+ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What to measure. Validated on construction (InputError naming the field)."""
+
+    batch_sizes: tuple[int, ...]  # B values; must include 1
+    spec_tokens: tuple[int, ...]  # K values; must include 0, 1 and their max (k_max >= 1)
+    context_lens: tuple[int, ...] = (128,)  # tokens per row at which ITL is measured, >= 1 each
+    prefill_token_counts: tuple[int, ...] = (32, 128, 512)  # prompt sizes of the prefill points
+    num_warmup: int = 3  # untimed steps per point (first-run allocation, graph capture)
+    num_iters: int = 10  # timed steps per point, >= 1
+    acceptance_output_len: int | None = None  # output tokens per request; None: the request's
+    temperature: float = 0.0  # 0: greedy acceptance; > 0: rejection sampling
+    seed: int = 0  # synthetic prompt ids and the engine's sampling stream
+    fast_path: str = "off"  # "off", "eager", "cuda-graphs" (backend.fast_path)
+    eos_token_ids: tuple[int, ...] = ()  # acceptance runs stop a request at these ids
+
+    def __post_init__(self) -> None:
+        def ints(name: str, values: tuple[int, ...], minimum: int) -> None:
+            if not values:
+                raise InputError(f"{name}: give at least one value")
+            if any(not isinstance(v, int) or v < minimum for v in values):
+                raise InputError(
+                    f"{name}: every value must be an integer >= {minimum}, got {values}"
+                )
+            if len(set(values)) != len(values):
+                raise InputError(f"{name}: duplicate values in {values}")
+
+        ints("batch_sizes", self.batch_sizes, 1)
+        ints("spec_tokens", self.spec_tokens, 0)
+        ints("context_lens", self.context_lens, 1)
+        ints("prefill_token_counts", self.prefill_token_counts, 1)
+        if 1 not in self.batch_sizes:
+            raise InputError(
+                f"batch_sizes: must include 1 (the profile format needs it), got {self.batch_sizes}"
+            )
+        k_max = max(self.spec_tokens)
+        if k_max < 1 or not {0, 1} <= set(self.spec_tokens):
+            raise InputError(
+                f"spec_tokens: must include 0 and 1 (and K_max >= 1), got {self.spec_tokens}"
+            )
+        if self.num_warmup < 0:
+            raise InputError(f"num_warmup: must be >= 0, got {self.num_warmup}")
+        if self.num_iters < 1:
+            raise InputError(f"num_iters: must be >= 1, got {self.num_iters}")
+        if self.acceptance_output_len is not None and self.acceptance_output_len < 2:
+            raise InputError(
+                f"acceptance_output_len: must be >= 2, got {self.acceptance_output_len}"
+            )
+        if not (np.isfinite(self.temperature) and self.temperature >= 0):
+            raise InputError(f"temperature: must be finite and >= 0, got {self.temperature}")
+        if self.fast_path not in FAST_PATH_KINDS:
+            raise InputError(
+                f"fast_path: choose from {', '.join(FAST_PATH_KINDS)}, got {self.fast_path!r}"
+            )
+        if self.fast_path != "off" and self.temperature != 0:
+            raise InputError(
+                "fast_path: the fast path is greedy only; use temperature 0 or --fast-path off"
+            )
+
+    @property
+    def k_max(self) -> int:
+        return max(self.spec_tokens)
+
+
+@dataclass(frozen=True)
+class AcceptanceCounts:
+    """Per-position counts of one acceptance run (unconditional: position i = first i drafts)."""
+
+    drafted_at_pos: tuple[int, ...]  # [k_max] steps that drafted >= i tokens, i = 1..k_max
+    accepted_at_pos: tuple[int, ...]  # [k_max] steps that accepted >= i tokens
+    per_request_rates: tuple[tuple[float, ...], ...]  # each request's accepted/drafted per pos
+    num_steps: int  # SD steps run
+    num_output_tokens: int  # output tokens emitted by those steps
+    extra: dict[str, Any] = field(default_factory=dict)  # free-form notes
+
+
+def _device_sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synthetic_ids(
+    rng: np.random.Generator, length: int, vocab: int, avoid: Sequence[int]
+) -> IntArray:
+    """length random ids in [0, vocab) that are none of `avoid` (special ids)."""
+    allowed = np.setdiff1d(
+        np.arange(vocab, dtype=np.int64), np.asarray(list(avoid), dtype=np.int64)
+    )
+    return rng.choice(allowed, size=length)
+
+
+def _truncate(engine: SpecDecodeEngine, slots: IntArray, num_tokens: int) -> None:
+    """Put slots back to `num_tokens` known tokens with [0, num_tokens - 1) in the caches."""
+    engine.num_tokens[slots] = num_tokens
+    engine.target_cache.lengths[slots] = num_tokens - 1
+    if engine.draft_cache is not None:
+        engine.draft_cache.lengths[slots] = np.minimum(
+            engine.draft_cache.lengths[slots], num_tokens - 1
+        )
+
+
+def _prefill_all(engine: SpecDecodeEngine, slots: IntArray, chunk: int = 512) -> None:
+    """Prefill every slot fully (chunks of `chunk` tokens per row)."""
+    while True:
+        pending = np.array([s for s in slots if not engine.is_decoding(int(s))], dtype=np.int64)
+        if pending.size == 0:
+            return
+        engine.prefill(pending, np.full(pending.size, chunk, dtype=np.int64))
+
+
+def _percentiles(samples_ms: list[float]) -> tuple[float, float, float]:
+    values = np.asarray(samples_ms, dtype=np.float64)
+    p10, median, p90 = np.percentile(values, [10, 50, 90])
+    return float(median), float(p10), float(p90)
+
+
+def measure_decode(
+    engine: SpecDecodeEngine,
+    config: ProfileConfig,
+    rng: np.random.Generator,
+    avoid_ids: Sequence[int],
+    on_progress: ProgressCallback | None = None,
+) -> list[LatencyPoint]:
+    """ITL points for every (context, B, K) of the config (see the module docstring)."""
+    points: list[LatencyPoint] = []
+    vocab = engine.target.config.vocab_size
+    device = engine.device
+    for context_len in sorted(config.context_lens):
+        for batch_size in sorted(config.batch_sizes):
+            slots = np.array(
+                [
+                    engine.alloc_slot(synthetic_ids(rng, context_len, vocab, avoid_ids))
+                    for _ in range(batch_size)
+                ],
+                dtype=np.int64,
+            )  # [B]
+            _prefill_all(engine, slots)
+            # After prefill each slot holds context_len + 1 known tokens (the sampled first one).
+            known = context_len + 1
+            for k in sorted(config.spec_tokens):
+                spec = np.full(batch_size, k, dtype=np.int64)  # [B]
+                samples_ms: list[float] = []
+                for index in range(config.num_warmup + config.num_iters):
+                    _device_sync(device)
+                    start_s = time.perf_counter()
+                    engine.step(slots, spec)
+                    _device_sync(device)
+                    elapsed_ms = (time.perf_counter() - start_s) * 1000.0
+                    _truncate(engine, slots, known)
+                    if index >= config.num_warmup:
+                        samples_ms.append(elapsed_ms)
+                median, p10, p90 = _percentiles(samples_ms)
+                points.append(
+                    LatencyPoint(
+                        batch_size=batch_size,
+                        num_spec_tokens=k,
+                        median_ms=max(median, 1e-6),
+                        context_len=known,
+                        p10_ms=max(p10, 1e-6),
+                        p90_ms=max(p90, 1e-6),
+                        n=len(samples_ms),
+                    )
+                )
+                if on_progress is not None:
+                    on_progress(f"ITL B={batch_size} K={k} ctx={context_len}")
+            for slot in slots:
+                engine.free_slot(int(slot))
+    return points
+
+
+def measure_prefill(
+    engine: SpecDecodeEngine,
+    config: ProfileConfig,
+    rng: np.random.Generator,
+    avoid_ids: Sequence[int],
+    on_progress: ProgressCallback | None = None,
+) -> list[PrefillPoint]:
+    """One prefill point per prompt size: a whole prompt in one chunk, batch size 1."""
+    points: list[PrefillPoint] = []
+    vocab = engine.target.config.vocab_size
+    for num_tokens in sorted(config.prefill_token_counts):
+        samples_ms: list[float] = []
+        for index in range(config.num_warmup + config.num_iters):
+            slot = engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))
+            slots = np.array([slot], dtype=np.int64)
+            _device_sync(engine.device)
+            start_s = time.perf_counter()
+            engine.prefill(slots, np.array([num_tokens], dtype=np.int64))
+            _device_sync(engine.device)
+            elapsed_ms = (time.perf_counter() - start_s) * 1000.0
+            engine.free_slot(slot)
+            if index >= config.num_warmup:
+                samples_ms.append(elapsed_ms)
+        median, _p10, _p90 = _percentiles(samples_ms)
+        points.append(
+            PrefillPoint(num_tokens=num_tokens, median_ms=max(median, 1e-6), n=len(samples_ms))
+        )
+        if on_progress is not None:
+            on_progress(f"prefill {num_tokens} tokens")
+    return points
+
+
+def measure_acceptance(
+    engine: SpecDecodeEngine,
+    prompts: Sequence[IntArray],
+    output_lens: Sequence[int],
+    k_max: int,
+    eos_token_ids: Sequence[int] = (),
+    on_progress: ProgressCallback | None = None,
+) -> AcceptanceCounts:
+    """Run every prompt at K = k_max (continuous batching over the engine's slots)."""
+    if len(prompts) != len(output_lens) or not prompts:
+        raise InputError("acceptance: need one output length per prompt and at least one prompt")
+    num_requests = len(prompts)
+    drafted = np.zeros((num_requests, k_max), dtype=np.int64)  # [R, k_max]
+    accepted = np.zeros((num_requests, k_max), dtype=np.int64)  # [R, k_max]
+    eos = np.asarray(list(eos_token_ids), dtype=np.int64)
+    positions = np.arange(k_max)  # [k_max]
+    waiting = list(range(num_requests))
+    running: dict[int, int] = {}  # request -> slot
+    num_steps = 0
+    num_output_tokens = 0
+    limit = engine.config.max_model_len
+    while waiting or running:
+        while waiting and engine.num_free_slots:
+            req = waiting.pop(0)
+            running[req] = engine.alloc_slot(prompts[req])
+        reqs = list(running)
+        slots = np.array([running[r] for r in reqs], dtype=np.int64)
+        _prefill_all(engine, slots)
+        # Each row drafts k_max, fewer near max_model_len so the step stays inside the cache.
+        room = limit - engine.num_tokens[slots]  # [B]
+        spec = np.clip(room - 1, 0, k_max).astype(np.int64)  # [B]
+        result = engine.step(slots, spec)
+        num_steps += 1
+        num_output_tokens += int((result.num_accepted + 1).sum())
+        rows = np.arange(len(reqs))
+        # Count only rows at the full k_max: then every position is drafted equally often and
+        # the unconditional rates accepted/drafted cannot rise with position.
+        full = spec == k_max  # [B]
+        req_index = np.array(reqs, dtype=np.int64)[full]
+        drafted[req_index] += 1
+        accepted[req_index] += positions[None, :] < result.num_accepted[full][:, None]
+        for row in rows:
+            req, slot = reqs[row], int(slots[row])
+            emitted = result.emitted(int(row))
+            num_out = int(engine.num_tokens[slot]) - len(prompts[req])
+            stopped = eos.size > 0 and bool(np.isin(emitted, eos).any())
+            if num_out >= output_lens[req] or stopped or engine.num_tokens[slot] >= limit - 1:
+                engine.free_slot(slot)
+                del running[req]
+                if on_progress is not None:
+                    on_progress(f"acceptance request {req}")
+    per_request: list[tuple[float, ...]] = []
+    for req in range(num_requests):
+        # A request that never drafted k_max tokens (too short) gives no sample.
+        if drafted[req, 0] == 0:
+            continue
+        length = k_max
+        rates = accepted[req, :length] / drafted[req, :length]
+        per_request.append(tuple(float(r) for r in rates))
+    return AcceptanceCounts(
+        drafted_at_pos=tuple(int(v) for v in drafted.sum(axis=0)),
+        accepted_at_pos=tuple(int(v) for v in accepted.sum(axis=0)),
+        per_request_rates=tuple(per_request),
+        num_steps=num_steps,
+        num_output_tokens=num_output_tokens,
+    )
+
+
+def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Device name, dtype, versions and date, for a profile's or report's metadata."""
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = f"cpu ({platform.processor() or platform.machine()})"
+    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
+    for package in ("dsd", "numpy"):
+        try:
+            versions[package] = importlib_metadata.version(package)
+        except importlib_metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return {
+        "device": device_name,
+        "device_type": device.type,
+        "dtype": str(dtype).removeprefix("torch."),
+        "versions": versions,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+    }
+
+
+def profile_pair(
+    target: Transformer,
+    draft: Draft | None,
+    config: ProfileConfig,
+    prompts: Sequence[IntArray],
+    output_lens: Sequence[int],
+    metadata: dict[str, Any] | None = None,
+    on_progress: ProgressCallback | None = None,
+) -> Profile:
+    """Measure decode ITL, prefill and acceptance of one pair -> a Profile.
+
+    `prompts` / `output_lens`: the acceptance prompt set as token ids (the CLI tokenizes).
+    `metadata` is merged over the environment's (device, dtype, versions, date).
+    """
+    if draft is None:
+        raise InputError("profile: a draft is needed (K > 0 is profiled)")
+    k_max = config.k_max
+    longest_request = max(len(p) + int(n) for p, n in zip(prompts, output_lens, strict=True))
+    max_model_len = max(
+        max(config.context_lens) + 2, max(config.prefill_token_counts) + 2, longest_request + 1
+    )
+    engine = build_engine(
+        target,
+        draft,
+        EngineConfig(
+            num_slots=max(config.batch_sizes),
+            max_model_len=max_model_len,
+            k_max=k_max,
+            temperature=config.temperature,
+            seed=config.seed,
+        ),
+        fast_path=config.fast_path,
+    )
+    rng = np.random.default_rng(np.random.SeedSequence(config.seed))
+    specials = set(target.config.eos_token_ids) | ({target.config.bos_token_id} - {None})
+    avoid = sorted(int(s) for s in specials if s is not None)
+    latency = measure_decode(engine, config, rng, avoid, on_progress)
+    prefill = measure_prefill(engine, config, rng, avoid, on_progress)
+    counts = measure_acceptance(
+        engine, prompts, output_lens, k_max, config.eos_token_ids, on_progress
+    )
+    if counts.drafted_at_pos[-1] == 0:
+        raise InputError(
+            "acceptance: no step drafted K_max tokens (prompts too close to max_model_len?)"
+        )
+    rates = tuple(a / d for a, d in zip(counts.accepted_at_pos, counts.drafted_at_pos, strict=True))
+    info = environment_metadata(engine.device, engine.dtype)
+    info.update(
+        {
+            "fast_path": config.fast_path,
+            "batch_sizes": list(config.batch_sizes),
+            "spec_tokens": list(config.spec_tokens),
+            "context_lens": list(config.context_lens),
+            "num_warmup": config.num_warmup,
+            "num_iters": config.num_iters,
+            "seed": config.seed,
+            "acceptance": {
+                "num_requests": len(prompts),
+                "num_steps": counts.num_steps,
+                "num_output_tokens": counts.num_output_tokens,
+                "k": k_max,
+            },
+        }
+    )
+    info.update(metadata or {})
+    return Profile(
+        k_max=k_max,
+        latency=tuple(latency),
+        acceptance_rates=rates,
+        drafted_at_pos=counts.drafted_at_pos,
+        accepted_at_pos=counts.accepted_at_pos,
+        prefill=tuple(prefill),
+        per_request_rates=counts.per_request_rates,
+        temperature=config.temperature,
+        metadata=info,
+    )

@@ -1,0 +1,305 @@
+"""Simulated vs measured: run the same cells on the fitted simulator and on the real backend.
+
+A **cell** is one (policy SPEC, max concurrency C). For every cell:
+- the **simulator** run is `sim.runner` on a `SimulationConfig` whose latency and acceptance
+  models are fitted from the PROFILE ONLY (never from the validation runs);
+- the **measured** run is the real SD engine (`backend.executor.TorchExecutor`) in the same
+  engine loop with the wall clock, exactly like `dsd run`; its scheduler and policy are built by
+  the same `sim.runner.build_engine` call as the simulator's, so limits (max_num_seqs = C,
+  max_model_len, KV pool, token budget), K policy and workload are identical, and the seed is
+  the same. Requests ignore EOS (like `vllm bench serve --ignore-eos`) so output lengths match.
+
+`validate_against_vllm` does the simulator half for a `vllm bench serve --save-result` file: its
+per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
+become the workload, and its recorded metrics are the measured side.
+
+Errors are (simulated - measured) / measured in percent. This module does not parse flags, load
+models or write files (`dsd validate` and `reports.validation` do).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from backend.engine import Draft
+from backend.executor import TorchExecutor
+from backend.model import Transformer
+from policies.errors import InputError
+from sim.engine import Engine, EngineConfig, RunResult
+from sim.runner import ResolvedSimulation, SimulationConfig, build_engine, resolve
+from traces.arrivals import validate_rate, with_arrivals
+from traces.workload import RequestSpec, Workload
+
+# Metrics compared per cell: vLLM bench keys (ms).
+COMPARED_METRICS: tuple[str, ...] = (
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_itl_ms",
+    "mean_e2el_ms",
+)
+# Keys a vLLM result file must have for a comparison (the rest are optional).
+VLLM_REQUIRED_KEYS: tuple[str, ...] = ("input_lens", "output_lens", "max_concurrency")
+VLLM_METRIC_KEYS: tuple[str, ...] = (
+    *COMPARED_METRICS,
+    "output_throughput",
+    "request_throughput",
+)
+
+
+@dataclass(frozen=True)
+class CellResult:
+    """One (policy, C) cell: both runs' metrics and the errors."""
+
+    policy: str  # policy SPEC
+    max_concurrency: int | None  # C (None: uncapped)
+    measured: dict[str, Any]  # vLLM-keyed metrics of the real run (or the vLLM file)
+    simulated: dict[str, Any]  # vLLM-keyed metrics of the simulator
+    measured_steps: Any = None  # pandas step table of the real run (None for a vLLM file)
+    simulated_steps: Any = None  # pandas step table of the simulator
+
+    def error_pct(self, key: str) -> float:
+        """(simulated - measured) / measured * 100; NaN when either is missing or measured 0."""
+        measured = _as_float(self.measured.get(key))
+        simulated = _as_float(self.simulated.get(key))
+        if not (math.isfinite(measured) and math.isfinite(simulated)) or measured == 0:
+            return float("nan")
+        return (simulated - measured) / measured * 100.0
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def workload_resolved(config: SimulationConfig, workload: Workload | None) -> ResolvedSimulation:
+    """`sim.runner.resolve(config)`, with its workload replaced when one is given.
+
+    With a replacement, max_model_len and the KV pool are re-derived from it by the runner's
+    own defaults (longest request + k_max + 1; every running sequence fits), unless the config
+    fixes them.
+    """
+    resolved = resolve(config)
+    if workload is None:
+        return resolved
+    if not workload.requests:
+        raise InputError("workload: no requests")
+    longest = max(r.prompt_len + r.output_len for r in workload.requests)
+    max_model_len = (
+        longest + resolved.k_max + 1 if config.max_model_len is None else resolved.max_model_len
+    )
+    if max(r.prompt_len for r in workload.requests) >= max_model_len:
+        raise InputError(f"max_model_len: {max_model_len} must exceed the longest prompt")
+    num_kv_blocks = resolved.num_kv_blocks
+    if config.num_kv_blocks is None:
+        running = min(resolved.max_num_seqs, len(workload.requests))
+        num_kv_blocks = running * math.ceil(max_model_len / resolved.block_size)
+    return dataclasses.replace(
+        resolved, workload=workload, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks
+    )
+
+
+def run_simulated(resolved: ResolvedSimulation) -> RunResult:
+    """The simulator run of a resolved cell."""
+    return build_engine(resolved).run()
+
+
+def run_measured(
+    resolved: ResolvedSimulation,
+    target: Transformer,
+    draft: Draft | None,
+    *,
+    tokenize: Callable[[str], Sequence[int]] | None = None,
+    temperature: float = 0.0,
+    fast_path: str = "off",
+) -> RunResult:
+    """The real run of a resolved cell: TorchExecutor in the engine loop, wall clock.
+
+    Scheduler and policy come from the same `build_engine` as the simulator's (fresh objects),
+    so both runs share every limit and the policy construction.
+    """
+    config = resolved.config
+    template = build_engine(resolved)  # fresh scheduler and policy, configured as the sim's
+    executor = TorchExecutor(
+        target,
+        draft,
+        max_num_seqs=resolved.max_num_seqs,
+        max_model_len=resolved.max_model_len,
+        k_max=resolved.k_max,
+        temperature=temperature,
+        seed=config.seed,
+        tokenize=tokenize,
+        ignore_eos=True,
+        fast_path=fast_path,
+    )
+    engine = Engine(
+        template.scheduler,
+        executor,
+        template.policy,
+        resolved.workload,
+        EngineConfig(clock="wall"),
+    )
+    return engine.run()
+
+
+def compare_cell(
+    resolved: ResolvedSimulation,
+    target: Transformer,
+    draft: Draft | None,
+    *,
+    tokenize: Callable[[str], Sequence[int]] | None = None,
+    temperature: float = 0.0,
+    fast_path: str = "off",
+) -> CellResult:
+    """Both runs of one cell."""
+    simulated = run_simulated(resolved)
+    measured = run_measured(
+        resolved, target, draft, tokenize=tokenize, temperature=temperature, fast_path=fast_path
+    )
+    return CellResult(
+        policy=resolved.config.policy,
+        max_concurrency=resolved.workload.max_concurrency,
+        measured=dict(measured.metrics),
+        simulated=dict(simulated.metrics),
+        measured_steps=measured.steps,
+        simulated_steps=simulated.steps,
+    )
+
+
+# ---------------------------------------------------------------------------- vLLM result file
+@dataclass(frozen=True)
+class VllmBenchResult:
+    """What a `vllm bench serve --save-result` file says about its run."""
+
+    source: str  # file name, for messages
+    workload: Workload  # requests from input_lens/output_lens, cap and arrivals
+    request_rate: float  # requests/s; inf: all at once
+    burstiness: float  # gamma shape of the gaps (1: Poisson)
+    metrics: dict[str, Any]  # the file's metric keys that we compare (VLLM_METRIC_KEYS present)
+    info: dict[str, Any]  # date, backend, model_id, num_prompts, completed, duration
+
+
+def _check_lens(source: str, data: dict[str, Any], key: str, minimum: int) -> list[int]:
+    values = data[key]
+    if not isinstance(values, list) or not values:
+        raise InputError(f"{source}: {key}: must be a non-empty list of integers")
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise InputError(
+                f"{source}: {key}[{index}]: must be an integer >= {minimum}, got {value!r}"
+            )
+    return values
+
+
+def parse_vllm_result(data: Any, source: str, seed: int = 0) -> VllmBenchResult:
+    """Validate a vLLM bench result object (InputError naming file and key) -> its workload.
+
+    Failed requests (output length 0 or a non-empty `errors[i]`) are left out, as vLLM leaves
+    them out of its metrics. A finite `request_rate` re-times the requests with the seed
+    (the file records the rate, not the send times).
+    """
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: top level must be a JSON object, got {type(data).__name__}")
+    for key in VLLM_REQUIRED_KEYS:
+        if key not in data:
+            raise InputError(
+                f"{source}: missing key {key!r} (a `vllm bench serve --save-result` file?)"
+            )
+    input_lens = _check_lens(source, data, "input_lens", 1)
+    output_lens = _check_lens(source, data, "output_lens", 0)
+    if len(input_lens) != len(output_lens):
+        raise InputError(
+            f"{source}: input_lens has {len(input_lens)} entries, output_lens {len(output_lens)}"
+        )
+    errors = data.get("errors")
+    if errors is not None and (not isinstance(errors, list) or len(errors) != len(input_lens)):
+        raise InputError(f"{source}: errors: must be a list with one entry per request")
+    cap = data["max_concurrency"]
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        raise InputError(f"{source}: max_concurrency: must be null or an integer >= 1, got {cap!r}")
+    raw_rate = data.get("request_rate", "inf")
+    if raw_rate in ("inf", "Infinity", None):
+        request_rate = math.inf
+    elif isinstance(raw_rate, int | float) and not isinstance(raw_rate, bool) and raw_rate > 0:
+        request_rate = float(raw_rate)
+    else:
+        raise InputError(f'{source}: request_rate: must be > 0 or "inf", got {raw_rate!r}')
+    raw_burst = data.get("burstiness", 1.0)
+    if isinstance(raw_burst, bool) or not isinstance(raw_burst, int | float) or not raw_burst > 0:
+        raise InputError(f"{source}: burstiness: must be a number > 0, got {raw_burst!r}")
+    burstiness = float(raw_burst)
+    validate_rate(request_rate, burstiness)
+    metrics: dict[str, Any] = {}
+    for key in VLLM_METRIC_KEYS:
+        if key in data:
+            value = data[key]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(f"{source}: {key}: must be a number, got {value!r}")
+            metrics[key] = float(value)
+    if "mean_tpot_ms" not in metrics:
+        raise InputError(f"{source}: missing key 'mean_tpot_ms'")
+    requests = []
+    for index, (prompt_len, output_len) in enumerate(zip(input_lens, output_lens, strict=True)):
+        failed = output_len == 0 or bool(errors and errors[index])
+        if not failed:
+            requests.append(RequestSpec(prompt_len=prompt_len, output_len=output_len))
+    if not requests:
+        raise InputError(f"{source}: no successful request (every output_lens entry is 0)")
+    workload = Workload(name=Path(source).stem, requests=tuple(requests), max_concurrency=cap)
+    if math.isfinite(request_rate):
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2,)))
+        workload = with_arrivals(workload, request_rate, burstiness, rng=rng)
+    info = {
+        key: data.get(key)
+        for key in ("date", "backend", "model_id", "num_prompts", "completed", "duration")
+        if key in data
+    }
+    return VllmBenchResult(
+        source=source,
+        workload=workload,
+        request_rate=request_rate,
+        burstiness=burstiness,
+        metrics=metrics,
+        info=info,
+    )
+
+
+def load_vllm_result(path: str | Path, seed: int = 0) -> VllmBenchResult:
+    """Read and validate a `vllm bench serve --save-result` JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path.name}: cannot read ({exc.strerror})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path.name}: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    return parse_vllm_result(data, path.name, seed=seed)
+
+
+def validate_against_vllm(result: VllmBenchResult, config: SimulationConfig) -> CellResult:
+    """The simulator on the file's workload (profile and policy from `config`) vs the file."""
+    resolved = workload_resolved(config, result.workload)
+    simulated = run_simulated(resolved)
+    return CellResult(
+        policy=config.policy,
+        max_concurrency=result.workload.max_concurrency,
+        measured=dict(result.metrics),
+        simulated=dict(simulated.metrics),
+        measured_steps=None,
+        simulated_steps=simulated.steps,
+    )

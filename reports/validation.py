@@ -1,0 +1,256 @@
+"""Write a validation report: report.md, cells.csv, PNG plots and config.json in one folder.
+
+Input is a list of `backend.validate.CellResult`-like objects (policy, max_concurrency,
+measured / simulated metric dicts, optional step tables, `error_pct(key)`). Every file is written
+atomically (a temp file in the same folder, then os.replace). This module runs nothing and
+fits nothing; it only formats.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from policies.atomic import atomic_write_text
+
+# (metric key, label) rows of the per-cell table and the CSV.
+REPORT_METRICS: tuple[tuple[str, str], ...] = (
+    ("mean_tpot_ms", "mean TPOT"),
+    ("median_tpot_ms", "median TPOT"),
+    ("p99_tpot_ms", "p99 TPOT"),
+    ("mean_ttft_ms", "mean TTFT"),
+    ("median_ttft_ms", "median TTFT"),
+    ("p99_ttft_ms", "p99 TTFT"),
+    ("mean_itl_ms", "mean ITL"),
+)
+
+
+class Cell(Protocol):
+    """What the report reads of a cell (backend.validate.CellResult)."""
+
+    @property
+    def policy(self) -> str: ...
+    @property
+    def max_concurrency(self) -> int | None: ...
+    @property
+    def measured(self) -> dict[str, Any]: ...
+    @property
+    def simulated(self) -> dict[str, Any]: ...
+    @property
+    def measured_steps(self) -> Any: ...
+    @property
+    def simulated_steps(self) -> Any: ...
+
+    def error_pct(self, key: str) -> float: ...
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _fmt(value: float, digits: int = 2) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def tpot_error_summary(cells: Sequence[Cell]) -> dict[str, float]:
+    """Median and max |error %| of mean TPOT over the cells (NaN cells left out)."""
+    errors = np.array([abs(c.error_pct("mean_tpot_ms")) for c in cells], dtype=np.float64)
+    errors = errors[np.isfinite(errors)]
+    if errors.size == 0:
+        return {"median_abs_tpot_error_pct": float("nan"), "max_abs_tpot_error_pct": float("nan")}
+    return {
+        "median_abs_tpot_error_pct": float(np.median(errors)),
+        "max_abs_tpot_error_pct": float(np.max(errors)),
+    }
+
+
+def cells_csv(cells: Sequence[Cell]) -> str:
+    """One row per cell: measured, simulated and error % of every report metric."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    header = ["policy", "max_concurrency"]
+    for key, _label in REPORT_METRICS:
+        header += [f"measured_{key}", f"simulated_{key}", f"error_pct_{key}"]
+    header += ["measured_acceptance_length", "simulated_acceptance_length"]
+    writer.writerow(header)
+    for cell in cells:
+        row: list[Any] = [cell.policy, "" if cell.max_concurrency is None else cell.max_concurrency]
+        for key, _label in REPORT_METRICS:
+            row += [
+                _num(cell.measured.get(key)),
+                _num(cell.simulated.get(key)),
+                cell.error_pct(key),
+            ]
+        row += [
+            _num(cell.measured.get("spec_decode_acceptance_length")),
+            _num(cell.simulated.get("spec_decode_acceptance_length")),
+        ]
+        writer.writerow(row)
+    return buffer.getvalue()
+
+
+def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -> str:
+    """The report's markdown: setup, summary, one table row per (cell, metric)."""
+    summary = tpot_error_summary(cells)
+    lines = [f"# {title}", ""]
+    command = config.get("command")
+    if command:
+        lines += ["Command:", "", "```", str(command), "```", ""]
+    for key in ("device", "dtype", "target", "draft", "profile", "dataset", "seed"):
+        if key in config:
+            lines.append(f"- {key}: {config[key]}")
+    lines += [
+        "",
+        f"Mean-TPOT error over {len(cells)} cells: median |error| "
+        f"{_fmt(summary['median_abs_tpot_error_pct'], 1)} %, max |error| "
+        f"{_fmt(summary['max_abs_tpot_error_pct'], 1)} %.",
+        "",
+        "Error = (simulated - measured) / measured. The simulator is fitted from the profile only.",
+        "",
+        "| policy | C | metric | measured ms | simulated ms | error % |",
+        "|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
+        for key, label in REPORT_METRICS:
+            measured = _num(cell.measured.get(key))
+            simulated = _num(cell.simulated.get(key))
+            if not (math.isfinite(measured) or math.isfinite(simulated)):
+                continue
+            lines.append(
+                f"| {cell.policy} | {concurrency} | {label} | {_fmt(measured)} | "
+                f"{_fmt(simulated)} | {_fmt(cell.error_pct(key), 1)} |"
+            )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _atomic_savefig(figure: Any, path: Path) -> None:
+    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(handle)
+    try:
+        figure.savefig(temp, dpi=110, bbox_inches="tight")
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
+    """Mean TPOT vs C per policy, measured (solid) and simulated (dashed); False if no C."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_policy: dict[str, list[Cell]] = {}
+    for cell in cells:
+        if cell.max_concurrency is not None:
+            by_policy.setdefault(cell.policy, []).append(cell)
+    if not by_policy:
+        return False
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    for index, (policy, group) in enumerate(sorted(by_policy.items())):
+        group = sorted(group, key=lambda c: int(c.max_concurrency or 0))
+        xs = [int(c.max_concurrency or 0) for c in group]
+        color = f"C{index % 10}"
+        axes.plot(
+            xs,
+            [_num(c.measured.get("mean_tpot_ms")) for c in group],
+            "o-",
+            color=color,
+            label=f"{policy} measured",
+        )
+        axes.plot(
+            xs,
+            [_num(c.simulated.get("mean_tpot_ms")) for c in group],
+            "s--",
+            color=color,
+            label=f"{policy} simulated",
+        )
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("max concurrency C")
+    axes.set_ylabel("mean TPOT (ms)")
+    axes.legend(fontsize=7)
+    axes.grid(alpha=0.3)
+    _atomic_savefig(figure, path)
+    plt.close(figure)
+    return True
+
+
+def plot_k_over_time(cell: Cell, path: Path) -> bool:
+    """Mean K per step over time for one cell, measured and simulated; False without steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tables = [("measured", cell.measured_steps), ("simulated", cell.simulated_steps)]
+    tables = [(name, t) for name, t in tables if t is not None and len(t)]
+    if not tables:
+        return False
+    figure, axes = plt.subplots(figsize=(6.4, 3.6))
+    for name, table in tables:
+        decode = table[table["num_decode_reqs"] > 0] if "num_decode_reqs" in table else table
+        axes.step(decode["start_s"], decode["mean_k"], where="post", label=name)
+    axes.set_xlabel("time (s)")
+    axes.set_ylabel("mean K of the step")
+    axes.set_title(f"{cell.policy}, C={cell.max_concurrency}")
+    axes.legend()
+    axes.grid(alpha=0.3)
+    _atomic_savefig(figure, path)
+    plt.close(figure)
+    return True
+
+
+def write_validation_report(
+    out_dir: str | Path,
+    cells: Sequence[Cell],
+    config: dict[str, Any],
+    title: str = "Validation: simulated vs measured",
+    k_plot_cell: int | None = None,
+) -> list[Path]:
+    """Write report.md, cells.csv, config.json and the PNGs into out_dir; returns the paths.
+
+    `k_plot_cell`: index of the cell whose K-over-time is plotted (default: the cell with the
+    largest C of the first policy whose K is not fixed, else the first cell).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    summary = tpot_error_summary(cells)
+    config_out = dict(config)
+    config_out["summary"] = summary
+    atomic_write_text(out / "report.md", report_markdown(cells, config_out, title))
+    written.append(out / "report.md")
+    atomic_write_text(out / "cells.csv", cells_csv(cells))
+    written.append(out / "cells.csv")
+    atomic_write_text(
+        out / "config.json", json.dumps(config_out, indent=2, default=str, allow_nan=True) + "\n"
+    )
+    written.append(out / "config.json")
+    if plot_tpot_vs_concurrency(cells, out / "tpot_vs_concurrency.png"):
+        written.append(out / "tpot_vs_concurrency.png")
+    if cells:
+        index = k_plot_cell if k_plot_cell is not None else _default_k_cell(cells)
+        if plot_k_over_time(cells[index], out / "k_over_time.png"):
+            written.append(out / "k_over_time.png")
+    return written
+
+
+def _default_k_cell(cells: Sequence[Cell]) -> int:
+    dynamic = [i for i, c in enumerate(cells) if not c.policy.startswith("static")]
+    candidates = dynamic or list(range(len(cells)))
+    return max(candidates, key=lambda i: (cells[i].max_concurrency or 0, -i))
