@@ -18,7 +18,6 @@ vLLM's whole `--speculative-config` (see `backend.vllm`), only the table inside 
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from policies.goodput import (
 )
 from policies.profile import Profile
 from policies.types import KPolicy, StepFeedback, StepView
+from policies.user_files import parse_user_json, read_user_text
 
 IntArray = npt.NDArray[np.int64]
 RangeTable = list[list[int]]  # [[start_bs, end_bs, K], ...], bounds inclusive
@@ -92,14 +92,14 @@ def read_ranges(text_or_path: str) -> RangeTable:
     if stripped.startswith(("[", "{")):
         source, text = "table", stripped
     else:
-        source, text = text_or_path, Path(text_or_path).read_text(encoding="utf-8")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
-        ) from None
-    return ranges_from_json(data, source)
+        source = text_or_path
+        path = Path(text_or_path)
+        if not path.is_file():
+            raise InputError(
+                f"{source}: no such file (a range table is inline JSON or a JSON file's path)"
+            )
+        text = read_user_text(path, source)
+    return ranges_from_json(parse_user_json(text, source), source)
 
 
 def expand_ranges(ranges: RangeTable, k_max: int, max_num_seqs: int) -> IntArray:
