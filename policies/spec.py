@@ -84,7 +84,8 @@ def _needs_profile(name: str, context: PolicyContext) -> Profile:
 
 
 def _build_static(argument: str | None, context: PolicyContext) -> KPolicy:
-    if argument is None or not argument.strip().isdigit():
+    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+    if argument is None or not (argument.strip().isascii() and argument.strip().isdigit()):
         raise InputError(f"policy 'static' needs an integer K >= 0 (static:K), got {argument!r}")
     k = int(argument)
     if k > context.k_max:
