@@ -81,7 +81,7 @@ def test_bad_specs_are_one_line_input_errors(spec: str, profile: bool, fragment:
 
 
 def test_missing_table_file_is_an_input_error_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(InputError, match="nope.json: no such file"):
+    with pytest.raises(InputError, match=r"nope\.json: no such file"):
         _parse(f"table:{tmp_path / 'nope.json'}")
 
 
