@@ -1,0 +1,204 @@
+"""backend.validate + reports.validation: vLLM result files, real vs simulated cells, the report."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mock_models import perturbed_copy, random_prompt, tiny_target
+
+from backend.engine import Draft
+from backend.profiler import ProfileConfig, profile_pair
+from backend.validate import (
+    CellResult,
+    compare_cell,
+    load_vllm_result,
+    parse_vllm_result,
+    validate_against_vllm,
+    workload_resolved,
+)
+from policies.errors import InputError
+from policies.profile_io import save_profile
+from reports.validation import write_validation_report
+from sim.runner import SimulationConfig
+from traces.datasets import RandomLengths
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"
+SHIPPED_PROFILE = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
+
+
+def vllm_data() -> dict:
+    return json.loads(VLLM_RESULT.read_text())
+
+
+def test_vllm_result_file_gives_its_workload() -> None:
+    result = load_vllm_result(VLLM_RESULT)
+    lens = [(r.prompt_len, r.output_len) for r in result.workload.requests]
+    assert lens == [(12, 24), (20, 24), (16, 24), (16, 24)]
+    assert result.workload.max_concurrency == 2
+    assert math.isinf(result.request_rate)
+    assert all(r.arrival_s == 0 for r in result.workload.requests)
+    assert result.metrics["mean_tpot_ms"] == 4.3
+    assert result.info["model_id"] == "tiny"
+
+
+def test_vllm_result_with_finite_rate_is_retimed_and_failed_requests_dropped() -> None:
+    data = vllm_data()
+    data["request_rate"] = 10.0
+    data["output_lens"][1] = 0  # vLLM records failed requests with 0 output tokens
+    result = parse_vllm_result(data, "x.json")
+    arrivals = [r.arrival_s for r in result.workload.requests]
+    assert len(arrivals) == 3
+    assert arrivals == sorted(arrivals) and arrivals[-1] > 0
+
+
+def _without(key: str) -> dict:
+    data = vllm_data()
+    del data[key]
+    return data
+
+
+def _with(key: str, value) -> dict:
+    data = vllm_data()
+    data[key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (_without("input_lens"), "x.json: missing key 'input_lens'"),  # the workload is needed
+        (_without("max_concurrency"), "x.json: missing key 'max_concurrency'"),
+        (_without("mean_tpot_ms"), "x.json: missing key 'mean_tpot_ms'"),  # nothing to compare
+        (_with("output_lens", [24, 24]), "input_lens has 4 entries, output_lens 2"),
+        (_with("input_lens", [12, 0, 16, 16]), r"input_lens\[1\]: must be an integer >= 1"),
+        (_with("input_lens", "12"), "input_lens: must be a non-empty list"),
+        (_with("max_concurrency", 0), "max_concurrency: must be null or an integer >= 1"),
+        (_with("request_rate", -1), "request_rate: must be > 0"),
+        (_with("burstiness", 0), "burstiness: must be a number > 0"),
+        (_with("mean_ttft_ms", "fast"), "mean_ttft_ms: must be a number"),
+        (_with("errors", ["", ""]), "errors: must be a list with one entry per request"),
+        (_with("output_lens", [0, 0, 0, 0]), "no successful request"),
+        ([1, 2], "top level must be a JSON object"),
+    ],
+)
+def test_bad_vllm_result_raises_one_line_input_error(data, message: str) -> None:
+    with pytest.raises(InputError, match=message) as info:
+        parse_vllm_result(data, "x.json")
+    assert "\n" not in str(info.value)
+
+
+def test_unreadable_or_malformed_vllm_file(tmp_path) -> None:
+    with pytest.raises(InputError, match=r"missing\.json: cannot read"):
+        load_vllm_result(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"input_lens": [1,\n')
+    with pytest.raises(InputError, match=r"broken\.json: line 2"):
+        load_vllm_result(broken)
+
+
+def test_simulator_against_vllm_file_uses_its_workload() -> None:
+    result = load_vllm_result(VLLM_RESULT)
+    config = SimulationConfig(
+        profile=str(SHIPPED_PROFILE), policy="static:3", dataset="random", num_prompts=1
+    )
+    cell = validate_against_vllm(result, config)
+    assert cell.simulated["completed"] == 4
+    assert cell.simulated["total_output_tokens"] == 96
+    assert cell.max_concurrency == 2
+    assert math.isfinite(cell.error_pct("mean_tpot_ms"))
+    # same config twice -> identical simulated metrics (seeded)
+    again = validate_against_vllm(result, config)
+    assert again.simulated["mean_tpot_ms"] == cell.simulated["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize(
+    ("measured", "simulated", "expected"),
+    [
+        (10.0, 11.0, 10.0),  # sim reads 10 % high
+        (10.0, 9.0, -10.0),  # sim reads 10 % low
+        (0.0, 1.0, math.nan),  # no relative error against 0
+        (None, 1.0, math.nan),  # metric missing on one side
+    ],
+)
+def test_error_pct(measured, simulated, expected: float) -> None:
+    cell = CellResult("static:1", 1, {"mean_tpot_ms": measured}, {"mean_tpot_ms": simulated})
+    got = cell.error_pct("mean_tpot_ms")
+    assert (math.isnan(got) and math.isnan(expected)) or got == pytest.approx(expected)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair_profile(tmp_path_factory):
+    torch.set_num_threads(1)
+    target = tiny_target(seed=0)
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    rng = np.random.default_rng(0)
+    config = ProfileConfig(
+        batch_sizes=(1, 2),
+        spec_tokens=(0, 1, 2),
+        context_lens=(16,),
+        prefill_token_counts=(8, 32),
+        num_warmup=1,
+        num_iters=5,
+    )
+    profile = profile_pair(
+        target, draft, config, [random_prompt(rng, 8) for _ in range(4)], [12] * 4
+    )
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    save_profile(profile, path)
+    return target, draft, path
+
+
+def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path) -> None:
+    target, draft, profile_path = tiny_pair_profile
+    cells = []
+    for policy in ("static:0", "static:2"):
+        config = SimulationConfig(
+            profile=str(profile_path),
+            policy=policy,
+            dataset="random",
+            num_prompts=4,
+            max_concurrency=2,
+            max_num_seqs=2,
+            random_lengths=RandomLengths(input_len=10, output_len=12),
+        )
+        resolved = workload_resolved(config, None)
+        cell = compare_cell(resolved, target, draft)
+        cells.append(cell)
+        # ignore_eos on the real side: both complete every request with the same token count
+        assert cell.measured["completed"] == cell.simulated["completed"] == 4
+        assert cell.measured["total_output_tokens"] == cell.simulated["total_output_tokens"]
+        assert cell.measured["mean_tpot_ms"] > 0 and cell.simulated["mean_tpot_ms"] > 0
+    # K = 0: no drafts on either side
+    assert cells[0].measured["spec_decode_num_drafts"] == 0
+    assert cells[1].measured["spec_decode_num_drafts"] > 0
+    written = write_validation_report(tmp_path / "report", cells, {"command": "dsd validate x"})
+    names = {p.name for p in written}
+    assert {"report.md", "cells.csv", "config.json", "tpot_vs_concurrency.png"} <= names
+    assert "k_over_time.png" in names
+    rows = list(csv.DictReader((tmp_path / "report" / "cells.csv").open()))
+    assert [r["policy"] for r in rows] == ["static:0", "static:2"]
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "dsd validate x" in report and "| static:2 | 2 | mean TPOT |" in report
+    config = json.loads((tmp_path / "report" / "config.json").read_text())
+    assert set(config["summary"]) == {"median_abs_tpot_error_pct", "max_abs_tpot_error_pct"}
+    leftovers = [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
+    assert leftovers == []  # atomic writes leave no temp files
+
+
+def test_report_summary_ignores_nan_cells(tmp_path) -> None:
+    cells = [
+        CellResult("a", 1, {"mean_tpot_ms": 10.0}, {"mean_tpot_ms": 12.0}),
+        CellResult("a", 2, {"mean_tpot_ms": 10.0}, {"mean_tpot_ms": 9.0}),
+        CellResult("a", 4, {"mean_tpot_ms": 0.0}, {"mean_tpot_ms": 9.0}),  # NaN error
+    ]
+    write_validation_report(tmp_path, cells, {})
+    summary = json.loads((tmp_path / "config.json").read_text())["summary"]
+    assert summary["median_abs_tpot_error_pct"] == pytest.approx(15.0)
+    assert summary["max_abs_tpot_error_pct"] == pytest.approx(20.0)
