@@ -1,0 +1,125 @@
+"""`dsd profile` and `dsd validate` end to end on CPU with a tiny pair (the pipeline smoke test).
+
+The commands are registered on a bare typer app (the lead wires dsd.cmd_validate into dsd.cli);
+bad input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from dsd.cmd_validate import register
+from policies.errors import InputError
+from policies.profile_io import load_profile
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    torch.set_num_threads(1)
+    application = typer.Typer()
+    register(application)
+    return application
+
+
+PROFILE_ARGS = [
+    "profile",
+    "--target", "tiny",
+    "--draft", "tiny-draft",
+    "--batch-sizes", "1,4",
+    "--k", "0,1,3",
+    "--context-lens", "32",
+    "--prefill-tokens", "16,64",
+    "--num-prompts", "6",
+    "--output-len", "16",
+    "--warmup", "1",
+    "--iters", "3",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def profile_path(app, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "profile.json"
+    result = CliRunner().invoke(app, [*PROFILE_ARGS, "--out", str(path)])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_profile_writes_a_loadable_native_profile(profile_path) -> None:
+    profile = load_profile(profile_path)
+    assert profile.k_max == 3
+    assert {(p.batch_size, p.num_spec_tokens) for p in profile.latency} == {
+        (b, k) for b in (1, 4) for k in (0, 1, 3)
+    }
+    assert profile.metadata["target"] == "tiny"
+    assert profile.metadata["command"].startswith("dsd")
+    assert profile.metadata["acceptance"]["num_requests"] == 6
+
+
+def test_profile_dsd_json_format_is_pr32374(app, tmp_path) -> None:
+    path = tmp_path / "dynamic_speculative_config.json"
+    result = CliRunner().invoke(app, [*PROFILE_ARGS, "--out", str(path), "--format", "dsd-json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(path.read_text())
+    assert data["max_num_speculative_tokens"] == 3
+    assert set(data["batch_stats"]) == {"1", "4"}
+    assert len(data["acceptance_rate_per_pos"]) == 3
+
+
+def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
+    out = tmp_path / "report"
+    args = [
+        "validate",
+        "--profile", str(profile_path),
+        "--target", "tiny",
+        "--draft", "tiny-draft",
+        "--policies", "static:0,static:3,goodput",
+        "--max-concurrency", "1,2",
+        "--num-prompts-per-concurrency", "2",
+        "--output-len", "12",
+        "--out", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    for name in ("report.md", "cells.csv", "config.json", "tpot_vs_concurrency.png"):
+        assert (out / name).is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert len(config["cells"]) == 6
+    assert config["seed"] == 0 and "versions" in config and "device" in config
+    assert "goodput C=2" in result.output.replace("  ", " ")
+
+
+def test_validate_against_vllm_file(app, tmp_path) -> None:
+    profile = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
+    out = tmp_path / "vllm"
+    args = ["validate", "--measured", str(VLLM_RESULT), "--profile", str(profile),
+            "--policy", "static:3", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "C=2" in result.output
+    assert (out / "report.md").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["validate", "--profile", "p.json", "--measured", "x.json"], "--policy"),
+        (["validate", "--profile", "p.json"], "--target"),
+        ([*PROFILE_ARGS[:-2], "--iters", "0", "--out", "x.json"], "num_iters"),
+        ([*PROFILE_ARGS, "--out", "x.json", "--batch-sizes", "1,a"], "--batch-sizes"),
+        ([*PROFILE_ARGS, "--out", "x.json", "--format", "yaml"], "--format"),
+        ([*PROFILE_ARGS, "--out", "x.json", "--draft", "none"], "needs a draft"),
+    ],
+)
+def test_bad_flags_raise_input_error(app, args, message: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError), result.output
+    assert message in str(result.exception)
