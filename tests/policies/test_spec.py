@@ -56,7 +56,12 @@ def test_table_spec_reads_a_file(tmp_path) -> None:  # type: ignore[no-untyped-d
 @pytest.mark.parametrize(
     ("spec", "profile", "fragment"),
     [
-        ("magic", True, "unknown policy 'magic'; known: goodput, online, static, table"),
+        (
+            "magic",
+            True,
+            "unknown policy 'magic'; known: bandit, context, envelope, goodput, hysteresis, "
+            "online, per-request, static, table",
+        ),
         ("static", True, "needs an integer K >= 0"),  # K missing
         ("static:-1", True, "needs an integer K >= 0"),  # negative
         ("static:two", True, "needs an integer K >= 0"),  # not a number
@@ -113,4 +118,14 @@ def test_every_policy_returns_k_in_range_for_any_view(
 
 def test_registry_is_a_plain_dict_of_builders() -> None:
     assert type(POLICY_BUILDERS) is dict
-    assert set(POLICY_BUILDERS) == {"static", "table", "goodput", "online"}
+    assert set(POLICY_BUILDERS) == {
+        "static",
+        "table",
+        "goodput",
+        "online",
+        "per-request",
+        "context",
+        "hysteresis",
+        "bandit",
+        "envelope",
+    }
