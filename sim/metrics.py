@@ -1,9 +1,9 @@
 """Request and step metrics of a run, with `vllm bench serve` definitions and key names.
 
 `MetricsRecorder` is fed by the engine loop: one `record_send` per request, one `record_step`
-per step. It streams into growing numpy buffers (no Python object per token or per row). At the
-end `bench_metrics` turns them into the result dict, `request_table` / `step_table` into
-DataFrames for the CLI to write.
+per step. It streams into numpy buffers (one row per step; per step one reference to the
+emitting request ids, no Python object per token or per row). At the end `bench_metrics` turns
+them into the result dict, `request_table` / `step_table` into DataFrames for the CLI to write.
 
 Definitions (as `vllm bench serve` computes them; times in ms in the result):
 - TTFT = first output chunk time - send time. E2EL = last chunk time - send time.
@@ -37,26 +37,14 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-class _Buffer:
-    """A growing 1-d numpy buffer (amortised doubling)."""
-
-    def __init__(self, dtype: type[np.generic], capacity: int = 1024) -> None:
-        self.data: npt.NDArray[Any] = np.zeros(capacity, dtype=dtype)
-        self.size = 0
-
-    def reserve(self, extra: int) -> None:
-        needed = self.size + extra
-        if needed > self.data.shape[0]:
-            grown = np.zeros(max(needed, 2 * self.data.shape[0]), dtype=self.data.dtype)
-            grown[: self.size] = self.data[: self.size]
-            self.data = grown
-
-    def view(self) -> npt.NDArray[Any]:
-        return self.data[: self.size]
-
-
 class MetricsRecorder:
-    """Collects per-request token times and per-step records of one run."""
+    """Collects per-request token times and per-step records of one run.
+
+    Hot path: `record_step` runs every step, so it writes one row of a 2-D int array and one
+    of a float array per step, and keeps the emitting rows' request ids as a reference (the
+    batch's arrays are read-only by contract) instead of copying them; the per-chunk arrays are
+    assembled once, when a result is asked for.
+    """
 
     _STEP_INT_FIELDS = (
         "step_index",
@@ -78,12 +66,16 @@ class MetricsRecorder:
         self.first_token_s = np.full(num_requests, np.nan)  # [N] first chunk time
         self.finish_s = np.full(num_requests, np.nan)  # [N] last chunk time
         self.num_output_tokens = np.zeros(num_requests, dtype=np.int64)  # [N]
-        self.num_chunks = np.zeros(num_requests, dtype=np.int64)  # [N] steps that emitted
-        # one entry per (request, step that emitted tokens for it), in time order
-        self._chunk_req = _Buffer(np.int64)
-        self._chunk_time_s = _Buffer(np.float64)
-        self._step_ints = {name: _Buffer(np.int64, 256) for name in self._STEP_INT_FIELDS}
-        self._step_floats = {name: _Buffer(np.float64, 256) for name in self._STEP_FLOAT_FIELDS}
+        # One chunk per (request, step that emitted tokens for it), in time order: per step
+        # the emitting request ids [E], the step's end time and E; joined by `_chunks`.
+        self._chunk_req_parts: list[IntArray] = []
+        self._chunk_time_parts: list[float] = []
+        self._chunk_count_parts: list[int] = []
+        self._chunk_req = np.zeros(0, dtype=np.int64)  # [C] joined so far
+        self._chunk_time_s = np.zeros(0, dtype=np.float64)  # [C] joined so far
+        # [steps, len(_STEP_INT_FIELDS)] and [steps, len(_STEP_FLOAT_FIELDS)], grown by doubling
+        self._step_ints = np.zeros((256, len(self._STEP_INT_FIELDS)), dtype=np.int64)
+        self._step_floats = np.zeros((256, len(self._STEP_FLOAT_FIELDS)), dtype=np.float64)
         self._num_steps = 0
         self.k_histogram = np.zeros(k_max + 1, dtype=np.int64)  # [k_max+1] decode rows per K
 
@@ -97,61 +89,91 @@ class MetricsRecorder:
         result: StepResult,
         start_s: float,
         duration_s: float,
-    ) -> None:
-        """One step that started at `start_s`; its tokens are emitted at start_s + duration_s."""
+    ) -> int:
+        """One step that started at `start_s`; its tokens are emitted at start_s + duration_s.
+
+        Returns the output tokens the step emitted (all rows)."""
         end_s = start_s + duration_s
         num_decode = batch.num_decode_reqs
-        spec = batch.num_spec_tokens[:num_decode]  # [D]
         emitted = result.num_output_tokens  # [B]
         index = self._num_steps
-        if index == self._step_floats["start_s"].data.shape[0]:
-            for buffer in (*self._step_ints.values(), *self._step_floats.values()):
-                buffer.size = index
-                buffer.reserve(1)
-        ints = self._step_ints
-        floats = self._step_floats
-        num_spec = int(spec.sum())
-        ints["step_index"].data[index] = batch.step_index
-        ints["batch_size"].data[index] = batch.batch_size
-        ints["num_decode_reqs"].data[index] = num_decode
-        ints["num_tokens"].data[index] = batch.total_num_scheduled_tokens
-        ints["num_spec_tokens"].data[index] = num_spec
-        ints["num_accepted_tokens"].data[index] = result.num_accepted_tokens
-        ints["num_output_tokens"].data[index] = int(emitted.sum())
-        ints["k_min"].data[index] = int(spec.min()) if num_decode else -1
-        ints["k_max"].data[index] = int(spec.max()) if num_decode else -1
-        floats["start_s"].data[index] = start_s
-        floats["duration_s"].data[index] = duration_s
-        floats["mean_k"].data[index] = num_spec / num_decode if num_decode else np.nan
-        self._num_steps = index + 1
+        if index == self._step_ints.shape[0]:
+            self._step_ints = np.concatenate([self._step_ints, np.zeros_like(self._step_ints)])
+            self._step_floats = np.concatenate(
+                [self._step_floats, np.zeros_like(self._step_floats)]
+            )
         if num_decode:
-            self.k_histogram += np.bincount(spec, minlength=self.k_max + 1)
+            # The K histogram of the step gives its sum, min and max too (K is small).
+            k_counts = np.bincount(batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1)
+            self.k_histogram += k_counts
+            counts = k_counts.tolist()
+            num_spec = sum(k * count for k, count in enumerate(counts))
+            present = [k for k, count in enumerate(counts) if count]
+            k_min, k_max, mean_k = present[0], present[-1], num_spec / num_decode
+        else:
+            num_spec, k_min, k_max, mean_k = 0, -1, -1, np.nan
+        num_emitted = int(np.add.reduce(emitted))
+        self._step_ints[index] = (
+            batch.step_index,
+            batch.batch_size,
+            num_decode,
+            batch.total_num_scheduled_tokens,
+            num_spec,
+            result.num_accepted_tokens,
+            num_emitted,
+            k_min,
+            k_max,
+        )
+        self._step_floats[index] = (start_s, duration_s, mean_k)
+        self._num_steps = index + 1
 
-        emitting = emitted > 0  # [B]
-        req_ids = batch.req_ids[emitting]  # [E]
-        num_chunks = req_ids.shape[0]
+        num_chunks = int(np.count_nonzero(emitted))
         if num_chunks:
-            self._chunk_req.reserve(num_chunks)
-            self._chunk_time_s.reserve(num_chunks)
-            size = self._chunk_req.size
-            self._chunk_req.data[size : size + num_chunks] = req_ids
-            self._chunk_time_s.data[size : size + num_chunks] = end_s
-            self._chunk_req.size += num_chunks
-            self._chunk_time_s.size += num_chunks
-            self.num_output_tokens[req_ids] += emitted[emitting]
-            self.num_chunks[req_ids] += 1
-            first = req_ids[np.isnan(self.first_token_s[req_ids])]  # [F]
-            self.first_token_s[first] = end_s
+            if num_chunks == emitted.shape[0]:
+                req_ids, chunk_tokens = batch.req_ids, emitted  # [E] (every row emitted)
+            else:
+                emitting = emitted > 0  # [B]
+                req_ids, chunk_tokens = batch.req_ids[emitting], emitted[emitting]  # [E]
+            self._chunk_req_parts.append(req_ids)
+            self._chunk_time_parts.append(end_s)
+            self._chunk_count_parts.append(num_chunks)
+            self.num_output_tokens[req_ids] += chunk_tokens
+            first = np.isnan(self.first_token_s[req_ids])  # [E]
+            if first.any():
+                self.first_token_s[req_ids[first]] = end_s
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s
+        return num_emitted
 
     @property
     def num_steps(self) -> int:
         return self._num_steps
 
+    @property
+    def num_chunks(self) -> IntArray:
+        """[N] steps that emitted tokens for each request."""
+        chunk_req, _ = self._chunks()
+        counts: IntArray = np.bincount(chunk_req, minlength=self.prompt_len.shape[0])
+        return counts
+
+    def _chunks(self) -> tuple[IntArray, FloatArray]:
+        """([C] request id, [C] time) of every chunk so far, in time order."""
+        if self._chunk_req_parts:
+            times = np.repeat(
+                np.asarray(self._chunk_time_parts, dtype=np.float64),
+                np.asarray(self._chunk_count_parts, dtype=np.int64),
+            )  # [C_new]
+            self._chunk_req = np.concatenate([self._chunk_req, *self._chunk_req_parts])
+            self._chunk_time_s = np.concatenate([self._chunk_time_s, times])
+            self._chunk_req_parts.clear()
+            self._chunk_time_parts.clear()
+            self._chunk_count_parts.clear()
+        return self._chunk_req, self._chunk_time_s
+
     def itls_s(self) -> FloatArray:
         """All gaps between successive chunks of the same request, pooled, seconds."""
-        return self._itls_of(np.ones(self._chunk_req.size, dtype=np.bool_))
+        chunk_req, _ = self._chunks()
+        return self._itls_of(np.ones(chunk_req.shape[0], dtype=np.bool_))
 
     def request_table(self) -> pd.DataFrame:
         """One row per request (NaN times for requests that were not sent or did not finish)."""
@@ -180,13 +202,18 @@ class MetricsRecorder:
 
     def step_table(self) -> pd.DataFrame:
         """One row per step."""
-        columns: dict[str, npt.NDArray[Any]] = {}
-        for name in ("step_index", "start_s", "duration_s"):
-            source = self._step_ints if name in self._step_ints else self._step_floats
-            columns[name] = source[name].data[: self._num_steps].copy()
+        ints = self._step_ints[: self._num_steps]  # [steps, fields]
+        floats = self._step_floats[: self._num_steps]  # [steps, fields]
+        int_column = {name: i for i, name in enumerate(self._STEP_INT_FIELDS)}
+        float_column = {name: i for i, name in enumerate(self._STEP_FLOAT_FIELDS)}
+        columns: dict[str, npt.NDArray[Any]] = {
+            "step_index": ints[:, int_column["step_index"]].copy(),
+            "start_s": floats[:, float_column["start_s"]].copy(),
+            "duration_s": floats[:, float_column["duration_s"]].copy(),
+        }
         for name in self._STEP_INT_FIELDS[1:]:
-            columns[name] = self._step_ints[name].data[: self._num_steps].copy()
-        columns["mean_k"] = self._step_floats["mean_k"].data[: self._num_steps].copy()
+            columns[name] = ints[:, int_column[name]].copy()
+        columns["mean_k"] = floats[:, float_column["mean_k"]].copy()
         return pd.DataFrame(columns)
 
     def bench_metrics(
@@ -199,7 +226,8 @@ class MetricsRecorder:
         num_output = self.num_output_tokens[completed]
         multi = num_output > 1
         tpot_s = (e2el_s[multi] - ttft_s[multi]) / (num_output[multi] - 1)
-        itl_s = self._itls_of(completed[self._chunk_req.view()])
+        chunk_req, _ = self._chunks()
+        itl_s = self._itls_of(completed[chunk_req])
         return bench_metrics_from(
             prompt_len=self.prompt_len[completed],
             num_output_tokens=num_output,
@@ -215,12 +243,33 @@ class MetricsRecorder:
         )
 
     def _itls_of(self, chunk_mask: npt.NDArray[np.bool_]) -> FloatArray:
-        req = self._chunk_req.view()[chunk_mask]
-        times = self._chunk_time_s.view()[chunk_mask]
-        order = np.argsort(req, kind="stable")
-        same = req[order][1:] == req[order][:-1]
-        gaps: FloatArray = (times[order][1:] - times[order][:-1])[same]
+        chunk_req, chunk_time_s = self._chunks()
+        req = chunk_req[chunk_mask]  # [C']
+        times = chunk_time_s[chunk_mask]  # [C']
+        order = _stable_order(req)  # [C'] by request, time order kept within a request
+        req_sorted = req[order]
+        times_sorted = times[order]
+        same = req_sorted[1:] == req_sorted[:-1]
+        gaps: FloatArray = (times_sorted[1:] - times_sorted[:-1])[same]
         return gaps
+
+
+def _stable_order(keys: IntArray) -> IntArray:
+    """argsort(keys, kind="stable") for non-negative keys < 2**32, by 16-bit radix passes.
+
+    numpy sorts 16-bit keys stably with a radix sort (linear time), several times faster
+    than its merge sort on int64; request ids fit in one or two 16-bit digits.
+    """
+    if keys.shape[0] == 0 or int(keys.max()) >= 1 << 32 or int(keys.min()) < 0:
+        order: IntArray = np.argsort(keys, kind="stable")
+        return order
+    low = (keys & 0xFFFF).astype(np.uint16)  # [C]
+    order = np.argsort(low, kind="stable")
+    high = keys >> 16  # [C]
+    if high.any():
+        # LSD radix: a stable pass on the high digit keeps the low-digit order within ties.
+        order = order[np.argsort(high[order].astype(np.uint16), kind="stable")]
+    return order
 
 
 def _percentile_key(percentile: float) -> str:
