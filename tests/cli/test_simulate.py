@@ -1,0 +1,238 @@
+"""`dsd simulate` end to end: JSON keys, byte-identical output across processes, --out files,
+the readable summary, and bad inputs (one error line, exit 2, no output folder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dsd.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
+SMALL = ["--max-concurrency", "4", "--num-prompts", "8"]
+GOODPUT = ["--profile", str(H100), "--policy", "goodput"]
+
+# vLLM bench result keys (plus ours) that `--json` must carry.
+REQUIRED_KEYS = {
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "duration",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "spec_decode_acceptance_length",
+    "spec_decode_per_position_acceptance_rates",
+    "k_histogram",
+    "num_steps",
+    "max_concurrency",
+    "num_prompts",
+    "request_rate",
+    "burstiness",
+} | {
+    f"{stat}_{metric}_ms"
+    for stat in ("mean", "median", "std", "p99")
+    for metric in ("ttft", "tpot", "itl", "e2el")
+}
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _simulate_subprocess(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONHASHSEED="random")
+    return subprocess.run(
+        [sys.executable, "-m", "dsd.cli", "simulate", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_json_prints_one_object_with_the_vllm_bench_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(
+        ["simulate", "--profile", str(H100), "--policy", "goodput", *SMALL, "--json"], capsys
+    )
+    assert (code, err) == (0, "")
+    result = json.loads(out)
+    assert set(result) >= REQUIRED_KEYS
+    assert list(result) == sorted(result)
+    assert result["completed"] == 8
+    assert result["request_rate"] == "inf"
+    assert len(result["spec_decode_per_position_acceptance_rates"]) == 5
+    assert sum(result["k_histogram"].values()) > 0
+
+
+def test_json_is_byte_identical_across_two_processes() -> None:
+    argv = ["--profile", str(H100), "--policy", "static:3", *SMALL, "--json", "--seed", "7"]
+    first, second = _simulate_subprocess(argv), _simulate_subprocess(argv)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert first.stdout.strip()
+
+
+def test_a_different_seed_changes_the_json(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["simulate", "--profile", str(H100), "--policy", "static:3", *SMALL, "--json"]
+    _, out_a, _ = run_cli([*base, "--seed", "1"], capsys)
+    _, out_b, _ = run_cli([*base, "--seed", "2"], capsys)
+    assert json.loads(out_a)["mean_tpot_ms"] != json.loads(out_b)["mean_tpot_ms"]
+
+
+def test_summary_has_the_vllm_layout_the_spec_block_and_the_model_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(
+        ["simulate", "--profile", str(H100), "--policy", "goodput", *SMALL], capsys
+    )
+    assert code == 0
+    for text in (
+        "============ Serving Benchmark Result ============",
+        "Successful requests:                     8",
+        "Mean TPOT (ms):",
+        "---------------Speculative Decoding---------------",
+        "Acceptance length:",
+        "K=3:",
+        "latency model: table (asked auto); prefill cost: estimated-from-decode-slope",
+    ):
+        assert text in out
+
+
+def test_parametric_summary_reports_the_fit_error(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--profile", str(H100), "--policy", "static:2", *SMALL]
+    code, out, _ = run_cli([*argv, "--latency-model", "parametric"], capsys)
+    assert code == 0
+    assert "latency model: parametric" in out and "max |err|" in out
+
+
+def test_out_writes_readable_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "run"
+    argv = ["simulate", "--profile", str(H100), "--policy", "goodput", *SMALL]
+    code, out, _ = run_cli([*argv, "--json", "--out", str(out_dir)], capsys)
+    assert code == 0
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "config.json",
+        "requests.csv",
+        "result.json",
+        "steps.parquet",
+    ]
+    result = json.loads((out_dir / "result.json").read_text())
+    assert result == json.loads(out)
+    requests = pd.read_csv(out_dir / "requests.csv")
+    assert len(requests) == 8 and {"ttft_ms", "tpot_ms", "e2el_ms", "tag"} <= set(requests)
+    assert requests["tpot_ms"].mean() == pytest.approx(result["mean_tpot_ms"])
+    steps = pd.read_parquet(out_dir / "steps.parquet")
+    assert len(steps) == result["num_steps"]
+    expected = {"batch_size", "num_decode_reqs", "num_tokens", "num_spec_tokens", "duration_s"}
+    assert expected | {"num_accepted_tokens", "num_output_tokens"} <= set(steps)
+    assert int(steps["num_output_tokens"].sum()) == result["total_output_tokens"]
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["config"]["policy"] == "goodput"
+    assert config["command_line"].startswith("dsd ")
+    assert set(config["versions"]) == {"dsd", "python", "numpy", "simpy"}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_speculative_config_becomes_a_table_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec_file = tmp_path / "spec.json"
+    table = [[1, 2, 3], [3, 256, 1]]
+    spec_file.write_text(
+        json.dumps({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": table})
+    )
+    argv = ["simulate", "--profile", str(H100), "--speculative-config", str(spec_file), *SMALL]
+    code, out, err = run_cli([*argv, "--json"], capsys)
+    assert (code, err) == (0, "")
+    result = json.loads(out)
+    assert result["k_max"] == 3
+    assert result["policy"] == "table:[[1,2,3],[3,256,1]]"
+    assert set(result["k_histogram"]) <= {"1", "3"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--profile", "/no/such.json", "--policy", "goodput"], "no such file"),  # bad profile
+        (["--profile", str(H100), "--policy", "warp:3"], "unknown policy"),  # bad policy
+        (["--profile", str(H100), "--policy", "static:9"], "exceeds k_max"),  # K too big
+        (
+            ["--profile", str(H100), "--policy", "goodput", "--dataset-name", "nope"],
+            "unknown workload",
+        ),  # bad dataset
+        (["--profile", str(H100)], "exactly one of --policy and --speculative-config"),  # none
+        (
+            [
+                "--profile",
+                str(H100),
+                "--policy",
+                "goodput",
+                "--speculative-config",
+                '{"num_speculative_tokens": 2}',
+            ],
+            "exactly one of --policy and --speculative-config",
+        ),  # conflicting policy flags
+        (
+            [
+                "--profile",
+                str(H100),
+                "--speculative-config",
+                '{"num_speculative_tokens": 2}',
+                "--num-spec-tokens",
+                "3",
+            ],
+            "conflicts",
+        ),  # conflicting k_max
+        (
+            [*GOODPUT, "--dataset-name", "random", "--dataset-path", "x.csv"],
+            "give one",
+        ),  # conflicting dataset flags
+        (["--profile", str(H100), "--policy", "goodput", "--scheduling", "eager"], "--scheduling"),
+        (["--profile", str(H100), "--policy", "goodput", "--max-concurrency", "0"], ">= 1"),
+        (["--profile", str(H100), "--speculative-config", "{oops"], "invalid JSON"),  # bad JSON
+    ],
+)
+def test_bad_inputs_print_one_error_line_exit_2_and_create_no_folder(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "run"
+    code, out, err = run_cli(
+        ["simulate", *extra, "--num-prompts", "4", "--out", str(out_dir)], capsys
+    )
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_profile_content_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"batch_stats": {"1": {"0": -1}}, "max_num_speculative_tokens": 1}')
+    code, _, err = run_cli(
+        ["simulate", "--profile", str(bad), "--policy", "static:0", "--out", str(tmp_path / "o")],
+        capsys,
+    )
+    assert code == 2 and err.startswith("error: ") and "bad.json" in err
+    assert not (tmp_path / "o").exists()
