@@ -342,3 +342,37 @@ def test_cuda_graph_bf16_greedy_matches_eager_fast_path() -> None:
         [eager, graphs], prompts, 24, lambda step, rows: k_rng.integers(0, 4, size=rows)
     )
     assert graph_out == eager_out
+
+
+# ------------------------------------------------------------------------- GPU benchmark script
+def _load_benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_gpu.py"
+    spec = importlib.util.spec_from_file_location("engine_gpu", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_engine_gpu_benchmark_parses_args_and_dry_runs_on_cpu(tmp_path) -> None:
+    import json
+
+    benchmark = _load_benchmark()
+    args = benchmark.parse_args(["--batch-sizes", "1,16", "--k", "2"])
+    assert args.batch_size_list == [1, 16] and args.k == 2
+    out = tmp_path / "engine_gpu.json"
+    assert benchmark.main(["--dry-run", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["dry_run"] is True
+    assert set(result) >= {"a_plain_decode", "b_k0_tax", "c_sd_speedup", "device", "versions"}
+    assert result["a_plain_decode"]["by_batch_size"]["1"]["tpot_ms"] > 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
+def test_engine_gpu_benchmark_exits_with_a_message_without_cuda(tmp_path) -> None:
+    benchmark = _load_benchmark()
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        benchmark.main(["--out", str(tmp_path / "x.json")])
