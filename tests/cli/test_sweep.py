@@ -1,0 +1,98 @@
+"""`dsd sweep` end to end on a tiny grid: table + PNG written, deterministic across worker
+counts, bad inputs fail before anything runs; and `reports.sweep` seeds per cell."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_simulate import H100, run_cli
+
+from reports.sweep import cell_seed, sweep_cells
+from sim.runner import SimulationConfig
+
+TINY = [
+    "sweep",
+    "--profile",
+    str(H100),
+    "--policies",
+    "static:0,goodput",
+    "--max-concurrency",
+    "1,4",
+    "--num-prompts-per-concurrency",
+    "2",
+    "--output-len",
+    "32",
+]
+
+
+def test_sweep_writes_table_markdown_and_png(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "sweep"
+    code, out, err = run_cli([*TINY, "--workers", "2", "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    names = sorted(p.name for p in out_dir.iterdir())
+    assert names == ["sweep.csv", "sweep.md", "sweep_config.json", "tpot_vs_concurrency.png"]
+    table = pd.read_csv(out_dir / "sweep.csv")
+    assert list(zip(table["policy"], table["max_concurrency"], strict=True)) == [
+        ("static:0", 1),
+        ("goodput", 1),
+        ("static:0", 4),
+        ("goodput", 4),
+    ]
+    assert list(table["num_prompts"]) == [2, 2, 8, 8]
+    assert (table["completed"] == table["num_prompts"]).all()
+    for column in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms"):
+        assert (table[column] > 0).all()
+    assert {"output_throughput", "spec_decode_acceptance_length"} <= set(table)
+    # Policies at one concurrency share the cell seed (common random numbers).
+    assert table.groupby("max_concurrency")["seed"].nunique().eq(1).all()
+    markdown = (out_dir / "sweep.md").read_text()
+    assert markdown.startswith("| policy | max_concurrency |") and markdown.count("\n") == 6
+    assert (out_dir / "tpot_vs_concurrency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "4 cells" in out
+
+
+def test_sweep_is_deterministic_whatever_the_worker_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code_a, _, _ = run_cli([*TINY, "--workers", "2", "--out", str(tmp_path / "a")], capsys)
+    code_b, _, _ = run_cli([*TINY, "--workers", "1", "--out", str(tmp_path / "b")], capsys)
+    assert code_a == code_b == 0
+    for name in ("sweep.csv", "sweep.md", "tpot_vs_concurrency.png"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--policies", "static:0,bogus"], "unknown policy"),  # one bad SPEC in the list
+        (["--max-concurrency", "1,x"], "--max-concurrency"),  # not an integer
+        (["--max-concurrency", "4,4"], "duplicate"),  # the same cell twice
+        (["--num-prompts", "3"], "give one of --num-prompts"),  # conflicting prompt counts
+        (["--workers", "0"], "--workers"),  # no workers
+        (["--dataset-name", "nope"], "unknown workload"),  # bad dataset
+    ],
+)
+def test_sweep_bad_inputs_fail_with_one_line_and_no_folder(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "sweep"
+    code, out, err = run_cli([*TINY, *extra, "--out", str(out_dir)], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert not out_dir.exists()
+
+
+def test_cell_seeds_depend_on_seed_and_concurrency_only() -> None:
+    base = SimulationConfig(profile=str(H100), policy="static:0")
+    cells = sweep_cells(base, ["static:0", "goodput"], [1, 16], num_prompts_per_concurrency=3)
+    seeds = {(c.policy, c.max_concurrency): c.config.seed for c in cells}
+    assert seeds[("static:0", 1)] == seeds[("goodput", 1)] == cell_seed(0, 1)
+    assert seeds[("static:0", 1)] != seeds[("static:0", 16)]
+    assert cell_seed(0, 16) != cell_seed(1, 16)
+    assert [c.config.num_prompts for c in cells] == [3, 3, 48, 48]
+    assert [c.index for c in cells] == [0, 1, 2, 3]
