@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from policies.errors import InputError
+from policies.user_files import decode_user_text
 from traces.workload import RequestSpec, Workload
 
 TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
@@ -42,6 +43,17 @@ TRACE_FILES: dict[str, tuple[str, str]] = {
     "mooncake-synthetic": ("mooncake_synthetic.jsonl", "mooncake"),
 }
 TRACE_NAMES: tuple[str, ...] = tuple(TRACE_FILES)
+
+# Largest token count or millisecond timestamp read: 2**53 is exact in float64 and far from
+# int64 overflow (a bigger value is a corrupt row, not a request).
+MAX_FIELD_VALUE = 2**53
+
+
+def _short(value: object) -> str:
+    """repr of a cell, cut to a readable length (a corrupt row may hold a huge value)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"... ({len(text)} characters)"
+
 
 # Output tokens for a vLLM `custom` JSONL row without "output_tokens" (--custom-output-len).
 CUSTOM_DEFAULT_OUTPUT_LEN = 256
@@ -125,11 +137,12 @@ def _int_column(
     numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)  # [N]
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(numbers) | (numbers != np.round(numbers)) | (numbers < minimum)
+        bad |= numbers > MAX_FIELD_VALUE  # would wrap around in int64
     row = _first_bad(bad)
     if row is not None:
         raise InputError(
-            f"{path.name}: line {line_of[row]}: {column} must be an integer >= {minimum}, "
-            f"got {values.iloc[row]!r}"
+            f"{path.name}: line {line_of[row]}: {column} must be an integer in "
+            f"[{minimum}, {MAX_FIELD_VALUE}], got {_short(values.iloc[row])}"
         )
     return numbers.astype(np.int64)
 
@@ -187,9 +200,12 @@ def _json_int(path: Path, row: dict[str, object], key: str, minimum: int, line_n
     # bool is an int subclass in Python; a JSON true is not a token count
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InputError(f"{path.name}: line {line_no}: {key} must be an integer, got {value!r}")
-    if not (math.isfinite(value) and value == int(value) and value >= minimum):
+    # a JSON integer may have any number of digits: compare before converting to float
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not (finite and value == int(value) and minimum <= value <= MAX_FIELD_VALUE):
         raise InputError(
-            f"{path.name}: line {line_no}: {key} must be an integer >= {minimum}, got {value!r}"
+            f"{path.name}: line {line_no}: {key} must be an integer in "
+            f"[{minimum}, {MAX_FIELD_VALUE}], got {_short(value)}"
         )
     return int(value)
 
@@ -388,6 +404,10 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{path}: no such file")
     if path.is_dir():
         raise InputError(f"{path}: is a directory, expected a file")
+    if path.suffix.lower() != ".parquet":
+        # Text formats: refuse bytes that are not UTF-8 here, with their line, rather than as a
+        # UnicodeDecodeError from whichever reader meets them first.
+        decode_user_text(path.read_bytes(), path.name)
 
 
 def load_azure_trace(path: str | Path, options: TraceOptions | None = None) -> Workload:
@@ -465,6 +485,8 @@ def _parse_json_line(path: Path, line: str, line_no: int) -> dict[str, object]:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
         raise InputError(f"{path.name}: line {line_no}: invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InputError(f"{path.name}: line {line_no}: JSON nested too deeply") from None
     if not isinstance(row, dict):
         raise InputError(f"{path.name}: line {line_no}: expected a JSON object")
     return row
