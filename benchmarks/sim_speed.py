@@ -63,6 +63,9 @@ class Measurement:
     """One timed run."""
 
     wall_s: float  # wall time of Engine construction + run(), seconds
+    # CPU time of this process over the same span, seconds: close to the wall time of an idle
+    # machine (one thread), and much less noisy than wall time on a shared one
+    cpu_s: float
     num_steps: int  # engine steps
     num_output_tokens: int  # simulated output tokens (completed requests)
     num_completed: int  # requests that finished
@@ -124,14 +127,17 @@ def result_digest(result: RunResult) -> str:
 
 def measure(setup: Setup, profiler: cProfile.Profile | None = None) -> Measurement:
     start_s = time.perf_counter()
+    cpu_start_s = time.process_time()
     if profiler is not None:
         profiler.enable()
     result = run_engine(setup)
     if profiler is not None:
         profiler.disable()
     wall_s = time.perf_counter() - start_s
+    cpu_s = time.process_time() - cpu_start_s
     return Measurement(
         wall_s=wall_s,
+        cpu_s=cpu_s,
         num_steps=int(result.metrics["num_steps"]),
         num_output_tokens=int(result.metrics["total_output_tokens"]),
         num_completed=int(result.metrics["completed"]),
@@ -172,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         m = measure(setup, profiler)
         measurements.append(m)
         print(
-            f"run {repeat}: wall {m.wall_s:.3f} s, {m.num_steps} steps, "
+            f"run {repeat}: wall {m.wall_s:.3f} s (cpu {m.cpu_s:.3f} s), {m.num_steps} steps, "
             f"{m.num_output_tokens} output tokens -> {m.tokens_per_s / 1e6:.3f} M tok/s, "
             f"{m.steps_per_s:.0f} steps/s, {m.num_completed} completed, digest {m.digest}"
         )
@@ -187,10 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         ok = False
 
     wall_s = statistics.median(m.wall_s for m in measurements)
+    cpu_s = statistics.median(m.cpu_s for m in measurements)
     first = measurements[0]
     tokens_per_s = first.num_output_tokens / wall_s
     summary: dict[str, Any] = {
         "wall_s": round(wall_s, 4),
+        "cpu_s": round(cpu_s, 4),
+        "tokens_per_cpu_s": round(first.num_output_tokens / cpu_s),
         "num_steps": first.num_steps,
         "num_output_tokens": first.num_output_tokens,
         "tokens_per_s": round(tokens_per_s),
@@ -205,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{tokens_per_s / 1e6:.3f} M output tokens per wall second "
         f"(target {TARGET_TOKENS_PER_S / 1e6:.1f} M), {first.num_steps / wall_s:.0f} steps/s, "
         f"{1e6 * wall_s / first.num_steps:.1f} us/step, "
-        f"completed {first.num_completed}/{expected}"
+        f"completed {first.num_completed}/{expected}; "
+        f"cpu {cpu_s:.3f} s -> {first.num_output_tokens / cpu_s / 1e6:.3f} M tokens per CPU second"
     )
     print("summary " + json.dumps(summary, sort_keys=True))
     if profiler is not None:

@@ -205,9 +205,23 @@ class GoodputPolicy:
         self.itl = ItlTable.from_profile(profile)
         rates = profile.acceptance_rates if acceptance_rates is None else acceptance_rates
         self.table = goodput_table(self.itl, rates, max_num_seqs, profile.k_max)
+        # choose_k runs every step: K* per B as a tuple of ints (row i is B = i + 1), rebuilt
+        # if `table` is replaced.
+        self._k_star_of_table: tuple[GoodputTable, tuple[int, ...]] = (
+            self.table,
+            tuple(self.table.k_star.tolist()),
+        )
 
     def choose_k(self, view: StepView) -> int:
-        return lookup_batch_k(self.table.k_star, view, "goodput")
+        table, k_by_batch = self._k_star_of_table
+        if table is not self.table:
+            table, k_by_batch = self.table, tuple(self.table.k_star.tolist())
+            self._k_star_of_table = (table, k_by_batch)
+        batch_size = view.batch_size
+        if 1 <= batch_size <= len(k_by_batch):
+            # == lookup_batch_k, without numpy scalars
+            return min(k_by_batch[batch_size - 1], max(view.k_max, 0))
+        return lookup_batch_k(table.k_star, view, "goodput")  # B = 0, or B past the table
 
     def observe(self, feedback: StepFeedback) -> None:
         """The offline rule does not learn."""

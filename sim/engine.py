@@ -257,7 +257,7 @@ class Engine:
         now_s = float(self._env.now)
         result = self.scheduler.update(batch, outcome)
         self._check()
-        self._metrics.record_step(batch, result, start_s, duration_s)
+        num_output_tokens = self._metrics.record_step(batch, result, start_s, duration_s)
         if self.config.record_events:
             for req_id, num in zip(
                 batch.req_ids.tolist(), result.num_output_tokens.tolist(), strict=True
@@ -279,7 +279,7 @@ class Engine:
                 num_spec_tokens=batch.num_spec_tokens[:num_decode],
                 num_accepted=np.asarray(outcome.num_accepted, dtype=np.int64),
                 duration_s=duration_s,
-                num_output_tokens=int(result.num_output_tokens.sum()),
+                num_output_tokens=num_output_tokens,
             )
         )
 

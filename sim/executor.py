@@ -78,9 +78,10 @@ class FittedExecutor:
             batch.num_output_tokens[:num_decode],
             decode_ks,
         )  # [D]
-        # The contract the engine relies on: 0 <= a <= K for every decode row.
-        if num_accepted.shape != decode_ks.shape or bool(
-            np.any((num_accepted < 0) | (num_accepted > decode_ks))
+        # The contract the engine relies on: 0 <= a <= K for every decode row, i.e. neither a
+        # nor K - a is negative.
+        if num_accepted.shape != decode_ks.shape or (
+            num_decode > 0 and int(np.minimum(num_accepted, decode_ks - num_accepted).min()) < 0
         ):
             raise RuntimeError(
                 f"step {batch.step_index}: acceptance model returned accepted counts outside "
@@ -91,7 +92,9 @@ class FittedExecutor:
             step_ms *= math.exp(self.jitter_sigma * float(self._jitter_rng.standard_normal()))
         if not (math.isfinite(step_ms) and step_ms > 0):
             raise RuntimeError(f"step {batch.step_index}: latency model gave {step_ms} ms")
-        return StepOutcome(duration_s=step_ms / 1000.0, num_accepted=num_accepted.astype(np.int64))
+        return StepOutcome(
+            duration_s=step_ms / 1000.0, num_accepted=num_accepted.astype(np.int64, copy=False)
+        )
 
 
 AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]

@@ -144,6 +144,8 @@ def _split_batch(batch: ScheduledBatch) -> tuple[IntArray, IntArray, int]:
     num_decode = batch.num_decode_reqs
     ks = batch.num_spec_tokens[:num_decode]  # [D]
     contexts = batch.num_computed_tokens[:num_decode]  # [D]
+    if num_decode == batch.num_scheduled_tokens.shape[0]:
+        return ks, contexts, 0  # no prefill rows (most steps): skip the reduction
     prefill_tokens = int(batch.num_scheduled_tokens[num_decode:].sum())
     return ks, contexts, prefill_tokens
 
@@ -205,7 +207,7 @@ class TableLatencyModel:
                 raise ValueError(f"step {batch.step_index} schedules no tokens")
             return self.prefill.curve_ms(prefill_tokens)
         if self.mixed_k == "padded":
-            k_charged = float(ks.max())
+            k_charged = float(np.maximum.reduce(ks))
         else:
             k_charged = float(ks.sum() + num_decode) / num_decode - 1.0
         return self._itl(float(num_decode), k_charged) + self.prefill.marginal_ms(prefill_tokens)
