@@ -141,8 +141,8 @@ def _int_column(
     row = _first_bad(bad)
     if row is not None:
         raise InputError(
-            f"{path.name}: line {line_of[row]}: {column} must be an integer in "
-            f"[{minimum}, {MAX_FIELD_VALUE}], got {_short(values.iloc[row])}"
+            f"{path.name}: line {line_of[row]}: {column} must be an integer >= {minimum} "
+            f"(at most 2**53), got {_short(values.iloc[row])}"
         )
     return numbers.astype(np.int64)
 
@@ -204,8 +204,8 @@ def _json_int(path: Path, row: dict[str, object], key: str, minimum: int, line_n
     finite = isinstance(value, int) or math.isfinite(value)
     if not (finite and value == int(value) and minimum <= value <= MAX_FIELD_VALUE):
         raise InputError(
-            f"{path.name}: line {line_no}: {key} must be an integer in "
-            f"[{minimum}, {MAX_FIELD_VALUE}], got {_short(value)}"
+            f"{path.name}: line {line_no}: {key} must be an integer >= {minimum} "
+            f"(at most 2**53), got {_short(value)}"
         )
     return int(value)
 
