@@ -1,0 +1,70 @@
+"""Stateful property tests: the scheduler machine (sim.testing) drives the real scheduler.
+
+Three machines: sync and async scheduling with drawn K and drawn outcomes (tiny pools and
+budgets: preemption, chunked prefill, trimmed drafts), and one where a real policy chooses K
+(the online acceptance policy on the shipped H100 profile, learning from the feedback) and the
+fake random-acceptance executor produces the outcomes.
+
+Examples per machine scale with the loaded hypothesis profile (tests/conftest.py): `ci` runs
+800 + 800 + 400 = 2,000 machine examples, `thorough` 25 times more (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from hypothesis import settings
+
+from policies.profile_io import load_profile
+from policies.spec import parse_policy
+from policies.types import KPolicy
+from sim.fakes import RandomAcceptanceExecutor
+from sim.scheduler import SchedulerConfig
+from sim.testing import make_scheduler_machine, scheduler_configs
+from sim.types import Executor
+
+H100_PROFILE = (
+    Path(__file__).resolve().parents[2] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
+)
+STEPS_PER_EXAMPLE = 40  # rules per example: enough to fill a tiny pool and finish requests
+
+
+def _machine_settings(examples_per_profile_example: int) -> settings:
+    """The loaded profile's settings with max_examples scaled for a machine."""
+    return settings(
+        settings.default,
+        max_examples=examples_per_profile_example * settings.default.max_examples,
+        stateful_step_count=STEPS_PER_EXAMPLE,
+    )
+
+
+def _online_policy(config: SchedulerConfig) -> KPolicy:
+    profile = load_profile(H100_PROFILE)
+    return parse_policy(
+        "online:warmup_steps=2",
+        profile=profile,
+        k_max=config.k_max,
+        max_num_seqs=config.max_num_seqs,
+    )
+
+
+def _random_executor(config: SchedulerConfig, rng: np.random.Generator) -> Executor:
+    return RandomAcceptanceExecutor(0.01, [0.8, 0.6, 0.45, 0.3, 0.2][: config.k_max], rng)
+
+
+SyncMachine = make_scheduler_machine(scheduler_configs(scheduling="sync"), name="SyncMachine")
+AsyncMachine = make_scheduler_machine(scheduler_configs(scheduling="async"), name="AsyncMachine")
+PolicyExecutorMachine = make_scheduler_machine(
+    scheduler_configs(k_max=(1, 5)),
+    policy_factory=_online_policy,
+    executor_factory=_random_executor,
+    name="PolicyExecutorMachine",
+)
+
+TestSyncScheduler = SyncMachine.TestCase
+TestSyncScheduler.settings = _machine_settings(4)
+TestAsyncScheduler = AsyncMachine.TestCase
+TestAsyncScheduler.settings = _machine_settings(4)
+TestOnlinePolicyWithRandomExecutor = PolicyExecutorMachine.TestCase
+TestOnlinePolicyWithRandomExecutor.settings = _machine_settings(2)
