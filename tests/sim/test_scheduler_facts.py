@@ -1,0 +1,198 @@
+"""vLLM scheduler facts, table-driven: spec-decode stats, stops inside drafts, no drafts on
+prefill chunks, rollback of rejected drafts, draft room at max_model_len, admission.
+
+Cases already in test_scheduler.py (vLLM's single [1, 2, 3] / [1, 5] example, the K=0 no-waste
+count, the max_tokens trim, the budget trim of drafts, preempt-the-last) are not repeated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from utils import create_requests, create_scheduler
+
+from sim.fakes import ScriptedExecutor
+from sim.scheduler import Scheduler
+from sim.types import ScheduledBatch, StepOutcome
+
+
+def _prefill_all(scheduler: Scheduler, num_requests: int) -> None:
+    """One step that prefills every request (roomy budget) and emits their first tokens."""
+    batch = scheduler.commit_step(scheduler.plan_step(), 0)
+    assert batch.num_decode_reqs == 0 and batch.batch_size == num_requests
+    scheduler.update(batch, ScriptedExecutor().execute(batch))
+    scheduler.check_invariants()
+
+
+def _decode_step(scheduler: Scheduler, k: list[int]) -> ScheduledBatch:
+    plan = scheduler.plan_step()
+    batch = scheduler.commit_step(plan, np.array(k, dtype=np.int64))
+    scheduler.check_invariants()
+    return batch
+
+
+# vLLM test_schedule_spec_decoding_stats, our way: per request the drafts proposed and the
+# target's output; accepted = leading drafts the output repeats (the last output token is the
+# bonus or recovered one).
+@pytest.mark.parametrize(
+    ("drafts", "outputs", "num_drafts", "num_draft_tokens", "num_accepted", "accepted_at_pos"),
+    [
+        ([[]], [[1]], 0, 0, 0, [0, 0, 0]),  # no drafts: no draft counted
+        ([[1, 2, 3]], [[1, 2, 3, 4]], 1, 3, 3, [1, 1, 1]),  # all accepted + bonus
+        ([[1, 2, 3]], [[5]], 1, 3, 0, [0, 0, 0]),  # first draft rejected
+        ([[1, 2], [3]], [[1, 2, 5], [3, 4]], 2, 3, 3, [2, 1, 0]),  # two requests, all accepted
+        ([[1], [2, 3]], [[1, 5], [2, 3, 4]], 2, 3, 3, [2, 1, 0]),  # mixed K, all accepted
+        ([[1], [2, 3]], [[5], [6]], 2, 3, 0, [0, 0, 0]),  # both rejected at position 1
+        ([[], [2, 3]], [[1], [2, 6]], 1, 2, 1, [1, 0, 0]),  # K=0 row is not a draft
+    ],
+)
+def test_spec_decode_stats_like_vllm(
+    drafts, outputs, num_drafts, num_draft_tokens, num_accepted, accepted_at_pos
+):
+    scheduler = create_scheduler(k_max=3)
+    num_requests = len(drafts)
+    for req_id, spec in enumerate(create_requests(num_requests, prompt_len=4, output_len=20)):
+        scheduler.add_request(req_id, spec)
+    _prefill_all(scheduler, num_requests)
+    batch = _decode_step(scheduler, [len(d) for d in drafts])
+    accepted = []
+    for draft, output in zip(drafts, outputs, strict=True):
+        count = 0
+        while count < len(draft) and output[count] == draft[count]:
+            count += 1
+        accepted.append(count)
+    result = scheduler.update(batch, StepOutcome(0.01, np.array(accepted, dtype=np.int64)))
+    stats = scheduler.spec_stats
+    assert stats.num_drafts == num_drafts
+    assert stats.num_draft_tokens == num_draft_tokens
+    assert stats.num_accepted_tokens == num_accepted
+    assert stats.accepted_at_pos.tolist() == accepted_at_pos
+    assert stats.drafted_at_pos.tolist() == [sum(len(d) >= i for d in drafts) for i in range(1, 4)]
+    # every decode row emits accepted + 1 output tokens (len(output))
+    assert result.num_output_tokens.tolist() == [len(o) for o in outputs]
+
+
+# A stop token (EOS) among the tokens a decode step emits: K=4, a accepted -> a+1 tokens; the
+# step's first token is output index 1 (the prefill emitted index 0).
+@pytest.mark.parametrize(
+    ("accepted", "stop_index", "max_tokens", "emitted", "finished"),
+    [
+        (4, 2, 50, 3, True),  # stop on the 3rd token: drafts after it trimmed
+        (4, 0, 50, 1, True),  # stop on the first token of the step: every draft trimmed
+        (4, 4, 50, 5, True),  # stop on the bonus token: nothing to trim
+        (1, 1, 50, 2, True),  # stop on the recovered token after a rejection
+        (4, -1, 50, 5, False),  # no stop
+        (4, 3, 3, 2, True),  # max_tokens (2 more) comes before the stop: trimmed at 2
+        (4, 1, 3, 2, True),  # stop exactly at the max_tokens boundary
+    ],
+)
+def test_stop_inside_drafts_trims_the_rest(accepted, stop_index, max_tokens, emitted, finished):
+    scheduler = create_scheduler(k_max=4)
+    scheduler.add_request(0, create_requests(1, prompt_len=5, output_len=max_tokens)[0])
+    _prefill_all(scheduler, 1)
+    batch = _decode_step(scheduler, [4])
+    stop = np.array([stop_index], dtype=np.int64)
+    result = scheduler.update(batch, StepOutcome(0.01, np.array([accepted]), stop))
+    scheduler.check_invariants()
+    assert result.num_output_tokens.tolist() == [emitted]
+    assert result.finished_req_ids == ((0,) if finished else ())
+    if not finished:
+        assert scheduler.num_output_tokens(0) == 1 + emitted
+
+
+# Prefill chunks never carry drafts, whatever K the policy asks for; only decode rows do.
+@pytest.mark.parametrize(
+    ("prompt_lens", "budget", "scheduling"),
+    [
+        ([10], 4, "sync"),  # one prompt in three chunks
+        ([3, 9], 6, "sync"),  # a decode row beside another request's chunks
+        ([10, 2, 7], 5, "async"),  # async: K chosen during a prefill applies to decode only
+        ([1, 1, 1], 2, "sync"),  # one-token prompts split over steps by a tiny budget
+    ],
+)
+def test_prefill_chunks_get_no_drafts(prompt_lens, budget, scheduling):
+    scheduler = create_scheduler(k_max=3, max_num_batched_tokens=budget, scheduling=scheduling)
+    for req_id, spec in enumerate(create_requests(len(prompt_lens), prompt_lens, 6)):
+        scheduler.add_request(req_id, spec)
+    executor = ScriptedExecutor()
+    saw_prefill = False
+    while scheduler.has_unfinished() or scheduler.has_inflight():
+        plan = scheduler.plan_step()
+        if plan is not None:
+            batch = scheduler.commit_step(plan, 3)
+            prefill_k = batch.num_spec_tokens[batch.num_decode_reqs :]
+            assert not prefill_k.any()
+            saw_prefill |= batch.batch_size > batch.num_decode_reqs
+            scheduler.update(batch, executor.execute(batch))
+        scheduler.check_invariants()
+    assert saw_prefill
+
+
+# vLLM: num_computed_tokens grows by 1 + K at schedule time and shrinks by the rejected drafts
+# when the outcome arrives, so the next step starts at prompt + outputs - 1.
+@pytest.mark.parametrize(
+    ("k", "accepted", "next_computed"),
+    [
+        (3, 3, 4 + 1 + 4 - 1),  # all accepted: 1 + 3 more tokens
+        (3, 1, 4 + 1 + 2 - 1),  # 2 rejected drafts rolled back
+        (3, 0, 4 + 1 + 1 - 1),  # all rejected: only the recovered token remains
+        (0, 0, 4 + 1 + 1 - 1),  # plain decoding
+    ],
+)
+def test_rejected_drafts_are_rolled_back(k, accepted, next_computed):
+    scheduler = create_scheduler(k_max=3, block_size=2)
+    scheduler.add_request(0, create_requests(1, prompt_len=4, output_len=30)[0])
+    _prefill_all(scheduler, 1)
+    batch = _decode_step(scheduler, [k])
+    assert batch.num_computed_tokens.tolist() == [4]
+    scheduler.update(batch, StepOutcome(0.01, np.array([accepted])))
+    scheduler.check_invariants()  # KV blocks follow the rollback (ceil(tokens / 2) held)
+    assert scheduler.kv.num_total_blocks - scheduler.kv.num_free_blocks == -(-next_computed // 2)
+    plan = scheduler.plan_step()
+    assert plan.decode_context_lens.tolist() == [next_computed]
+
+
+# vLLM caps a row's new tokens at max_model_len - 1 - num_computed: drafts near the end of the
+# context shrink (before the row is ever dropped) and never reach position max_model_len.
+@pytest.mark.parametrize(
+    ("prompt_len", "max_model_len", "draft_room"),
+    [
+        (10, 32, 4),  # far from the end: k_max drafts
+        (28, 32, 2),  # computed 28 -> positions 28..30: 2 drafts
+        (29, 32, 1),  # one draft
+        (30, 32, 0),  # no draft: the last position is the token itself
+    ],
+)
+def test_draft_room_shrinks_at_max_model_len(prompt_len, max_model_len, draft_room):
+    scheduler = create_scheduler(k_max=4, max_model_len=max_model_len, num_kv_blocks=8)
+    scheduler.add_request(0, create_requests(1, prompt_len=prompt_len, output_len=50)[0])
+    _prefill_all(scheduler, 1)
+    plan = scheduler.plan_step()
+    assert plan.decode_draft_room.tolist() == [draft_room]
+    batch = scheduler.commit_step(plan, 4)
+    assert batch.num_spec_tokens.tolist() == [draft_room]
+    assert int(batch.num_computed_tokens[0] + batch.num_scheduled_tokens[0]) <= max_model_len - 1
+
+
+# Admission facts (vLLM): FCFS with a token budget; without chunked prefill a prompt that does
+# not fit the budget left waits (and blocks the queue behind it).
+@pytest.mark.parametrize(
+    ("chunked", "prompt_lens", "budget", "first_step_rows", "first_step_tokens"),
+    [
+        (True, [6, 4], 8, [0, 1], [6, 2]),  # second prompt chunked into the budget left
+        (False, [6, 4], 8, [0], [6]),  # no chunking: the second prompt waits for a step
+        (False, [6, 4, 1], 8, [0], [6]),  # ... and blocks the one-token prompt behind it (FCFS)
+        (True, [3, 3, 3], 8, [0, 1, 2], [3, 3, 2]),  # the last admitted request gets a chunk
+    ],
+)
+def test_admission_under_the_token_budget(
+    chunked, prompt_lens, budget, first_step_rows, first_step_tokens
+):
+    scheduler = create_scheduler(
+        enable_chunked_prefill=chunked, max_num_batched_tokens=budget, max_model_len=8
+    )
+    for req_id, spec in enumerate(create_requests(len(prompt_lens), prompt_lens, 1)):
+        scheduler.add_request(req_id, spec)
+    batch = scheduler.commit_step(scheduler.plan_step(), 0)
+    assert batch.req_ids.tolist() == first_step_rows
+    assert batch.num_scheduled_tokens.tolist() == first_step_tokens
