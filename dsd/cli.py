@@ -13,7 +13,7 @@ import sys
 import click
 import typer
 
-from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces, cmd_zoo
+from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces, cmd_validate, cmd_zoo
 from policies.errors import InputError
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
@@ -33,7 +33,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_zoo):
+for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_validate, cmd_zoo):
     _module.register(app)
 
 

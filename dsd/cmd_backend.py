@@ -79,6 +79,7 @@ def run_backend(
     scheduling: str,
     profile_path: str | None,
     ignore_eos: bool,
+    fast_path: str = "off",
 ) -> dict[str, Any]:
     """Run and return the metrics dict (vLLM bench keys + ours + the run's settings)."""
     import torch
@@ -174,6 +175,7 @@ def run_backend(
         seed=seed,
         tokenize=tokenize,
         ignore_eos=ignore_eos,
+        fast_path=fast_path,
     )
     result = Engine(scheduler, executor, k_policy, workload, EngineConfig(clock="wall")).run()
     metrics = dict(result.metrics)
@@ -195,6 +197,7 @@ def run_backend(
             "max_model_len": max_model_len,
             "longest_request_tokens": longest,
             "num_preemptions": result.num_preemptions,
+            "fast_path": fast_path,
         }
     )
     return metrics
@@ -234,6 +237,9 @@ def register(app: typer.Typer) -> None:
         scheduling: Annotated[str, typer.Option(help="sync or async.")] = "sync",
         profile: Annotated[str | None, typer.Option(help="Profile JSON for goodput.")] = None,
         ignore_eos: Annotated[bool, typer.Option(help="Never stop at EOS.")] = False,
+        fast_path: Annotated[
+            str, typer.Option(help="Decode path: off (reference), eager, cuda-graphs.")
+        ] = "off",
         json_output: Annotated[bool, typer.Option("--json", help="Print the JSON.")] = False,
         output: Annotated[str | None, typer.Option(help="Also write the JSON here.")] = None,
     ) -> None:
@@ -244,6 +250,8 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--device: choose cpu or cuda, got {device!r}")
         if scheduling not in ("sync", "async"):
             raise InputError(f"--scheduling: choose sync or async, got {scheduling!r}")
+        if fast_path not in ("off", "eager", "cuda-graphs"):
+            raise InputError(f"--fast-path: choose off, eager or cuda-graphs, got {fast_path!r}")
         metrics = run_backend(
             target=target,
             draft=draft,
@@ -264,6 +272,7 @@ def register(app: typer.Typer) -> None:
             scheduling=scheduling,
             profile_path=profile,
             ignore_eos=ignore_eos,
+            fast_path=fast_path,
         )
         text = json.dumps(metrics, indent=2, default=_to_json, allow_nan=True)
         if output:
