@@ -243,32 +243,43 @@ class MetricsRecorder:
         )
 
     def _itls_of(self, chunk_mask: npt.NDArray[np.bool_]) -> FloatArray:
+        """Gaps between successive chunks of each request, requests in id order."""
         chunk_req, chunk_time_s = self._chunks()
-        req = chunk_req[chunk_mask]  # [C']
-        times = chunk_time_s[chunk_mask]  # [C']
-        order = _stable_order(req)  # [C'] by request, time order kept within a request
-        req_sorted = req[order]
-        times_sorted = times[order]
-        same = req_sorted[1:] == req_sorted[:-1]
-        gaps: FloatArray = (times_sorted[1:] - times_sorted[:-1])[same]
-        return gaps
+        if chunk_mask.all():
+            req, times = chunk_req, chunk_time_s  # [C] (every request completed)
+        else:
+            req, times = chunk_req[chunk_mask], chunk_time_s[chunk_mask]  # [C']
+        if req.shape[0] < 2:
+            return np.zeros(0, dtype=np.float64)
+        num_requests = self.prompt_len.shape[0]
+        # Chunks grouped by request, time order kept within a request (a stable sort).
+        times_sorted = times[_stable_order(req, num_requests)]  # [C']
+        gaps: FloatArray = times_sorted[1:] - times_sorted[:-1]  # [C'-1]
+        # Drop the gaps that span two requests: they end where a request's chunks end.
+        chunks_per_request = np.bincount(req, minlength=num_requests)  # [N]
+        group_ends = np.cumsum(chunks_per_request[chunks_per_request > 0])[:-1] - 1  # [G-1]
+        within = np.ones(gaps.shape[0], dtype=np.bool_)  # [C'-1]
+        within[group_ends] = False
+        kept: FloatArray = gaps[within]
+        return kept
 
 
-def _stable_order(keys: IntArray) -> IntArray:
-    """argsort(keys, kind="stable") for non-negative keys < 2**32, by 16-bit radix passes.
+def _stable_order(keys: IntArray, key_bound: int) -> IntArray:
+    """argsort(keys, kind="stable") for keys in [0, key_bound).
 
-    numpy sorts 16-bit keys stably with a radix sort (linear time), several times faster
-    than its merge sort on int64; request ids fit in one or two 16-bit digits.
+    numpy sorts 16-bit keys stably with a radix sort (linear time), several times faster than
+    its merge sort on int64; request ids below 65536 are one 16-bit digit, below 2**32 two
+    (least significant digit first, then a stable pass on the high digit).
     """
-    if keys.shape[0] == 0 or int(keys.max()) >= 1 << 32 or int(keys.min()) < 0:
-        order: IntArray = np.argsort(keys, kind="stable")
+    if key_bound <= 1 << 16:
+        order: IntArray = np.argsort(keys.astype(np.uint16), kind="stable")
         return order
-    low = (keys & 0xFFFF).astype(np.uint16)  # [C]
-    order = np.argsort(low, kind="stable")
-    high = keys >> 16  # [C]
-    if high.any():
-        # LSD radix: a stable pass on the high digit keeps the low-digit order within ties.
-        order = order[np.argsort(high[order].astype(np.uint16), kind="stable")]
+    if key_bound <= 1 << 32:
+        order = np.argsort((keys & 0xFFFF).astype(np.uint16), kind="stable")
+        high = (keys >> 16).astype(np.uint16)  # [C]
+        stable_high: IntArray = order[np.argsort(high[order], kind="stable")]
+        return stable_high
+    order = np.argsort(keys, kind="stable")
     return order
 
 
