@@ -96,3 +96,27 @@ def test_cell_seeds_depend_on_seed_and_concurrency_only() -> None:
     assert cell_seed(0, 16) != cell_seed(1, 16)
     assert [c.config.num_prompts for c in cells] == [3, 3, 48, 48]
     assert [c.index for c in cells] == [0, 1, 2, 3]
+
+
+def test_ablation_report_runs_on_a_tiny_grid_and_rows_differ_as_documented(tmp_path: Path) -> None:
+    from reports.ablation import main as ablation_main
+
+    out_dir = tmp_path / "fidelity"
+    argv = ["--out", str(out_dir), "--concurrency", "4", "--prompts-per-concurrency", "2"]
+    ablation_main([*argv, "--workers", "1"])
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "ablation.csv",
+        "ablation.png",
+        "config.json",
+        "report.md",
+    ]
+    table = pd.read_csv(out_dir / "ablation.csv")
+    assert len(table) == 5 * 3  # rows x policies at one C
+    tpot = table.set_index(["variant", "policy"])["mean_tpot_ms"]
+    # Host overhead 0 removes 0.5 ms from every step: TPOT falls for every policy.
+    for policy in ("static:0", "static:3", "goodput"):
+        assert tpot[("host overhead 0", policy)] < tpot[("baseline", policy)]
+    # Homogeneous acceptance changes nothing without drafts.
+    assert tpot[("homogeneous acceptance", "static:0")] == tpot[("baseline", "static:0")]
+    report = (out_dir / "report.md").read_text()
+    assert report.startswith("# Fidelity ablation") and "python -m reports.ablation" in report
