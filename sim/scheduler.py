@@ -112,6 +112,12 @@ class SchedulerConfig:
                 "scheduler: without chunked prefill max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
             )
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            # A capped prompt is a chunk: without chunking it would wait forever.
+            raise InputError(
+                "scheduler: long_prefill_token_threshold "
+                f"({self.long_prefill_token_threshold}) needs enable_chunked_prefill"
+            )
 
 
 @dataclass(frozen=True, slots=True)
