@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from utils import create_requests, create_scheduler
 
+from policies.errors import InputError
 from sim.fakes import ScriptedExecutor
-from sim.scheduler import Scheduler
+from sim.scheduler import Scheduler, SchedulerConfig
 from sim.types import ScheduledBatch, StepOutcome
 
 
@@ -196,3 +197,17 @@ def test_admission_under_the_token_budget(
     batch = scheduler.commit_step(scheduler.plan_step(), 0)
     assert batch.req_ids.tolist() == first_step_rows
     assert batch.num_scheduled_tokens.tolist() == first_step_tokens
+
+
+def test_prefill_cap_without_chunked_prefill_is_an_input_error():
+    # Found by the stateful machine: the cap made a 2-token prompt a 1-token chunk that
+    # chunking forbids, so the request waited forever (plan_step returned None for good).
+    with pytest.raises(InputError, match="long_prefill_token_threshold"):
+        SchedulerConfig(
+            max_model_len=3,
+            num_kv_blocks=3,
+            block_size=1,
+            max_num_batched_tokens=3,
+            enable_chunked_prefill=False,
+            long_prefill_token_threshold=1,
+        )
