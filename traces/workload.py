@@ -10,6 +10,7 @@ frees), in order. This module does not generate arrivals or read files.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,5 +44,5 @@ class Workload:
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         arrivals = [r.arrival_s for r in self.requests]
-        if any(b < a for a, b in zip(arrivals, arrivals[1:], strict=False)):
+        if any(b < a for a, b in pairwise(arrivals)):
             raise ValueError("requests must be in non-decreasing arrival order")
