@@ -1,0 +1,227 @@
+"""The simulator's speed paths agree with their plain definitions.
+
+Each fast path in the per-step hot loop (bincount spec-decode counters, shift-based KV block
+rounding, live-decode commit/update, radix-ordered ITLs, the goodput K tuple) is checked against
+the plain computation it replaces; whole runs with the fast paths forced off must give the same
+results bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.goodput import GoodputPolicy, lookup_batch_k
+from policies.profile_io import load_profile
+from policies.types import StepFeedback, StepView, position_counts
+from sim.engine import Engine, EngineConfig, RunResult
+from sim.executor import build_fitted_executor
+from sim.kv import KVBlockPool
+from sim.metrics import MetricsRecorder, _stable_order
+from sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats
+from traces.workload import RequestSpec, Workload
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PROFILE_PATH = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
+
+
+@given(
+    k_max=st.integers(0, 6),
+    rows=st.lists(st.tuples(st.integers(0, 8), st.floats(0, 1)), max_size=40),
+)
+def test_spec_stats_counters_equal_per_position_comparisons(k_max, rows):
+    num_spec = np.array([k for k, _ in rows], dtype=np.int64)
+    num_accepted = np.array([int(f * (k + 1)) if f < 1 else k for k, f in rows], dtype=np.int64)
+    stats = SpecDecodeStats(k_max)
+    stats.observe(num_spec, num_accepted)
+    stats.observe(num_spec[::-1].copy(), num_accepted[::-1].copy())  # counters accumulate
+    drafted, accepted = position_counts(num_spec, num_accepted, k_max)
+    assert stats.num_drafts == 2 * int((num_spec > 0).sum())
+    assert stats.num_draft_tokens == 2 * int(num_spec.sum())
+    assert stats.num_accepted_tokens == 2 * int(num_accepted.sum())
+    assert stats.drafted_at_pos.tolist() == (2 * drafted).tolist()
+    assert stats.accepted_at_pos.tolist() == (2 * accepted).tolist()
+
+
+@pytest.mark.parametrize(
+    "block_size",
+    [
+        1,  # shift 0
+        16,  # the usual power of two
+        64,  # another power of two
+        12,  # not a power of two: integer division
+    ],
+)
+@given(tokens=st.lists(st.integers(-100, 10_000), min_size=1, max_size=50))
+def test_blocks_for_is_ceil_division(block_size, tokens):
+    pool = KVBlockPool(1000, block_size)
+    num_tokens = np.array(tokens, dtype=np.int64)
+    expected = [-(-n // block_size) for n in tokens]
+    assert pool.blocks_for(num_tokens).tolist() == expected
+    assert num_tokens.tolist() == tokens  # the input is not modified
+
+
+@given(
+    block_size=st.sampled_from([4, 16, 12]),
+    held_tokens=st.lists(st.integers(0, 200), min_size=1, max_size=12),
+    deltas=st.lists(st.integers(-60, 60), min_size=12, max_size=12),
+    num_blocks=st.integers(1, 400),
+)
+def test_cover_many_and_shrink_equal_per_slot_updates(block_size, held_tokens, deltas, num_blocks):
+    num_slots = len(held_tokens)
+    start = [-(-n // block_size) for n in held_tokens]
+    if sum(start) > num_blocks:
+        num_blocks = sum(start)
+    pool = KVBlockPool(num_blocks, block_size, capacity=num_slots)
+    for slot, blocks in enumerate(start):
+        assert pool.try_cover(slot, blocks * block_size)
+    slots = np.arange(num_slots, dtype=np.int64)
+    target = np.maximum(np.array(held_tokens) + np.array(deltas[:num_slots]), 0)
+    # Reference: the all-or-nothing grow, then the shrink, slot by slot.
+    need = [max(-(-int(n) // block_size) - b, 0) for n, b in zip(target, start, strict=True)]
+    fits = sum(need) <= pool.num_free_blocks
+    grown = [b + g for b, g in zip(start, need, strict=True)] if fits else start
+    assert pool.try_cover_many(slots, target) == fits
+    assert pool.num_held.tolist()[:num_slots] == grown
+    pool.shrink_to(slots, target)
+    shrunk = [min(b, -(-int(n) // block_size)) for b, n in zip(grown, target, strict=True)]
+    assert pool.num_held.tolist()[:num_slots] == shrunk
+    assert pool.num_free_blocks + sum(shrunk) == num_blocks
+
+
+@pytest.mark.parametrize(
+    "key_bound",
+    [
+        1,  # a single request
+        5000,  # one 16-bit digit
+        70_000,  # two digits
+        1 << 40,  # past 32 bits: plain merge sort
+    ],
+)
+def test_stable_order_equals_numpy_stable_argsort(key_bound):
+    keys = np.random.default_rng(0).integers(0, key_bound, 20_000)
+    assert np.array_equal(_stable_order(keys, key_bound), np.argsort(keys, kind="stable"))
+
+
+def test_itls_equal_gaps_of_each_requests_chunks_in_time_order():
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        num_requests = int(rng.integers(1, 30))
+        recorder = MetricsRecorder(num_requests, k_max=2)
+        num_chunks = int(rng.integers(0, 120))
+        req = rng.integers(0, num_requests, num_chunks).astype(np.int64)
+        times = np.sort(rng.random(num_chunks))
+        recorder._chunk_req, recorder._chunk_time_s = req, times
+        mask = rng.random(num_chunks) < 0.7
+        expected = [
+            gap for r in range(num_requests) for gap in np.diff(times[mask & (req == r)]).tolist()
+        ]
+        assert recorder._itls_of(mask).tolist() == expected
+        full = [gap for r in range(num_requests) for gap in np.diff(times[req == r]).tolist()]
+        assert recorder.itls_s().tolist() == full
+
+
+def test_goodput_choose_k_equals_the_table_lookup():
+    profile = load_profile(PROFILE_PATH)
+    policy = GoodputPolicy(profile, max_num_seqs=64)
+    empty = np.zeros(0, dtype=np.int64)
+    for batch_size in range(0, 65):
+        for k_max in (0, 2, 5, 9):
+            view = StepView(0, 0.0, batch_size, 0, empty, empty, k_max)
+            assert policy.choose_k(view) == lookup_batch_k(policy.table.k_star, view, "goodput")
+
+
+# ---------------------------------------------------------------- whole runs, fast paths off
+
+
+class _CountingScheduler(Scheduler):
+    """The real scheduler, counting the steps that took the live-decode update."""
+
+    num_fast_updates = 0
+
+    def _update_live_decode(self, batch, step, accepted):  # type: ignore[no-untyped-def]
+        self.num_fast_updates += 1
+        return super()._update_live_decode(batch, step, accepted)
+
+
+class _GeneralPathScheduler(_CountingScheduler):
+    """Counts a (fake) event before every commit, so commit_step and update never take their
+    live-decode fast paths: every step goes through the general code."""
+
+    def commit_step(self, plan, k):  # type: ignore[no-untyped-def]
+        self._num_events += 1
+        return super().commit_step(plan, k)
+
+
+class _PerRowK:
+    """K per decode row from its request id: mixed K in every step."""
+
+    def choose_k(self, view: StepView):  # type: ignore[no-untyped-def]
+        return (view.req_ids % 6).astype(np.int64)
+
+    def observe(self, feedback: StepFeedback) -> None:
+        pass
+
+
+def _run(scheduler_class, config: SchedulerConfig, policy_name: str) -> tuple[RunResult, int]:
+    profile = load_profile(PROFILE_PATH)
+    rng = np.random.default_rng(7)
+    requests = tuple(
+        RequestSpec(prompt_len=int(p), output_len=int(o))
+        for p, o in zip(rng.integers(5, 300, 120), rng.integers(1, 90, 120), strict=True)
+    )
+    workload = Workload("mixed", requests, max_concurrency=config.max_num_seqs)
+    policy = (
+        GoodputPolicy(profile, max_num_seqs=config.max_num_seqs)
+        if policy_name == "goodput"
+        else _PerRowK()
+    )
+    executor = build_fitted_executor(profile, np.random.SeedSequence(3), latency_kind="table")
+    scheduler = scheduler_class(config, capacity=4)
+    engine = Engine(
+        scheduler,
+        executor,
+        policy,
+        workload,
+        EngineConfig(check_invariants=True, record_events=True),
+    )
+    return engine.run(), scheduler.num_fast_updates
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "policy_name", "num_kv_blocks", "budget"),
+    [
+        ("sync", "goodput", 4096, 8192),  # roomy: almost every step is all-decode
+        ("async", "goodput", 4096, 8192),  # async: placeholders, one-step K lag
+        ("sync", "per-row", 4096, 8192),  # mixed K per row
+        ("sync", "goodput", 300, 256),  # short pool and budget: preemption, trimmed drafts
+        ("async", "per-row", 300, 256),  # the same, async with mixed K
+    ],
+)
+def test_runs_with_fast_paths_off_give_identical_results(
+    scheduling, policy_name, num_kv_blocks, budget
+):
+    config = SchedulerConfig(
+        max_model_len=1024,
+        num_kv_blocks=num_kv_blocks,
+        k_max=5,
+        max_num_seqs=32,
+        max_num_batched_tokens=budget,
+        scheduling=scheduling,
+    )
+    fast, num_fast = _run(_CountingScheduler, config, policy_name)
+    general, num_fast_when_off = _run(_GeneralPathScheduler, config, policy_name)
+    assert num_fast >= 10  # the fast path ran (the rest: steps with finishes or prefills)
+    assert num_fast_when_off == 0
+    # JSON text: NaN rates (positions never drafted) compare equal as text
+    assert json.dumps(fast.metrics, sort_keys=True) == json.dumps(general.metrics, sort_keys=True)
+    assert fast.requests.equals(general.requests)
+    assert fast.steps.equals(general.steps)
+    assert fast.events == general.events
+    assert fast.num_preemptions == general.num_preemptions
+    assert fast.metrics["completed"] == 120
