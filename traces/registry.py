@@ -69,6 +69,10 @@ def _with_output_len(workload: Workload, output_len: int | None) -> Workload:
     return dataclasses.replace(workload, requests=requests)
 
 
+# Largest count or length accepted from a user (exact in float64, far from int64 overflow).
+MAX_COUNT = 2**53
+
+
 def build_workload(
     name_or_path: str,
     *,
@@ -97,6 +101,17 @@ def build_workload(
     trace_options: window / sampling / caps / time scale for traces and files.
     rollout: the rl-rollout shape (num_prompts, if given, overrides its num_requests).
     """
+    # Seeds feed np.random.SeedSequence (non-negative, any size); counts and lengths beyond
+    # 2**53 cannot be real and would overflow int64 arithmetic downstream.
+    if not 0 <= seed < 2**64:
+        raise InputError(f"seed: must be an integer in [0, 2**64), got {seed}")
+    for field, value in (
+        ("num_prompts", num_prompts),
+        ("max_concurrency", max_concurrency),
+        ("output_len", output_len),
+    ):
+        if value is not None and value > MAX_COUNT:
+            raise InputError(f"{field}: must be at most 2**53, got {value}")
     if num_prompts is not None and num_prompts < 1:
         raise InputError(f"num_prompts: must be >= 1, got {num_prompts}")
     if max_concurrency is not None and max_concurrency < 1:
