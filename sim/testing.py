@@ -112,7 +112,7 @@ def scheduler_configs(
         block_size=block_size,
         scheduling=draw(st.sampled_from(["sync", "async"])) if scheduling is None else scheduling,  # type: ignore[arg-type]
         enable_chunked_prefill=chunked,
-        # Only with chunked prefill: a threshold below a prompt without chunking deadlocks.
+        # Only with chunked prefill (SchedulerConfig rejects a threshold without it).
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 1, 3, 8])) if chunked else 0,
     )
 

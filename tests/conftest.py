@@ -8,14 +8,24 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-# `ci`: what CI runs (bounded time on 2 cores); `thorough`: long local runs
-# (HYPOTHESIS_PROFILE=thorough pytest ...); `dev`: the default, quick.
-settings.register_profile("dev", max_examples=50, deadline=None)
+# `dev`: the default, quick. `ci`: what CI runs (CI set; bounded time on 2 cores). `thorough`:
+# long local runs (HYPOTHESIS_PROFILE=thorough pytest ...). The stateful scheduler machines
+# (tests/sim/test_stateful.py) run a multiple of max_examples (10x over the three machines: ci
+# = 2,000 machine examples) with the profile's stateful_step_count rules per example.
+settings.register_profile("dev", max_examples=50, deadline=None, stateful_step_count=30)
 settings.register_profile(
-    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci",
+    max_examples=200,
+    deadline=None,
+    stateful_step_count=40,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(
-    "thorough", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "thorough",
+    max_examples=5000,
+    deadline=None,
+    stateful_step_count=100,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 

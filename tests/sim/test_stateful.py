@@ -6,7 +6,8 @@ budgets: preemption, chunked prefill, trimmed drafts), and one where a real poli
 fake random-acceptance executor produces the outcomes.
 
 Examples per machine scale with the loaded hypothesis profile (tests/conftest.py): `ci` runs
-800 + 800 + 400 = 2,000 machine examples, `thorough` 25 times more (docs/testing.md).
+800 + 800 + 400 = 2,000 machine examples of 40 rules, `thorough` 25 times more examples of 100
+rules (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -27,15 +28,13 @@ from sim.types import Executor
 H100_PROFILE = (
     Path(__file__).resolve().parents[2] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 )
-STEPS_PER_EXAMPLE = 40  # rules per example: enough to fill a tiny pool and finish requests
 
 
 def _machine_settings(examples_per_profile_example: int) -> settings:
-    """The loaded profile's settings with max_examples scaled for a machine."""
+    """The loaded profile's settings (stateful_step_count included), max_examples scaled."""
     return settings(
         settings.default,
         max_examples=examples_per_profile_example * settings.default.max_examples,
-        stateful_step_count=STEPS_PER_EXAMPLE,
     )
 
 
