@@ -15,29 +15,39 @@ clipped to [0, 1] and made non-increasing in i. A request never seen reads exact
 profile's rates. (Treating every position's trial alike is the approximation: it pools all of
 a request's evidence into one number, which is what lets it learn within a few steps.)
 
-Allocation. With per-request K_i the step verifies sum(K_i + 1) tokens. Assumption (the
-simulator's "token-equivalent" mixed-K costing): the step costs ITL(D, K_eff) with
-D = num_decode_reqs and K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens,
-read from the profile's ITL table (fractional K interpolated). The objective is expected output
-tokens per ms of step time, sum_j AL_j(K_j) / ITL(D, K_eff). Because every request's marginal
-gain r_{k+1}(j) is non-increasing in k, greedy marginal-gain allocation (add one draft at a
-time to the request with the largest marginal expected tokens) visits, for every total number
-of drafts m, the allocation that maximises expected tokens among all with m drafts; ITL depends
-only on m. So we sort all D * K_max marginal gains once, take prefix sums, score every m and
-keep the best: the result is the exact optimum of the objective (ties: fewer drafts, then lower
-batch position). Cost per step O(D K_max log(D K_max)), vectorised.
+Allocation. The objective is expected output tokens per ms of step time,
+sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table
+(fractional K interpolated) under one of two mixed-K cost models (`mixed_k`, the same names
+as the simulator's costing):
+
+- "padded" (default, the honest one for a real engine: the draft runs max K_i sequential
+  passes over the whole batch, and the profile's ITL(D, K) is the only measured price of a
+  step): cost = ITL(D, max K_i). For a given max K = k every request's extra drafts up to k
+  are free and each adds expected tokens, so the optimum is K_j = k for all j and the policy
+  picks k = argmax_k sum_j AL_j(k) / ITL(D, k): a uniform K, but from the running requests' own
+  learnt acceptance rather than the profile's.
+- "token-equivalent" (optimistic bound: it ignores the extra draft passes):
+  cost = ITL(D, K_eff), K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens.
+  Because every request's marginal gain r_{k+1}(j) is non-increasing in k, greedy
+  marginal-gain allocation (add one draft at a time to the request with the largest marginal
+  expected tokens) visits, for every total number of drafts m, the allocation that maximises
+  expected tokens among all with m drafts; ITL depends only on m. So we sort all D * K_max
+  marginal gains once, take prefix sums, score every m and keep the best: the exact optimum
+  (ties: fewer drafts, then lower batch position). O(D K_max log(D K_max)) per step.
 
 Memory. Requests are tracked by req_id in sorted arrays; an id not seen for
 `forget_after_steps` steps is dropped, and at most `max_tracked` ids are kept (the least
 recently seen go first), so memory is bounded whatever the run length.
 
-What it does not do: model padded mixed-K cost (with ITL(D, max K) the best per-request answer
-is a uniform K and the goodput policy already finds it), learn ITL, or look at context length.
+What it does not do: split a step's cost into draft passes and verified tokens (the table has
+no such split, so no cost model here rewards unequal K under a max-K draft), learn ITL, or look
+at context length.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -49,6 +59,8 @@ from policies.types import StepFeedback, StepView
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+MixedKCost = Literal["padded", "token-equivalent"]
+MIXED_K_COSTS: tuple[str, ...] = ("padded", "token-equivalent")
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,8 @@ class PerRequestConfig:
     forget_after_steps: int = 64
     # Hard bound on tracked requests; the least recently seen are dropped beyond it.
     max_tracked: int = 4096
+    # Step cost the allocation assumes: "padded" ITL(D, max K) or "token-equivalent".
+    mixed_k: str = "padded"
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.prior_strength) and self.prior_strength > 0):
@@ -69,6 +83,11 @@ class PerRequestConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InputError(f"per-request: {name} must be an integer >= 1, got {value!r}")
+        if self.mixed_k not in MIXED_K_COSTS:
+            raise InputError(
+                f"per-request: mixed_k must be one of {', '.join(MIXED_K_COSTS)}, "
+                f"got {self.mixed_k!r}"
+            )
 
 
 def pooled_conditional_rate(acceptance_rates: FloatArray) -> float:
@@ -94,6 +113,16 @@ def beta_power_moments(alpha: FloatArray, beta: FloatArray, k_max: int) -> Float
     return moments
 
 
+def best_uniform_k(gains: FloatArray, itl_ms_by_k: FloatArray) -> int:
+    """The K in 0..K_max maximising (D + sum_j sum_{k<K} gains[j, k]) / ITL(D, K) (padded cost).
+
+    `gains` [D, K_max] as in `best_allocation`; `itl_ms_by_k` [K_max + 1]. Smallest K on ties.
+    """
+    num_decode, k_max = gains.shape
+    tokens = num_decode + np.concatenate(([0.0], np.cumsum(gains.sum(axis=0))))  # [K_max + 1]
+    return int(np.argmax(tokens / itl_ms_by_k[: k_max + 1]))
+
+
 def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> IntArray:
     """[D] K per request maximising (D + tokens from drafts) / ITL(total drafts).
 
@@ -116,7 +145,7 @@ def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> In
 
 
 class PerRequestPolicy:
-    """K per decode request from per-request Beta posteriors, optimal token-equivalent split."""
+    """K per decode request from per-request Beta posteriors, optimal under `mixed_k` cost."""
 
     def __init__(
         self, profile: Profile, max_num_seqs: int, config: PerRequestConfig | None = None
@@ -184,6 +213,10 @@ class PerRequestPolicy:
                 f"{self.max_num_seqs}"
             )
         rates = self.request_rates(np.asarray(view.req_ids, dtype=np.int64))[:, :k_cap]  # [D, k]
+        if self.config.mixed_k == "padded":
+            itl_by_k = self.itl.itl_ms_at(float(num_decode), np.arange(k_cap + 1.0))  # [k+1]
+            k = best_uniform_k(rates, itl_by_k)
+            return np.full(num_decode, k, dtype=np.int64)
         return best_allocation(rates, self.itl_by_total_drafts(num_decode, k_cap))
 
     def observe(self, feedback: StepFeedback) -> None:

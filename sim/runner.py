@@ -12,7 +12,8 @@ Randomness: the run seed `s` roots one `np.random.SeedSequence(s)`. Its children
 workload's streams (lengths, prompt order, arrivals), spawned inside `traces.registry`, so
 `dsd simulate`, `dsd run` and `dsd traces export` with the same seed see the same requests; its
 child 3 is spawned into the simulator's streams: acceptance draws, latency noise, and the policy
-(reserved for randomised policies; the current ones draw nothing). Same config -> identical
+(handed to `parse_policy(seed=...)`: the bandit samples from it; deterministic policies ignore
+it). Same config -> identical
 result, in any process.
 
 Speed for many calls (sweeps, validation): profiles, fitted latency models and the replay
@@ -33,12 +34,14 @@ import dataclasses
 import functools
 import math
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 import simpy
 
 from policies.errors import InputError
@@ -47,6 +50,7 @@ from policies.profile_io import load_profile
 from policies.spec import parse_policy
 from policies.types import IntArray, KPolicy, SchedulingMode, StepFeedback, StepView
 from sim.acceptance import (
+    CategoryAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
     ReplayAcceptance,
@@ -57,6 +61,7 @@ from sim.engine import Engine, EngineConfig, RunResult
 from sim.executor import AcceptanceKind, FittedExecutor, LatencyJitter
 from sim.latency import (
     LatencyModelKind,
+    MixedKCosting,
     ParametricLatencyModel,
     PrefillCost,
     TableLatencyModel,
@@ -72,10 +77,12 @@ from traces.rollout import RolloutConfig
 from traces.workload import Workload
 
 PrefillCostMode = Literal["profile", "free"]
+FloatArray = npt.NDArray[np.float64]
 
 LATENCY_MODEL_KINDS: tuple[str, ...] = ("auto", "table", "parametric")
 ACCEPTANCE_MODEL_KINDS: tuple[str, ...] = ("heterogeneous", "per-position", "replay")
 PREFILL_COST_MODES: tuple[str, ...] = ("profile", "free")
+MIXED_K_COSTINGS: tuple[str, ...] = ("padded", "token-equivalent")
 
 # vLLM's engine defaults (V1, OpenAI server) used when the config leaves them open.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -105,6 +112,29 @@ def _check_float(name: str, value: object, *, minimum: float, allow_inf: bool = 
     if math.isnan(number) or (math.isinf(number) and not allow_inf) or number < minimum:
         bound = f">= {minimum}" + (" (inf allowed)" if allow_inf else ", finite")
         raise InputError(f"{name}: must be {bound}, got {value!r}")
+
+
+def _check_category_acceptance(value: object) -> None:
+    if not isinstance(value, tuple):
+        raise InputError(f"category_acceptance: must be a tuple of (tag, rates), got {value!r}")
+    seen: set[str] = set()
+    for index, item in enumerate(value):
+        where = f"category_acceptance[{index}]"
+        if not isinstance(item, tuple) or len(item) != 2 or not isinstance(item[0], str):
+            raise InputError(f"{where}: must be a (tag, rates) pair, got {item!r}")
+        tag, rates = item
+        if not tag or tag in seen:
+            raise InputError(f"{where}: tag must be non-empty and unique, got {tag!r}")
+        seen.add(tag)
+        if not isinstance(rates, tuple) or not rates:
+            raise InputError(f"{where}: rates must be a non-empty tuple, got {rates!r}")
+        for position, rate in enumerate(rates):
+            if (
+                isinstance(rate, bool)
+                or not isinstance(rate, int | float)
+                or not (0.0 <= float(rate) <= 1.0)
+            ):
+                raise InputError(f"{where}: rates[{position}] must be in [0, 1], got {rate!r}")
 
 
 @dataclass(frozen=True)
@@ -167,6 +197,14 @@ class SimulationConfig:
     fixed_batch_size: int | None = None
     # Run seed, >= 0: roots every random stream (see the module docstring).
     seed: int = 0
+    # How the table model charges a step whose rows draft different K: "padded" ITL(D, max K)
+    # (what the draft's max-K passes cost) or "token-equivalent" ITL(D, sum(K_i + 1) / D - 1).
+    # The parametric model has its own decomposition and ignores this.
+    mixed_k: MixedKCosting = "padded"
+    # Per-category acceptance: (tag, per-position rates r_1..r_n) pairs; a request whose
+    # RequestSpec.tag is listed draws from those rates (per-position model), the rest from
+    # `acceptance_model`. Empty: no routing. Lets a workload's acceptance move with its mix.
+    category_acceptance: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("profile", "policy", "dataset"):
@@ -214,6 +252,11 @@ class SimulationConfig:
             )
         _check_int("fixed_batch_size", self.fixed_batch_size, 1, optional=True)
         _check_int("seed", self.seed, 0)
+        if self.mixed_k not in MIXED_K_COSTINGS:
+            raise InputError(
+                f"mixed_k: choose from {', '.join(MIXED_K_COSTINGS)}, got {self.mixed_k!r}"
+            )
+        _check_category_acceptance(self.category_acceptance)
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,10 +281,10 @@ def _cached_profile(key: tuple[str, int, int]) -> Profile:
 
 @functools.lru_cache(maxsize=64)
 def _cached_latency_model(
-    key: tuple[str, int, int], kind: LatencyModelKind, k_max: int
+    key: tuple[str, int, int], kind: LatencyModelKind, k_max: int, mixed_k: MixedKCosting
 ) -> TableLatencyModel | ParametricLatencyModel:
     try:
-        return fit_latency_model(_cached_profile(key), kind=kind, k_max=k_max)
+        return fit_latency_model(_cached_profile(key), kind=kind, k_max=k_max, mixed_k=mixed_k)
     except ValueError as exc:
         raise InputError(f"{key[0]}: cannot build a {kind} latency model: {exc}") from None
 
@@ -388,10 +431,16 @@ def resolve(config: SimulationConfig) -> ResolvedSimulation:
         num_kv_blocks = running * math.ceil(max_model_len / block_size)
     else:
         num_kv_blocks = int(config.num_kv_blocks)
-    latency = _cached_latency_model(key, config.latency_model, k_max)
+    latency = _cached_latency_model(key, config.latency_model, k_max, config.mixed_k)
     # Parse the policy once here so a bad SPEC fails before anything runs (runs build their own:
     # policies may hold state).
-    parse_policy(config.policy, profile=profile, k_max=k_max, max_num_seqs=max_num_seqs)
+    parse_policy(
+        config.policy,
+        profile=profile,
+        k_max=k_max,
+        max_num_seqs=max_num_seqs,
+        context_latency=context_latency_fn(latency),
+    )
     latency_kind = "table" if isinstance(latency, TableLatencyModel) else "parametric"
     return ResolvedSimulation(
         config=config,
@@ -413,7 +462,23 @@ def sim_seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
     return dict(zip(SIM_STREAM_NAMES, root.spawn(len(SIM_STREAM_NAMES)), strict=True))
 
 
-def _acceptance_model(kind: str, profile: Profile, seed: np.random.SeedSequence) -> AcceptanceModel:
+def _acceptance_model(
+    kind: str,
+    profile: Profile,
+    seed: np.random.SeedSequence,
+    category_acceptance: tuple[tuple[str, tuple[float, ...]], ...] = (),
+) -> AcceptanceModel:
+    if category_acceptance:
+        # The default model keeps the stream it has without routing (spawn_key unchanged), so
+        # untagged requests draw as before; each category gets its own child stream.
+        children = np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 1 << 20)).spawn(
+            len(category_acceptance)
+        )
+        by_tag: dict[str, AcceptanceModel] = {
+            tag: PerPositionAcceptance(rates, child)
+            for (tag, rates), child in zip(category_acceptance, children, strict=True)
+        }
+        return CategoryAcceptance(by_tag, _acceptance_model(kind, profile, seed))
     if kind == "per-position":
         return PerPositionAcceptance.from_profile(profile, seed)
     if kind == "heterogeneous":
@@ -441,6 +506,38 @@ def _latency_model(resolved: ResolvedSimulation) -> LatencyModel:
     return model
 
 
+def context_latency_fn(
+    latency: TableLatencyModel | ParametricLatencyModel,
+) -> Callable[[float, FloatArray, float], FloatArray]:
+    """ITL(B, K [n], total context tokens) ms [n] of the run's fitted decode model.
+
+    What the `context` policy optimises against: the parametric model prices the KV read of
+    `context_tokens` (uniform K per row, so B (K + 1) verified tokens); the table model has no
+    context axis and reads ITL(B, K).
+    """
+    if isinstance(latency, ParametricLatencyModel):
+        parametric = latency
+
+        def parametric_ms(batch_size: float, ks: FloatArray, context_tokens: float) -> FloatArray:
+            k_values = np.asarray(ks, dtype=np.float64)  # [n]
+            return np.array(
+                [
+                    parametric._decode_ms(batch_size, k, batch_size * (k + 1.0), context_tokens)
+                    for k in k_values.tolist()
+                ],
+                dtype=np.float64,
+            )  # [n]
+
+        return parametric_ms
+    table = latency.itl_table
+
+    def table_ms(batch_size: float, ks: FloatArray, context_tokens: float) -> FloatArray:
+        del context_tokens  # the PR table has no context axis
+        return np.asarray(table.itl_ms_at(batch_size, ks), dtype=np.float64)  # [n]
+
+    return table_ms
+
+
 def build_engine(resolved: ResolvedSimulation, engine_config: EngineConfig | None = None) -> Engine:
     """The engine of one run, ready to `run()` (for callers that want the pieces)."""
     config = resolved.config
@@ -462,6 +559,8 @@ def build_engine(resolved: ResolvedSimulation, engine_config: EngineConfig | Non
         profile=resolved.profile,
         k_max=resolved.k_max,
         max_num_seqs=resolved.max_num_seqs,
+        seed=streams["policy"],
+        context_latency=context_latency_fn(resolved.latency),
     )
     if config.fixed_batch_size is not None:
         policy = FixedBatchPolicy(policy, int(config.fixed_batch_size))
@@ -472,7 +571,12 @@ def build_engine(resolved: ResolvedSimulation, engine_config: EngineConfig | Non
     )
     executor = FittedExecutor(
         _latency_model(resolved),
-        _acceptance_model(config.acceptance_model, resolved.profile, streams["acceptance"]),
+        _acceptance_model(
+            config.acceptance_model,
+            resolved.profile,
+            streams["acceptance"],
+            config.category_acceptance,
+        ),
         host_overhead_ms=float(config.host_overhead_ms),
         jitter=jitter,
     )

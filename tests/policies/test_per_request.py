@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from policy_factories import h100_profile
 
 from policies.errors import InputError
+from policies.goodput import GoodputPolicy
 from policies.per_request import (
     PerRequestConfig,
     PerRequestPolicy,
     best_allocation,
+    best_uniform_k,
     beta_power_moments,
     pooled_conditional_rate,
 )
@@ -83,14 +85,55 @@ def test_unseen_requests_read_the_profile_rates() -> None:
     np.testing.assert_allclose(rates, np.tile(profile.acceptance_rates, (2, 1)), rtol=1e-12)
 
 
-def test_uniform_unseen_batch_matches_goodput_at_b1() -> None:
-    # One unseen request: token-equivalent cost at D=1 is the profile's ITL(1, K): K* = 3.
-    policy = PerRequestPolicy(h100_profile(), 64)
+TOKEN_EQUIVALENT = PerRequestConfig(mixed_k="token-equivalent")
+
+
+@pytest.mark.parametrize("config", [PerRequestConfig(), TOKEN_EQUIVALENT])
+def test_uniform_unseen_batch_matches_goodput_at_b1(config: PerRequestConfig) -> None:
+    # One unseen request: both costs are the profile's ITL(1, K) at D=1: K* = 3.
+    policy = PerRequestPolicy(h100_profile(), 64, config)
     assert policy.choose_k(_view([0])).tolist() == [3]
 
 
-def test_learns_which_requests_accept() -> None:
+@pytest.mark.parametrize("batch_size", [1, 2, 4, 8, 16, 32, 64, 128, 256])
+def test_padded_unseen_batch_is_the_goodput_k(batch_size: int) -> None:
+    # Under padded cost with no evidence, every request reads the profile: goodput's uniform K.
+    profile = h100_profile()
+    policy = PerRequestPolicy(profile, 256)
+    goodput = GoodputPolicy(profile, 256)
+    ks = policy.choose_k(_view(list(range(batch_size))))
+    assert set(ks.tolist()) == {goodput.choose_k(synthetic_view(batch_size, 5))}
+
+
+def test_padded_always_answers_one_k_for_the_whole_batch() -> None:
     policy = PerRequestPolicy(h100_profile(), 64)
+    ids = list(range(8))
+    for step in range(30):
+        ks = policy.choose_k(_view(ids, step))
+        assert len(set(ks.tolist())) == 1  # unequal K cannot pay under ITL(D, max K)
+        accepted = np.where(np.arange(8) < 4, ks, 0)
+        policy.observe(_feedback(step, ids, ks, accepted))
+
+
+@given(
+    st.integers(1, 6),  # D
+    st.integers(1, 5),  # K_max
+    st.data(),
+)
+def test_best_uniform_k_matches_brute_force(num_decode: int, k_max: int, data) -> None:  # type: ignore[no-untyped-def]
+    raw = data.draw(
+        st.lists(st.floats(0, 1), min_size=num_decode * k_max, max_size=num_decode * k_max)
+    )
+    gains = -np.sort(-np.array(raw).reshape(num_decode, k_max), axis=1)  # non-increasing rows
+    itl = 5.0 + np.cumsum(
+        data.draw(st.lists(st.floats(0, 3), min_size=k_max + 1, max_size=k_max + 1))
+    )
+    scores = [(num_decode + gains[:, :k].sum()) / itl[k] for k in range(k_max + 1)]
+    assert scores[best_uniform_k(gains, itl)] == pytest.approx(max(scores), rel=1e-12)
+
+
+def test_learns_which_requests_accept() -> None:
+    policy = PerRequestPolicy(h100_profile(), 64, TOKEN_EQUIVALENT)
     ids = list(range(8))
     for step in range(30):
         ks = policy.choose_k(_view(ids, step))
@@ -149,6 +192,7 @@ def test_beta_moments_and_pooled_rate() -> None:
         {"prior_strength": 0.0},  # no prior
         {"forget_after_steps": 0},  # forgets at once
         {"max_tracked": 0},  # cannot track anything
+        {"mixed_k": "max"},  # unknown cost model
     ],
 )
 def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
