@@ -406,8 +406,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command("sweep")
     def sweep(
-        profile: Profile,
-        out: Annotated[str, typer.Option(help="Folder for sweep.csv/.md, the PNG, the config.")],
+        out: Annotated[
+            str, typer.Option(help="Folder: cells/, grid.resolved.json, sweep.csv/.md, PNG.")
+        ],
+        grid: Annotated[
+            str | None,
+            typer.Option(help="TOML grid file (docs/sweeps.md) instead of the grid flags."),
+        ] = None,
+        profile: Annotated[
+            str | None, typer.Option(help="Profile JSON (flag grid; a grid file names its own).")
+        ] = None,
         policies: Annotated[
             str, typer.Option(help="Comma-separated policy SPECs.")
         ] = "static:0,static:3,goodput",
@@ -456,39 +464,182 @@ def register(app: typer.Typer) -> None:
         host_overhead_ms: HostOverhead = 0.0,
         latency_jitter: Jitter = 0.0,
         workers: Annotated[
-            int | None, typer.Option(help="Processes (default: CPU cores); 1 runs inline.")
+            int | None, typer.Option(help="Processes / Ray CPUs (default: CPU cores).")
+        ] = None,
+        ray: Annotated[
+            bool, typer.Option("--ray", help="Run cells as Ray tasks (a local Ray by default).")
+        ] = False,
+        ray_address: Annotated[
+            str | None,
+            typer.Option(help="With --ray: the cluster to join (ray.init(address=...))."),
         ] = None,
         seed: Seed = 0,
     ) -> None:
-        """Run policies x concurrencies (closed loop) in a process pool; write a table + PNG."""
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+        """Run a grid of simulations (a TOML grid, or policies x concurrencies from flags).
 
-        from reports.sweep import default_workers, run_sweep, sweep_cells, write_sweep_outputs
+        Each finished cell is saved in OUT/cells/; re-running the same command skips them.
+        """
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        from reports.sweep import (
+            RESOLVED_GRID_FILE,
+            WorkerDied,
+            default_workers,
+            identify,
+            run_sweep_to_dir,
+            write_sweep_outputs,
+        )
         from sim.runner import resolve, resolved_config_dict
 
         options = dict(locals())
+        if workers is not None and workers < 1:
+            raise InputError(f"--workers: must be >= 1, got {workers}")
+        if Path(out).exists() and not Path(out).is_dir():
+            raise InputError(f"--out {out}: exists and is not a folder")
+        if grid is not None:
+            cells, grid_record, title = _grid_cells(grid, options)
+        else:
+            cells, grid_record, title = _flag_cells(options)
+        cells = identify(cells)
+        # Check every cell here (profile, policy, workload) so a bad input fails before the pool.
+        for cell in cells:
+            resolve(cell.config)
+        num_workers = workers or default_workers()
+        use_ray = ray
+        if ray_address is not None and not ray:
+            raise InputError("--ray-address needs --ray")
+        started_s = time.perf_counter()
+        resolved_grid = {
+            "command_line": _command_line(),
+            **grid_record,
+            "cell_seed_rule": (
+                "closed loop: SeedSequence([seed, C]).generate_state(1)[0]; finite rate r: "
+                "SeedSequence([seed, C or 0, 1, round(1000 r)]); shared by policies"
+            ),
+            "cell_id_rule": "sha256(spec_json)[:16]",
+            "cells": [
+                {
+                    "cell_id": c.cell_id,
+                    "index": c.index,
+                    "policy": c.policy,
+                    "max_concurrency": c.max_concurrency,
+                    "labels": dict(c.labels),
+                    "sweep_seed": c.sweep_seed,
+                    "seed": c.config.seed,
+                }
+                for c in cells
+            ],
+            "base": resolved_config_dict(cells[0].config),
+        }
+        from policies.atomic import atomic_write_text
+        from reports.run_outputs import result_json_text
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(out) / RESOLVED_GRID_FILE, result_json_text(resolved_grid) + "\n")
+        runner = f"ray {ray_address or 'local'}" if use_ray else f"{num_workers} workers"
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+        ) as progress:
+            task = progress.add_task(f"sweep ({runner})", total=len(cells))
+            try:
+                run = run_sweep_to_dir(
+                    cells,
+                    out,
+                    num_workers,
+                    use_ray=use_ray,
+                    ray_address=ray_address,
+                    on_done=lambda _cell: progress.advance(task),
+                )
+            except WorkerDied as exc:
+                typer.echo(
+                    f"error: {exc}; finished cells are saved in {out}/cells; "
+                    "run the same command again to resume",
+                    err=True,
+                )
+                raise typer.Exit(1) from None
+        elapsed_s = time.perf_counter() - started_s
+        frame = write_sweep_outputs(out, run.rows, resolved_grid, title=title)
+        shown = frame[["policy", "max_concurrency", "mean_tpot_ms", "output_throughput"]]
+        typer.echo(shown.to_string(index=False))
+        typer.echo(
+            f"{len(cells)} cells ({run.num_computed} run, {run.num_reused} reused) in "
+            f"{elapsed_s:.1f} s; wrote {out}/"
+        )
+
+    def _grid_cells(
+        grid_file: str, options: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any], str]:
+        """Cells of a TOML grid; grid flags given alongside it are an InputError."""
+        import inspect
+
+        from reports.grid import expand_grid, load_grid
+
+        allowed = {"out", "grid", "workers", "ray", "ray_address", "seed"}
+        for name, parameter in inspect.signature(sweep).parameters.items():
+            if name in allowed:
+                continue
+            value = options[name]
+            default = parameter.default
+            same = value == default or (
+                isinstance(value, float)
+                and isinstance(default, float)
+                and math.isnan(value)
+                and math.isnan(default)
+            )
+            if not same:
+                flag = "--" + name.replace("_", "-")
+                raise InputError(
+                    f"--grid: {flag} cannot be combined with a grid file (put it in the grid)"
+                )
+        if options["seed"] != 0:
+            raise InputError(
+                "--grid: --seed cannot be combined with a grid file (use seeds = [...])"
+            )
+        parsed = load_grid(grid_file)
+        raw = Path(grid_file).read_text(encoding="utf-8")
+        record = {"grid_file": str(Path(grid_file).resolve()), "grid_toml": raw}
+        title = f"{Path(grid_file).name}"
+        return expand_grid(parsed), record, title
+
+    def _flag_cells(options: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
+        """Cells of the flag grid: policies x concurrencies (closed loop)."""
+        from reports.sweep import sweep_cells
+
+        profile = options["profile"]
+        if profile is None:
+            raise InputError("give --profile (or --grid FILE)")
+        num_prompts = options["num_prompts"]
+        num_prompts_per_concurrency = options["num_prompts_per_concurrency"]
         if num_prompts is not None and num_prompts_per_concurrency is not None:
             raise InputError("give one of --num-prompts and --num-prompts-per-concurrency")
         if num_prompts_per_concurrency is not None and num_prompts_per_concurrency < 1:
             raise InputError(
                 f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
             )
-        if workers is not None and workers < 1:
-            raise InputError(f"--workers: must be >= 1, got {workers}")
-        if Path(out).exists() and not Path(out).is_dir():
-            raise InputError(f"--out {out}: exists and is not a folder")
-        policy_specs = _policy_list(policies)
-        concurrencies = _int_list("--max-concurrency", max_concurrency)
-        options.pop("num_prompts")
-        options.pop("max_concurrency")
+        policy_specs = _policy_list(options["policies"])
+        concurrencies = _int_list("--max-concurrency", options["max_concurrency"])
+        base_options = dict(options)
+        base_options.pop("num_prompts")
+        base_options.pop("max_concurrency")
         base = _base_config(
             profile=profile,
             policy=policy_specs[0],
-            dataset=_dataset(dataset_name, dataset_path),
-            seed=seed,
-            k_max=num_spec_tokens,
-            options=options,
+            dataset=_dataset(options["dataset_name"], options["dataset_path"]),
+            seed=options["seed"],
+            k_max=options["num_spec_tokens"],
+            options=base_options,
         )
         per_concurrency = None if num_prompts is not None else (num_prompts_per_concurrency or 20)
         cells = sweep_cells(
@@ -497,35 +648,13 @@ def register(app: typer.Typer) -> None:
             concurrencies,
             num_prompts_per_concurrency=per_concurrency,
             num_prompts=num_prompts,
-            seed=seed,
+            seed=options["seed"],
         )
-        # Check every cell here (profile, policy, workload) so a bad input fails before the pool.
-        for cell in cells:
-            resolve(cell.config)
-        num_workers = workers or default_workers()
-        console = Console(stderr=True)
-        started_s = time.perf_counter()
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task(f"sweep ({num_workers} workers)", total=len(cells))
-            results = run_sweep(cells, num_workers, lambda _done: progress.advance(task))
-        elapsed_s = time.perf_counter() - started_s
-        sweep_config = {
-            "command_line": _command_line(),
+        record = {
             "policies": policy_specs,
             "max_concurrency": concurrencies,
             "num_prompts_per_concurrency": per_concurrency,
             "num_prompts": num_prompts,
-            "seed": seed,
-            "cell_seed_rule": "SeedSequence([seed, C]).generate_state(1)[0], shared by policies",
-            "base": resolved_config_dict(cells[0].config),
+            "seed": options["seed"],
         }
-        frame = write_sweep_outputs(out, results, sweep_config, title=f"{Path(profile).name}")
-        shown = frame[["policy", "max_concurrency", "mean_tpot_ms", "output_throughput"]]
-        typer.echo(shown.to_string(index=False))
-        typer.echo(f"{len(cells)} cells in {elapsed_s:.1f} s; wrote {out}/")
+        return cells, record, Path(profile).name

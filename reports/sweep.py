@@ -1,38 +1,54 @@
-"""A grid of simulated runs (policies x concurrencies) in a local process pool, and its table.
+"""A grid of simulated runs in a process pool or on Ray, saved per cell, and its table.
 
 - `SweepCell`: one picklable run spec (a `SimulationConfig` with its own seed, plus labels).
-  `run_cell(cell)` is a top-level function, so any pool (processes today, a cluster later) can
-  run cells; it returns a `CellResult` with the metrics.
-- `sweep_cells(base, policies, concurrencies, ...)`: the grid in a fixed order. Closed loop per
-  cell: `max_concurrency = C`, `num_prompts = per_concurrency * C` (or a fixed number).
-- Seeds: a cell's seed is `cell_seed(seed, C)`, derived from the sweep seed and the cell's
-  concurrency only, never from the worker or the order of completion. Policies (and ablation
-  variants) at one concurrency deliberately share it: they see the same requests and the same
-  per-request acceptance draws where the draws line up (common random numbers), so differences
-  between them are less noisy.
-- `run_sweep(cells, workers)`: a `ProcessPoolExecutor` (workers = 1 runs in this process),
-  results in cell order whatever the completion order; an optional callback per finished cell
-  (the CLI's progress bar).
-- `sweep_table` / `write_sweep_outputs`: CSV + markdown (mean/median/p99 TPOT and TTFT, output
+  `run_cell(cell)` is a top-level function, so any pool (processes, Ray tasks) can run cells;
+  it returns a `CellResult` with the metrics and the per-step K trace.
+- `sweep_cells(base, policies, concurrencies, ...)`: the flag-built grid in a fixed order
+  (`reports.grid` builds cells from a TOML file). Closed loop per cell: `max_concurrency = C`,
+  `num_prompts = per_concurrency * C` (or a fixed number).
+- Seeds: a cell's seed is `load_seed(seed, C, rate)` (= `cell_seed(seed, C)` for a closed loop),
+  derived from the sweep seed and the cell's load point only, never from the worker or the
+  order of completion. Policies (and ablation variants) at one load point deliberately share
+  it: they see the same requests and the same per-request acceptance draws where the draws
+  line up (common random numbers), so differences between them are less noisy.
+- Cell ids: `identify(cells)` gives each cell `cell_id` = the first 16 hex digits of the
+  SHA-256 of its canonical spec JSON (`cell_spec`: the config with the profile and workload
+  files replaced by name + SHA-256 of their bytes, the labels, the sweep seed, a format
+  number). Same content -> same id on any machine and folder; any change -> a new id.
+- `run_sweep_to_dir(cells, out_dir, ...)`: each finished cell is written at once, by the
+  driver, to `DIR/cells/<id>.parquet` (one row: parameters, scalar metrics, the full metrics
+  JSON, the spec JSON) after its K trace `DIR/cells/<id>.ktrace.parquet`, both atomically. A
+  re-run skips every cell whose file holds the same spec (a stale or unreadable file is
+  recomputed and replaced), so a killed sweep loses no finished cell. Local process pool by
+  default; Ray tasks with `ray_address` (imported only there).
+- `run_sweep(cells, workers)`: in memory, results in cell order (the ablation report uses it).
+- `sweep_frame` / `write_sweep_outputs`: CSV + markdown (mean/median/p99 TPOT and TTFT, output
   throughput, AL per cell) and a PNG of mean TPOT vs concurrency per policy (log x).
 
-What this module does not do: resume, write per-cell files, or talk to Ray (a later issue).
+What this module does not do: parse grid files (reports.grid), retry a cell whose worker died
+(the sweep stops; re-running it resumes), or draw the report (reports.report).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from policies.atomic import atomic_write_bytes
+from policies.errors import InputError
 from reports.run_outputs import result_json_text, write_files
 from sim.runner import SimulationConfig, run_simulation
 
@@ -40,6 +56,13 @@ TABLE_FILE_CSV = "sweep.csv"
 TABLE_FILE_MD = "sweep.md"
 PLOT_FILE = "tpot_vs_concurrency.png"
 CONFIG_FILE = "sweep_config.json"
+RESOLVED_GRID_FILE = "grid.resolved.json"
+CELLS_DIR = "cells"
+CELL_SUFFIX = ".parquet"
+K_TRACE_SUFFIX = ".ktrace.parquet"
+# Bumped when the cell file layout or the spec changes, so old files are never reused.
+CELL_FORMAT = 1
+RAY_MISSING = "install the ray extra: pip install 'dsd[ray]'"
 
 # Metric columns of the table, in order (vLLM bench keys).
 METRIC_COLUMNS: tuple[str, ...] = (
@@ -54,6 +77,28 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "completed",
     "num_steps",
 )
+# Step-table columns kept in the K trace.
+K_TRACE_COLUMNS: tuple[str, ...] = (
+    "step_index",
+    "start_s",
+    "duration_s",
+    "batch_size",
+    "num_decode_reqs",
+    "k_min",
+    "k_max",
+    "mean_k",
+)
+# Parameter columns of a cell row (labels come between variant and policy).
+PARAM_COLUMNS: tuple[str, ...] = (
+    "policy",
+    "max_concurrency",
+    "request_rate",
+    "scheduling",
+    "dataset",
+    "num_prompts",
+    "sweep_seed",
+    "seed",
+)
 
 
 def cell_seed(seed: int, max_concurrency: int) -> int:
@@ -62,15 +107,31 @@ def cell_seed(seed: int, max_concurrency: int) -> int:
     return int(state[0])
 
 
+def load_seed(seed: int, max_concurrency: int | None, request_rate: float) -> int:
+    """The seed of every cell at one load point (C, rate) of sweep seed `seed`.
+
+    Closed loop (rate inf): `cell_seed(seed, C)`. With a finite rate: a 32-bit draw of
+    SeedSequence([seed, C or 0, 1, round(rate * 1000)]) (rates equal to 1e-3 req/s share it).
+    """
+    if math.isinf(request_rate):
+        return cell_seed(seed, max_concurrency or 0)
+    key = [seed, max_concurrency or 0, 1, round(request_rate * 1000)]
+    return int(np.random.SeedSequence(key).generate_state(1, dtype=np.uint32)[0])
+
+
 @dataclass(frozen=True)
 class SweepCell:
     """One run of a sweep. Picklable."""
 
     index: int  # position in the grid (results come back in this order)
     policy: str  # policy SPEC (also in config)
-    max_concurrency: int  # C (also in config)
+    max_concurrency: int | None  # C (also in config); None: no cap (open loop)
     config: SimulationConfig  # the full run config, seed included
     variant: str = ""  # label of a config variant (ablation rows); "" for a plain sweep
+    labels: tuple[tuple[str, Any], ...] = ()  # (column, value) shown in tables (workload, ...)
+    sweep_seed: int | None = None  # the sweep seed the cell seed came from
+    cell_id: str = ""  # content hash of spec_json ("" until `identify`)
+    spec_json: str = ""  # canonical spec JSON ("" until `identify`)
 
 
 @dataclass(frozen=True)
@@ -80,12 +141,16 @@ class CellResult:
     cell: SweepCell  # the cell that ran
     metrics: dict[str, Any]  # the run's vLLM bench metrics (sim.metrics keys)
     num_preemptions: int  # preemptions by recompute in the run
+    k_trace: pd.DataFrame | None = None  # K_TRACE_COLUMNS per step (None when not kept)
 
 
 def run_cell(cell: SweepCell) -> CellResult:
-    """Run one cell (top-level so process pools can pickle it)."""
+    """Run one cell (top-level so process pools and Ray can pickle it)."""
     run = run_simulation(cell.config)
-    return CellResult(cell=cell, metrics=dict(run.metrics), num_preemptions=run.num_preemptions)
+    trace = run.steps.loc[:, list(K_TRACE_COLUMNS)].reset_index(drop=True)
+    return CellResult(
+        cell=cell, metrics=dict(run.metrics), num_preemptions=run.num_preemptions, k_trace=trace
+    )
 
 
 def sweep_cells(
@@ -121,8 +186,263 @@ def sweep_cells(
                     seed=cell_seed(seed, concurrency),
                     **overrides,
                 )
-                cells.append(SweepCell(len(cells), policy, concurrency, config, label))
+                cells.append(
+                    SweepCell(len(cells), policy, concurrency, config, label, sweep_seed=seed)
+                )
     return cells
+
+
+# --------------------------------------------------------------------------------------------
+# Cell ids and specs
+# --------------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """JSON-ready, canonical form of config values (dataclasses, inf, tuples)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _file_digest(path: str, digests: dict[str, str]) -> str:
+    if path not in digests:
+        try:
+            digests[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
+    return digests[path]
+
+
+def cell_spec(cell: SweepCell, digests: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a cell computes, independent of folder and machine (files by name + SHA-256)."""
+    digests = {} if digests is None else digests
+    config = _plain(cell.config)
+    config["profile"] = {
+        "name": Path(cell.config.profile).name,
+        "sha256": _file_digest(cell.config.profile, digests),
+    }
+    dataset = cell.config.dataset
+    if Path(dataset).suffix.lower() in (".csv", ".parquet", ".jsonl") and Path(dataset).is_file():
+        config["dataset"] = {"name": Path(dataset).name, "sha256": _file_digest(dataset, digests)}
+    return {
+        "format": CELL_FORMAT,
+        "config": config,
+        "variant": cell.variant,
+        "labels": [[key, _plain(value)] for key, value in cell.labels],
+        "sweep_seed": cell.sweep_seed,
+    }
+
+
+def identify(cells: Sequence[SweepCell]) -> list[SweepCell]:
+    """The cells with `spec_json` and `cell_id` filled in; two equal cells are an InputError."""
+    digests: dict[str, str] = {}
+    named: list[SweepCell] = []
+    seen: dict[str, int] = {}
+    for cell in cells:
+        spec_json = json.dumps(cell_spec(cell, digests), sort_keys=True, separators=(",", ":"))
+        cell_id = hashlib.sha256(spec_json.encode("utf-8")).hexdigest()[:16]
+        if cell_id in seen:
+            raise InputError(
+                f"cells {seen[cell_id]} and {cell.index} are the same run (policy "
+                f"{cell.policy}, C {cell.max_concurrency}); remove the duplicate from the grid"
+            )
+        seen[cell_id] = cell.index
+        named.append(dataclasses.replace(cell, cell_id=cell_id, spec_json=spec_json))
+    return named
+
+
+# --------------------------------------------------------------------------------------------
+# Per-cell files
+# --------------------------------------------------------------------------------------------
+
+
+def cell_file(out_dir: str | os.PathLike[str], cell_id: str) -> Path:
+    """DIR/cells/<id>.parquet: the cell's one-row result."""
+    return Path(out_dir) / CELLS_DIR / f"{cell_id}{CELL_SUFFIX}"
+
+
+def k_trace_file(out_dir: str | os.PathLike[str], cell_id: str) -> Path:
+    """DIR/cells/<id>.ktrace.parquet: the cell's per-step K trace."""
+    return Path(out_dir) / CELLS_DIR / f"{cell_id}{K_TRACE_SUFFIX}"
+
+
+def cell_row(done: CellResult) -> dict[str, Any]:
+    """One table row: variant, labels, PARAM_COLUMNS, every scalar metric, ids and JSON."""
+    cell = done.cell
+    config = cell.config
+    row: dict[str, Any] = {"variant": cell.variant}
+    row.update({key: value for key, value in cell.labels})
+    row.update(
+        {
+            "policy": cell.policy,
+            "max_concurrency": cell.max_concurrency,
+            "request_rate": config.request_rate,
+            "scheduling": config.scheduling,
+            "dataset": config.dataset,
+            "num_prompts": config.num_prompts,
+            "sweep_seed": cell.sweep_seed,
+            "seed": config.seed,
+        }
+    )
+    for name in METRIC_COLUMNS:
+        row[name] = done.metrics.get(name, math.nan)
+    for name, value in sorted(done.metrics.items()):
+        if name not in row and isinstance(value, int | float | str | np.generic):
+            row[name] = value.item() if isinstance(value, np.generic) else value
+    row["num_preemptions"] = done.num_preemptions
+    row["cell_id"] = cell.cell_id
+    row["metrics_json"] = result_json_text(done.metrics)
+    row["cell_spec_json"] = cell.spec_json
+    return row
+
+
+def _parquet_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def write_cell(out_dir: str | os.PathLike[str], done: CellResult) -> dict[str, Any]:
+    """Write the K trace, then the row (its presence marks the cell done); returns the row."""
+    cell_id = done.cell.cell_id
+    if not cell_id:
+        raise ValueError("write_cell needs an identified cell (reports.sweep.identify)")
+    row = cell_row(done)
+    folder = Path(out_dir) / CELLS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = done.k_trace if done.k_trace is not None else pd.DataFrame(columns=K_TRACE_COLUMNS)
+    atomic_write_bytes(k_trace_file(out_dir, cell_id), _parquet_bytes(trace))
+    atomic_write_bytes(cell_file(out_dir, cell_id), _parquet_bytes(pd.DataFrame([row])))
+    return row
+
+
+def read_cell_row(out_dir: str | os.PathLike[str], cell: SweepCell) -> dict[str, Any] | None:
+    """The saved row of `cell` if its file exists, reads, and holds the same spec; else None."""
+    path = cell_file(out_dir, cell.cell_id)
+    if not path.is_file() or not k_trace_file(out_dir, cell.cell_id).is_file():
+        return None
+    try:
+        frame = pd.read_parquet(path)
+    except Exception:  # a damaged file is recomputed and replaced, never trusted
+        return None
+    if len(frame) != 1 or frame["cell_spec_json"].iloc[0] != cell.spec_json:
+        return None
+    return {
+        key: value.item() if isinstance(value, np.generic) else value
+        for key, value in frame.iloc[0].to_dict().items()
+    }
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """What `run_sweep_to_dir` did."""
+
+    rows: list[dict[str, Any]]  # one per cell, in cell order
+    num_computed: int  # cells run now
+    num_reused: int  # cells whose saved file was reused
+
+
+class WorkerDied(RuntimeError):
+    """A worker process died (killed, out of memory); finished cells are saved."""
+
+
+def run_sweep_to_dir(
+    cells: Sequence[SweepCell],
+    out_dir: str | os.PathLike[str],
+    workers: int,
+    *,
+    ray_address: str | None = None,
+    use_ray: bool = False,
+    on_done: Callable[[SweepCell], None] | None = None,
+) -> SweepRun:
+    """Run the cells not yet saved in DIR/cells and save each as it finishes (see module doc).
+
+    `on_done` is called for every cell, reused ones first. Raises `WorkerDied` when a pool
+    process dies; everything finished before stays saved.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    rows: dict[int, dict[str, Any]] = {}
+    todo: list[SweepCell] = []
+    for cell in cells:
+        saved = read_cell_row(out_dir, cell)
+        if saved is None:
+            todo.append(cell)
+        else:
+            rows[cell.index] = saved
+            if on_done is not None:
+                on_done(cell)
+    num_reused = len(rows)
+
+    def store(done: CellResult) -> None:
+        rows[done.cell.index] = write_cell(out_dir, done)
+        if on_done is not None:
+            on_done(done.cell)
+
+    if use_ray:
+        _run_on_ray(todo, workers, ray_address, store)
+    elif workers == 1 or len(todo) <= 1:
+        for cell in todo:
+            store(run_cell(cell))
+    else:
+        _run_in_pool(todo, workers, store)
+    return SweepRun(
+        rows=[rows[cell.index] for cell in cells],
+        num_computed=len(cells) - num_reused,
+        num_reused=num_reused,
+    )
+
+
+def _run_in_pool(
+    cells: Sequence[SweepCell], workers: int, store: Callable[[CellResult], None]
+) -> None:
+    with ProcessPoolExecutor(max_workers=min(workers, len(cells))) as pool:
+        pending: set[Future[CellResult]] = {pool.submit(run_cell, cell) for cell in cells}
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                try:
+                    done = future.result()  # re-raises a cell's error here
+                except BrokenProcessPool:
+                    for other in finished:  # save what finished alongside the dead one
+                        if not other.cancelled() and other.exception() is None:
+                            store(other.result())
+                    raise WorkerDied("a worker process died (killed or out of memory)") from None
+                store(done)
+
+
+def _run_on_ray(
+    cells: Sequence[SweepCell],
+    workers: int,
+    address: str | None,
+    store: Callable[[CellResult], None],
+) -> None:
+    try:
+        import ray
+    except ImportError:
+        raise InputError(RAY_MISSING) from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        remote_run = ray.remote(num_cpus=1, max_retries=0)(run_cell)
+        pending = [remote_run.remote(cell) for cell in cells]
+        while pending:
+            finished, pending = ray.wait(pending, num_returns=1)
+            for reference in finished:
+                store(ray.get(reference))
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def run_sweep(
@@ -130,7 +450,7 @@ def run_sweep(
     workers: int,
     on_done: Callable[[CellResult], None] | None = None,
 ) -> list[CellResult]:
-    """Run every cell; results in cell order. workers = 1 runs here, else a process pool."""
+    """Run every cell in memory; results in cell order. workers = 1 runs here, else a pool."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     results: dict[int, CellResult] = {}
@@ -165,6 +485,21 @@ def default_workers() -> int:
 # Table and plot
 # --------------------------------------------------------------------------------------------
 
+# Columns that never go into the CSV/markdown table (they live in the cell files).
+_HIDDEN = ("metrics_json", "cell_spec_json", "dataset")
+# Parameter columns dropped from the table when every cell has the same value.
+_DROP_WHEN_CONSTANT = ("variant", "request_rate", "scheduling", "sweep_seed")
+
+
+def sweep_frame(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """All rows as one frame: variant, labels, PARAM_COLUMNS, METRIC_COLUMNS, the rest."""
+    frame = pd.DataFrame(list(rows))
+    label_columns = [c for c in frame.columns if c not in ("variant", *PARAM_COLUMNS)]
+    label_columns = label_columns[: label_columns.index("mean_tpot_ms")]
+    first = ["variant", *label_columns, *PARAM_COLUMNS, *METRIC_COLUMNS, "num_preemptions"]
+    rest = [c for c in frame.columns if c not in first]
+    return frame[first + rest]
+
 
 def sweep_table(results: Sequence[CellResult]) -> pd.DataFrame:
     """One row per cell: variant, policy, concurrency, num_prompts, seed, METRIC_COLUMNS."""
@@ -184,6 +519,36 @@ def sweep_table(results: Sequence[CellResult]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def label_columns(frame: pd.DataFrame) -> list[str]:
+    """The label columns of a sweep frame (between variant and policy)."""
+    columns = list(frame.columns)
+    return columns[columns.index("variant") + 1 : columns.index("policy")]
+
+
+def shown_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """The CSV/markdown view: labels that vary, parameters, METRIC_COLUMNS, preemptions, id."""
+    labels = [c for c in label_columns(frame) if frame[c].nunique(dropna=False) > 1]
+    params = [
+        c
+        for c in ("variant", "request_rate", "scheduling", "sweep_seed")
+        if frame[c].nunique(dropna=False) > 1
+    ]
+    columns = [
+        *(["variant"] if "variant" in params else []),
+        *labels,
+        "policy",
+        "max_concurrency",
+        *[c for c in ("request_rate", "scheduling") if c in params],
+        "num_prompts",
+        *(["sweep_seed"] if "sweep_seed" in params else []),
+        "seed",
+        *METRIC_COLUMNS,
+        "num_preemptions",
+        "cell_id",
+    ]
+    return frame[columns]
+
+
 def _cell_text(value: Any) -> str:
     if isinstance(value, float | np.floating):
         return "nan" if math.isnan(value) else f"{value:.3f}"
@@ -200,19 +565,28 @@ def markdown_table(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def series_keys(frame: pd.DataFrame) -> list[str]:
+    """Columns that tell plot lines apart: varying labels/parameters, then policy."""
+    candidates = ["variant", *label_columns(frame), "request_rate", "scheduling"]
+    return [c for c in candidates if frame[c].nunique(dropna=False) > 1] + ["policy"]
+
+
 def plot_tpot_png(frame: pd.DataFrame, title: str) -> bytes:
-    """PNG bytes of mean TPOT vs concurrency, one line per (variant, policy), log-x."""
+    """PNG bytes of mean TPOT vs concurrency, one line per series (mean over seeds), log-x."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    keys = series_keys(frame) if "variant" in frame.columns and "policy" in frame.columns else []
     figure, axes = plt.subplots(figsize=(7.0, 4.5))
     try:
-        for (variant, policy), group in frame.groupby(["variant", "policy"], sort=False):
-            ordered = group.sort_values("max_concurrency")
-            label = f"{variant}: {policy}" if variant else str(policy)
-            axes.plot(ordered["max_concurrency"], ordered["mean_tpot_ms"], marker="o", label=label)
+        closed = frame[frame["max_concurrency"].notna()]
+        for key, group in closed.groupby(keys, sort=False, dropna=False):
+            values = key if isinstance(key, tuple) else (key,)
+            ordered = group.groupby("max_concurrency", sort=True)["mean_tpot_ms"].mean()
+            label = ": ".join(str(v) for v in values if v != "")
+            axes.plot(ordered.index, ordered.to_numpy(), marker="o", label=label)
         axes.set_xscale("log", base=2)
         axes.set_xlabel("max concurrency C (closed loop)")
         axes.set_ylabel("mean TPOT (ms)")
@@ -230,14 +604,13 @@ def plot_tpot_png(frame: pd.DataFrame, title: str) -> bytes:
 
 def write_sweep_outputs(
     out_dir: str | os.PathLike[str],
-    results: Sequence[CellResult],
+    rows: Sequence[dict[str, Any]],
     sweep_config: dict[str, Any],
     title: str = "simulated mean TPOT",
 ) -> pd.DataFrame:
     """sweep.csv, sweep.md, sweep_config.json, tpot_vs_concurrency.png in `out_dir`."""
-    frame = sweep_table(results)
-    # A plain sweep has no variants: leave the empty column out of the files.
-    shown = frame.drop(columns="variant") if (frame["variant"] == "").all() else frame
+    frame = sweep_frame(rows)
+    shown = shown_table(frame)
     files = {
         TABLE_FILE_CSV: shown.to_csv(index=False).encode("utf-8"),
         TABLE_FILE_MD: markdown_table(shown).encode("utf-8"),

@@ -34,7 +34,17 @@ def test_sweep_writes_table_markdown_and_png(
     code, out, err = run_cli([*TINY, "--workers", "2", "--out", str(out_dir)], capsys)
     assert code == 0, err
     names = sorted(p.name for p in out_dir.iterdir())
-    assert names == ["sweep.csv", "sweep.md", "sweep_config.json", "tpot_vs_concurrency.png"]
+    assert names == [
+        "cells",
+        "grid.resolved.json",
+        "sweep.csv",
+        "sweep.md",
+        "sweep_config.json",
+        "tpot_vs_concurrency.png",
+    ]
+    # One result file and one K trace per cell.
+    assert len(list((out_dir / "cells").glob("*.ktrace.parquet"))) == 4
+    assert len(list((out_dir / "cells").glob("*.parquet"))) == 8
     table = pd.read_csv(out_dir / "sweep.csv")
     assert list(zip(table["policy"], table["max_concurrency"], strict=True)) == [
         ("static:0", 1),

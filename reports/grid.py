@@ -1,0 +1,461 @@
+"""A sweep grid from a TOML file (`dsd sweep --grid grid.toml`), expanded into sweep cells.
+
+File layout (every key optional unless marked; a scalar where a list is allowed means one value):
+
+    profile = "profile.json"            # required; a path or a list of paths (swept)
+    policies = ["static:0", "goodput"]  # required; policy SPECs
+    seeds = [0]                         # sweep seeds (default [0])
+    scheduling = ["sync"]               # "sync" / "async"
+    max_concurrency = [1, 4, 16]        # default closed-loop points for every workload
+    request_rate = ["inf"]              # default arrival rates (req/s, "inf" = all at t=0)
+    num_prompts_per_concurrency = 20    # num_prompts = this x C (default 20), or:
+    num_prompts = 200                   # one fixed count (needed for open loop without C)
+
+    [[workloads]]                       # default: one workload, dataset "mt-bench"
+    name = "mtbench"                    # label in tables (default: the dataset)
+    dataset = "mt-bench"                # a traces.registry name or a workload file
+    max_concurrency = [1, 4]            # this workload's own points (override the defaults)
+    request_rate = [2.0, 8.0]           #   both given: every (C, rate) pair
+    output_len = 128                    # burstiness, output_len, chat_template, shuffle, and
+    random_lengths = { input_len = 512 }  # tables random_lengths / trace_options / rollout
+
+    [config]                            # any other SimulationConfig field:
+    host_overhead_ms = 0.5              #   a scalar is fixed,
+    latency_model = ["table", "parametric"]  # a list is swept
+
+Relative paths (profile, a workload file) are taken relative to the grid file's folder.
+
+Expansion order (outermost first), each axis in the order written: profile, workload, the
+`[config]` lists (in the order written), scheduling, max_concurrency, request_rate, seed,
+policy. A cell's seed is `reports.sweep.load_seed(seed, C, rate)`: every policy at one load
+point and sweep seed shares it (common random numbers).
+
+What this module does not do: run cells, write files, or check that a policy SPEC parses (the
+sweep resolves every cell before running, which does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from policies.errors import InputError
+from reports.sweep import SweepCell, load_seed
+from sim.runner import SimulationConfig
+from traces.datasets import RandomLengths
+from traces.loaders import TraceOptions
+from traces.rollout import RolloutConfig
+
+DEFAULT_DATASET = "mt-bench"
+DEFAULT_PROMPTS_PER_CONCURRENCY = 20
+
+TOP_KEYS: tuple[str, ...] = (
+    "profile",
+    "policies",
+    "seeds",
+    "scheduling",
+    "max_concurrency",
+    "request_rate",
+    "num_prompts_per_concurrency",
+    "num_prompts",
+    "workloads",
+    "config",
+)
+# Workload-table keys that are SimulationConfig fields of the workload itself.
+WORKLOAD_FIELDS: tuple[str, ...] = (
+    "burstiness",
+    "output_len",
+    "chat_template",
+    "shuffle",
+    "random_lengths",
+    "trace_options",
+    "rollout",
+)
+WORKLOAD_KEYS: tuple[str, ...] = (
+    "name",
+    "dataset",
+    "max_concurrency",
+    "request_rate",
+    "num_prompts_per_concurrency",
+    "num_prompts",
+    *WORKLOAD_FIELDS,
+)
+# SimulationConfig fields the grid sets through its own keys, so `[config]` may not.
+_OWNED_FIELDS = frozenset(
+    {
+        "profile",
+        "policy",
+        "dataset",
+        "num_prompts",
+        "max_concurrency",
+        "request_rate",
+        "scheduling",
+        "seed",
+        *WORKLOAD_FIELDS,
+    }
+)
+CONFIG_KEYS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(SimulationConfig) if f.name not in _OWNED_FIELDS
+)
+_NESTED: dict[str, type] = {
+    "random_lengths": RandomLengths,
+    "trace_options": TraceOptions,
+    "rollout": RolloutConfig,
+}
+
+
+@dataclass(frozen=True)
+class GridWorkload:
+    """One `[[workloads]]` entry, checked."""
+
+    name: str  # label in tables and plots
+    dataset: str  # registry name or an absolute workload-file path
+    max_concurrency: tuple[int | None, ...]  # closed-loop caps; (None,) = no cap
+    request_rate: tuple[float, ...]  # arrival rates, req/s (inf = all at t=0)
+    num_prompts_per_concurrency: int | None  # N = this x C when C is set and num_prompts is None
+    num_prompts: int | None  # a fixed N (wins over the per-concurrency count)
+    fields: tuple[tuple[str, Any], ...]  # other SimulationConfig fields of this workload
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """A checked grid file: what `expand_grid` turns into cells."""
+
+    source: str  # the grid file path, for messages
+    profiles: tuple[str, ...]  # absolute profile paths
+    policies: tuple[str, ...]  # policy SPECs
+    seeds: tuple[int, ...]  # sweep seeds
+    scheduling: tuple[str, ...]  # "sync" / "async"
+    workloads: tuple[GridWorkload, ...]  # at least one
+    fixed: tuple[tuple[str, Any], ...]  # [config] scalars (field, value)
+    swept: tuple[tuple[str, tuple[Any, ...]], ...]  # [config] lists (field, values), as written
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _as_list(source: str, key: str, value: Any) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise InputError(f"{source}: {key}: empty list (give at least one value)")
+    return values
+
+
+def _unique(source: str, key: str, values: Sequence[Any]) -> None:
+    seen: list[Any] = []
+    for value in values:
+        if value in seen:
+            raise InputError(f"{source}: {key}: duplicate value {value!r}")
+        seen.append(value)
+
+
+def _strings(source: str, key: str, value: Any) -> list[str]:
+    values = _as_list(source, key, value)
+    for item in values:
+        if not isinstance(item, str) or not item.strip():
+            raise InputError(f"{source}: {key}: expected non-empty strings, got {item!r}")
+    _unique(source, key, values)
+    return values
+
+
+def _ints(source: str, key: str, value: Any, minimum: int) -> list[int]:
+    values = _as_list(source, key, value)
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
+            raise InputError(f"{source}: {key}: expected integers >= {minimum}, got {item!r}")
+    _unique(source, key, values)
+    return values
+
+
+def _rates(source: str, key: str, value: Any) -> list[float]:
+    rates: list[float] = []
+    for item in _as_list(source, key, value):
+        if item == "inf":
+            rates.append(math.inf)
+        elif isinstance(item, int | float) and not isinstance(item, bool) and item > 0:
+            if math.isnan(item):
+                raise InputError(f'{source}: {key}: expected numbers > 0 or "inf", got nan')
+            rates.append(float(item))
+        else:
+            raise InputError(f'{source}: {key}: expected numbers > 0 or "inf", got {item!r}')
+    _unique(source, key, rates)
+    return rates
+
+
+def _one_int(source: str, key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{source}: {key}: expected an integer >= 1, got {value!r}")
+    return value
+
+
+def _unknown_keys(source: str, where: str, table: dict[str, Any], known: Sequence[str]) -> None:
+    for key in table:
+        if key not in known:
+            raise InputError(f"{source}: {where}{key}: unknown key (known: {', '.join(known)})")
+
+
+def _path(base: Path, text: str) -> str:
+    path = Path(text).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _nested(source: str, key: str, value: Any) -> Any:
+    """A TOML table -> RandomLengths / TraceOptions / RolloutConfig (their checks apply)."""
+    kind = _NESTED[key.rsplit(".", 1)[-1]]
+    if not isinstance(value, dict):
+        raise InputError(f"{source}: {key}: expected a table, got {_type_name(value)}")
+    names = [f.name for f in dataclasses.fields(kind)]
+    _unknown_keys(source, f"{key}.", value, names)
+    values = dict(value)
+    for name, item in values.items():
+        if item == "inf":
+            values[name] = math.inf
+    try:
+        return kind(**values)
+    except InputError as exc:
+        raise InputError(f"{source}: {key}.{exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"{source}: {key}: {exc}") from None
+
+
+def _workload(
+    source: str, index: int, table: Any, defaults: dict[str, Any], base: Path
+) -> GridWorkload:
+    where = f"workloads[{index}]"
+    if not isinstance(table, dict):
+        raise InputError(f"{source}: {where}: expected a table, got {_type_name(table)}")
+    _unknown_keys(source, f"{where}.", table, WORKLOAD_KEYS)
+    dataset = table.get("dataset", DEFAULT_DATASET)
+    if not isinstance(dataset, str) or not dataset.strip():
+        raise InputError(f"{source}: {where}.dataset: expected a non-empty string, got {dataset!r}")
+    name = table.get("name", dataset)
+    if not isinstance(name, str) or not name.strip():
+        raise InputError(f"{source}: {where}.name: expected a non-empty string, got {name!r}")
+    if Path(dataset).suffix.lower() in (".csv", ".parquet", ".jsonl"):
+        dataset = _path(base, dataset)
+    merged = dict(defaults)
+    for key in ("max_concurrency", "request_rate", "num_prompts_per_concurrency", "num_prompts"):
+        if key in table:
+            merged[key] = table[key]
+    has_c = "max_concurrency" in merged
+    concurrencies: list[int | None] = (
+        list(_ints(source, f"{where}.max_concurrency", merged["max_concurrency"], 1))
+        if has_c
+        else [None]
+    )
+    rates = (
+        _rates(source, f"{where}.request_rate", merged["request_rate"])
+        if "request_rate" in merged
+        else [math.inf]
+    )
+    per_c = merged.get("num_prompts_per_concurrency")
+    fixed_n = merged.get("num_prompts")
+    if "num_prompts" in table and "num_prompts_per_concurrency" in table:
+        raise InputError(f"{source}: {where}: give num_prompts or num_prompts_per_concurrency")
+    if "num_prompts" in table:
+        per_c = None
+    if "num_prompts_per_concurrency" in table:
+        fixed_n = None
+    if per_c is not None:
+        per_c = _one_int(source, f"{where}.num_prompts_per_concurrency", per_c)
+    if fixed_n is not None:
+        fixed_n = _one_int(source, f"{where}.num_prompts", fixed_n)
+    if fixed_n is None and per_c is None:
+        per_c = DEFAULT_PROMPTS_PER_CONCURRENCY
+    if not has_c and math.inf in rates:
+        raise InputError(
+            f"{source}: {where}: request_rate inf without max_concurrency sends every request "
+            "at t=0 with no cap; give max_concurrency or a finite request_rate"
+        )
+    fields: list[tuple[str, Any]] = []
+    for key in WORKLOAD_FIELDS:
+        if key in table:
+            value = table[key]
+            fields.append(
+                (key, _nested(source, f"{where}.{key}", value) if key in _NESTED else value)
+            )
+    return GridWorkload(
+        name=name,
+        dataset=dataset,
+        max_concurrency=tuple(concurrencies),
+        request_rate=tuple(rates),
+        num_prompts_per_concurrency=per_c,
+        num_prompts=fixed_n,
+        fields=tuple(fields),
+    )
+
+
+def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") -> SweepGrid:
+    """Check a parsed TOML document; paths relative to `base_dir`. InputError names the key."""
+    base = Path(base_dir)
+    _unknown_keys(source, "", data, TOP_KEYS)
+    for key in ("profile", "policies"):
+        if key not in data:
+            raise InputError(f"{source}: {key}: missing (required)")
+    profiles = [_path(base, p) for p in _strings(source, "profile", data["profile"])]
+    for given, path in zip(_as_list(source, "profile", data["profile"]), profiles, strict=True):
+        if not Path(path).is_file():
+            raise InputError(f"{source}: profile: {given}: no such file")
+    policies = _strings(source, "policies", data["policies"])
+    seeds = _ints(source, "seeds", data.get("seeds", [0]), 0)
+    scheduling = _strings(source, "scheduling", data.get("scheduling", ["sync"]))
+    for mode in scheduling:
+        if mode not in ("sync", "async"):
+            raise InputError(f'{source}: scheduling: expected "sync" or "async", got {mode!r}')
+    if "num_prompts" in data and "num_prompts_per_concurrency" in data:
+        raise InputError(f"{source}: give num_prompts or num_prompts_per_concurrency, not both")
+    defaults = {
+        key: data[key]
+        for key in ("max_concurrency", "request_rate", "num_prompts_per_concurrency", "num_prompts")
+        if key in data
+    }
+    tables = data.get("workloads", [{}])
+    if not isinstance(tables, list):
+        raise InputError(f"{source}: workloads: expected an array of tables ([[workloads]])")
+    if not tables:
+        raise InputError(f"{source}: workloads: empty list (give at least one value)")
+    workloads = [_workload(source, i, t, defaults, base) for i, t in enumerate(tables)]
+    _unique(source, "workloads (name)", [w.name for w in workloads])
+    config = data.get("config", {})
+    if not isinstance(config, dict):
+        raise InputError(f"{source}: config: expected a table, got {_type_name(config)}")
+    _unknown_keys(source, "config.", config, CONFIG_KEYS)
+    fixed: list[tuple[str, Any]] = []
+    swept: list[tuple[str, tuple[Any, ...]]] = []
+    for key, value in config.items():
+        values = [math.inf if v == "inf" else v for v in _as_list(source, f"config.{key}", value)]
+        if isinstance(value, list):
+            _unique(source, f"config.{key}", values)
+            swept.append((key, tuple(values)))
+        else:
+            fixed.append((key, values[0]))
+    grid = SweepGrid(
+        source=source,
+        profiles=tuple(profiles),
+        policies=tuple(policies),
+        seeds=tuple(seeds),
+        scheduling=tuple(scheduling),
+        workloads=tuple(workloads),
+        fixed=tuple(fixed),
+        swept=tuple(swept),
+    )
+    expand_grid(grid)  # every cell's config is validated here, so errors name the key now
+    return grid
+
+
+def load_grid(path: str | Path) -> SweepGrid:
+    """Read and check a grid file (one-line InputError naming the file and key)."""
+    source = str(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"{source}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{source}: invalid TOML: {exc}") from None
+    return parse_grid(data, source, Path(path).resolve().parent)
+
+
+def _product(axes: Sequence[tuple[str, tuple[Any, ...]]]) -> list[tuple[tuple[str, Any], ...]]:
+    """Every combination of the axes, the first axis outermost."""
+    combos: list[tuple[tuple[str, Any], ...]] = [()]
+    for key, values in axes:
+        combos = [(*combo, (key, value)) for combo in combos for value in values]
+    return combos
+
+
+def expand_grid(grid: SweepGrid) -> list[SweepCell]:
+    """The cells in the documented order (see the module docstring)."""
+    cells: list[SweepCell] = []
+    many_profiles = len(grid.profiles) > 1
+    for profile in grid.profiles:
+        for workload in grid.workloads:
+            for swept in _product(grid.swept):
+                for mode in grid.scheduling:
+                    for concurrency in workload.max_concurrency:
+                        for rate in workload.request_rate:
+                            for sweep_seed in grid.seeds:
+                                for policy in grid.policies:
+                                    cells.append(
+                                        _cell(
+                                            grid,
+                                            len(cells),
+                                            profile,
+                                            workload,
+                                            swept,
+                                            mode,
+                                            concurrency,
+                                            rate,
+                                            sweep_seed,
+                                            policy,
+                                            many_profiles,
+                                        )
+                                    )
+    return cells
+
+
+def _cell(
+    grid: SweepGrid,
+    index: int,
+    profile: str,
+    workload: GridWorkload,
+    swept: tuple[tuple[str, Any], ...],
+    mode: str,
+    concurrency: int | None,
+    rate: float,
+    sweep_seed: int,
+    policy: str,
+    many_profiles: bool,
+) -> SweepCell:
+    if workload.num_prompts is not None:
+        count: int | None = workload.num_prompts
+    elif concurrency is not None and workload.num_prompts_per_concurrency is not None:
+        count = workload.num_prompts_per_concurrency * concurrency
+    else:
+        count = None
+    fields: dict[str, Any] = {**dict(workload.fields), **dict(grid.fixed), **dict(swept)}
+    try:
+        config = SimulationConfig(
+            profile=profile,
+            policy=policy,
+            dataset=workload.dataset,
+            num_prompts=count,
+            max_concurrency=concurrency,
+            request_rate=rate,
+            scheduling=mode,  # type: ignore[arg-type]
+            seed=load_seed(sweep_seed, concurrency, rate),
+            **fields,
+        )
+    except InputError as exc:
+        raise InputError(f"{grid.source}: {exc}") from None
+    except TypeError as exc:
+        raise InputError(f"{grid.source}: config: {exc}") from None
+    labels: list[tuple[str, Any]] = [("workload", workload.name)]
+    if many_profiles:
+        labels.append(("profile", Path(profile).name))
+    labels += [(key, _label_value(value)) for key, value in swept]
+    return SweepCell(
+        index=index,
+        policy=policy,
+        max_concurrency=concurrency,
+        config=config,
+        labels=tuple(labels),
+        sweep_seed=sweep_seed,
+    )
+
+
+def _label_value(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
