@@ -113,12 +113,17 @@ def _sample_leading_successes(
 ) -> IntArray:
     """Accepted counts for rows with conditional rates `cond` ([k] shared or [n, k] per row)."""
     num_rows = int(num_spec_tokens.shape[0])
-    width = int(num_spec_tokens.max()) if num_rows else 0
+    width = int(np.maximum.reduce(num_spec_tokens)) if num_rows else 0
     if width <= 0:
         return np.zeros(num_rows, dtype=np.int64)
     uniforms = rng.random((num_rows, width))  # [n, w]
-    ok = uniforms < _widen(cond, width)  # [n, w] (a shared [w] row broadcasts)
-    return count_leading(ok, num_spec_tokens)
+    # ok[:, :w] = draft i accepted given the earlier ones; a False column w stops every row, so
+    # argmin (first False) is the number of leading successes, then capped at the row's K.
+    ok = np.zeros((num_rows, width + 1), dtype=np.bool_)  # [n, w+1]
+    np.less(uniforms, _widen(cond, width), out=ok[:, :width])  # a shared [w] row broadcasts
+    leading = np.argmin(ok, axis=1)  # [n]
+    counts: IntArray = np.minimum(leading, num_spec_tokens)
+    return counts
 
 
 class _DenseRows:

@@ -139,7 +139,7 @@ class MetricsRecorder:
             self._chunk_count_parts.append(num_chunks)
             self.num_output_tokens[req_ids] += chunk_tokens
             first = np.isnan(self.first_token_s[req_ids])  # [E]
-            if first.any():
+            if np.count_nonzero(first):
                 self.first_token_s[req_ids[first]] = end_s
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s

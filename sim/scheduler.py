@@ -385,7 +385,7 @@ class Scheduler:
                 run = self._running_array = np.array(self._running, dtype=np.int64)  # [R]
             computed = self._num_computed[run]  # [R]
             in_prefill = self._in_prefill[run]  # [R]
-            any_prefill = bool(in_prefill.any())
+            any_prefill = bool(np.count_nonzero(in_prefill))  # cheaper than .any()
             num_rows = run.shape[0]
             decode_want = 1 + cfg.k_max
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
@@ -393,7 +393,7 @@ class Scheduler:
             full_room = (
                 not any_prefill
                 and num_rows * decode_want <= budget
-                and int(computed.max()) + decode_want <= cfg.max_model_len - 1
+                and int(np.maximum.reduce(computed)) + decode_want <= cfg.max_model_len - 1
             )
             if full_room:
                 want = _filled(num_rows, decode_want)  # [R]
@@ -414,7 +414,7 @@ class Scheduler:
                 saturated = ~in_prefill & (
                     self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
                 )
-                if saturated.any():
+                if np.count_nonzero(saturated):
                     want[saturated] = 0
                     full_room = False
             # Greedy token budget in running order: each row takes min(want, what is left).
@@ -708,7 +708,7 @@ class Scheduler:
         slots = step.slots  # [D]
         if step.uniform_k == 0:
             # Nothing drafted: nothing rejected, and the counters do not move.
-            if accepted.any():
+            if np.count_nonzero(accepted):
                 raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
             num_accepted_tokens = 0
         else:
@@ -735,7 +735,7 @@ class Scheduler:
         outputs += emitted
         self._num_output[slots] = outputs
         done = emitted == left  # [D] reached max_tokens
-        finished = self._finish_rows(slots[done]) if done.any() else ()
+        finished = self._finish_rows(slots[done]) if np.count_nonzero(done) else ()
         if self._draining:
             self._release_drained()
         return StepResult(
