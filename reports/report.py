@@ -1,0 +1,328 @@
+"""`dsd report DIR`: a markdown report with PNG plots from a sweep folder's cell files.
+
+Reads DIR/grid.resolved.json (cell order, the sweep's command line) and DIR/cells/*.parquet
+(one row per finished cell; missing cells are listed, not invented) and writes, atomically,
+DIR/report.md plus PNGs beside it:
+
+- per group of cells (the labels that vary besides policy and C: workload, rate, ...; seeds are
+  averaged): mean and p99 TPOT vs concurrency per policy (table + `tpot_<group>.png`);
+- the envelope of the best static K per concurrency (`policies.envelope.StaticSweep` over the
+  group's `static:K` cells) and each other policy's distance to it, in % of the envelope's
+  mean TPOT (positive = slower than the best static K);
+- output throughput vs mean TPOT for every cell, with the Pareto frontier (`frontier_<group>.png`);
+- K chosen over time for one cell (`--k-trace-cell ID`; default: the first non-static cell at
+  the median concurrency of the first group) from its K trace (`k_trace.png`).
+
+What it does not do: run anything, or compare against real-GPU measurements.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from policies.envelope import StaticSweep
+from policies.errors import InputError
+from reports.run_outputs import write_files
+from reports.sweep import (
+    CELLS_DIR,
+    RESOLVED_GRID_FILE,
+    cell_file,
+    k_trace_file,
+    markdown_table,
+    series_keys,
+    sweep_frame,
+)
+
+REPORT_FILE = "report.md"
+K_TRACE_PLOT = "k_trace.png"
+_STATIC = re.compile(r"^static:(\d+)$")
+
+
+def static_k(policy: str) -> int | None:
+    """K of a `static:K` SPEC, else None."""
+    match = _STATIC.match(policy)
+    return int(match.group(1)) if match else None
+
+
+@dataclass(frozen=True)
+class SweepData:
+    """A sweep folder as read back."""
+
+    resolved: dict[str, Any]  # grid.resolved.json
+    frame: pd.DataFrame  # one row per finished cell, in grid order (reports.sweep.sweep_frame)
+    missing_ids: tuple[str, ...]  # cells of the grid without a result file
+
+
+def load_sweep(out_dir: str | Path) -> SweepData:
+    """Read a sweep folder (InputError naming the file when it is not one)."""
+    folder = Path(out_dir)
+    resolved_path = folder / RESOLVED_GRID_FILE
+    try:
+        resolved = json.loads(resolved_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(
+            f"{resolved_path}: no such file (is {out_dir} a dsd sweep folder?)"
+        ) from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{resolved_path}: cannot read: {exc}") from None
+    if not isinstance(resolved, dict) or not isinstance(resolved.get("cells"), list):
+        raise InputError(f"{resolved_path}: cells: missing or not a list")
+    rows: list[dict[str, Any]] = []
+    missing: list[str] = []
+    for entry in resolved["cells"]:
+        cell_id = str(entry.get("cell_id", "")) if isinstance(entry, dict) else ""
+        path = cell_file(folder, cell_id)
+        if not cell_id or not path.is_file():
+            missing.append(cell_id)
+            continue
+        try:
+            frame = pd.read_parquet(path)
+        except Exception as exc:  # a damaged cell file is reported, not trusted
+            raise InputError(f"{path}: cannot read: {exc}") from None
+        rows.append(frame.iloc[0].to_dict())
+    if not rows:
+        raise InputError(f"{folder / CELLS_DIR}: no finished cells")
+    return SweepData(resolved=resolved, frame=sweep_frame(rows), missing_ids=tuple(missing))
+
+
+def _png(figure: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    try:
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
+        return buffer.getvalue()
+    finally:
+        plt.close(figure)
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _slug(values: tuple[Any, ...]) -> str:
+    text = "_".join(str(v) for v in values) or "all"
+    return re.sub(r"[^A-Za-z0-9.-]+", "-", text).strip("-") or "all"
+
+
+def _policy_order(frame: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(frame["policy"]))
+
+
+def envelope_table(group: pd.DataFrame) -> pd.DataFrame | None:
+    """Per C: best static K, its mean TPOT, and every other policy's distance (%) to it."""
+    closed = group[group["max_concurrency"].notna()]
+    by_cell = closed.groupby(["policy", "max_concurrency"], sort=False)["mean_tpot_ms"].mean()
+    records = [
+        {"concurrency": int(c), "k": k, "mean_tpot_ms": float(t)}
+        for (policy, c), t in by_cell.items()
+        if (k := static_k(str(policy))) is not None and math.isfinite(t) and t > 0
+    ]
+    if not records:
+        return None
+    sweep = StaticSweep.from_records(records, "static cells")
+    best_k, best_tpot = sweep.best_static_k()
+    table = pd.DataFrame(
+        {
+            "max_concurrency": sweep.concurrencies,
+            "best_static_k": best_k,
+            "envelope_mean_tpot_ms": best_tpot,
+        }
+    )
+    for policy in _policy_order(closed):
+        if static_k(policy) is not None:
+            continue
+        tpot = [by_cell.get((policy, int(c)), math.nan) for c in sweep.concurrencies]
+        distance = (np.array(tpot) - best_tpot) / best_tpot * 100.0  # [nC]
+        table[f"{policy} mean_tpot_ms"] = tpot
+        table[f"{policy} vs envelope %"] = distance
+    return table
+
+
+def _tpot_plot(group: pd.DataFrame, envelope: pd.DataFrame | None, title: str) -> bytes:
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    closed = group[group["max_concurrency"].notna()]
+    for policy in _policy_order(closed):
+        rows = closed[closed["policy"] == policy].groupby("max_concurrency", sort=True)
+        for axis, column in zip(axes, ("mean_tpot_ms", "p99_tpot_ms"), strict=True):
+            series = rows[column].mean()
+            axis.plot(series.index, series.to_numpy(), marker="o", label=policy)
+    if envelope is not None:
+        axes[0].plot(
+            envelope["max_concurrency"],
+            envelope["envelope_mean_tpot_ms"],
+            linestyle="--",
+            color="black",
+            label="best static K",
+        )
+    for axis, name in zip(axes, ("mean TPOT (ms)", "p99 TPOT (ms)"), strict=True):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("max concurrency C")
+        axis.set_ylabel(name)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize="small")
+    figure.suptitle(title)
+    return _png(figure)
+
+
+def pareto_frontier(throughput: np.ndarray, tpot_ms: np.ndarray) -> np.ndarray:
+    """Indices of the cells no other cell beats on both (higher throughput, lower TPOT)."""
+    order = np.lexsort((-throughput, tpot_ms))  # by TPOT, then throughput descending
+    frontier: list[int] = []
+    best = -math.inf
+    for index in order:
+        if throughput[index] > best:
+            frontier.append(int(index))
+            best = float(throughput[index])
+    return np.array(frontier, dtype=np.int64)
+
+
+def _frontier_plot(group: pd.DataFrame, title: str) -> bytes:
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7.0, 4.5))
+    for policy in _policy_order(group):
+        rows = group[group["policy"] == policy]
+        axis.scatter(rows["mean_tpot_ms"], rows["output_throughput"], label=policy, s=18)
+    tpot = group["mean_tpot_ms"].to_numpy(dtype=float)
+    throughput = group["output_throughput"].to_numpy(dtype=float)
+    ok = np.isfinite(tpot) & np.isfinite(throughput)
+    if ok.any():
+        frontier = pareto_frontier(throughput[ok], tpot[ok])
+        axis.plot(tpot[ok][frontier], throughput[ok][frontier], color="black", label="frontier")
+    axis.set_xlabel("mean TPOT (ms)")
+    axis.set_ylabel("output throughput (tok/s)")
+    axis.set_title(title)
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize="small")
+    return _png(figure)
+
+
+def default_k_trace_cell(frame: pd.DataFrame) -> str:
+    """The first non-static cell at the median concurrency of the first group (else the first)."""
+    keys = [k for k in series_keys(frame) if k != "policy"]
+    first = frame
+    if keys:
+        first_values = tuple(frame.iloc[0][k] for k in keys)
+        mask = np.ones(len(frame), dtype=bool)
+        for key, value in zip(keys, first_values, strict=True):
+            mask &= (frame[key] == value).to_numpy()
+        first = frame[mask]
+    dynamic = first[[static_k(str(p)) is None for p in first["policy"]]]
+    pool = dynamic if len(dynamic) else first
+    concurrencies = sorted(c for c in pool["max_concurrency"].dropna().unique())
+    if concurrencies:
+        median = concurrencies[(len(concurrencies) - 1) // 2]
+        pool = pool[pool["max_concurrency"] == median]
+    return str(pool.iloc[0]["cell_id"])
+
+
+def _k_trace_plot(trace: pd.DataFrame, title: str) -> bytes:
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(9.0, 4.0))
+    decode = trace[trace["num_decode_reqs"] > 0]
+    axis.plot(decode["start_s"], decode["mean_k"], linewidth=0.8, label="mean K (decode rows)")
+    axis.set_xlabel("simulated time (s)")
+    axis.set_ylabel("K")
+    other = axis.twinx()
+    other.plot(trace["start_s"], trace["batch_size"], color="grey", alpha=0.5, linewidth=0.8)
+    other.set_ylabel("batch size B", color="grey")
+    axis.set_title(title)
+    axis.grid(True, alpha=0.3)
+    return _png(figure)
+
+
+def build_report(
+    out_dir: str | Path, k_trace_cell: str | None = None, command_line: str = ""
+) -> Path:
+    """Write DIR/report.md and its PNGs; returns the report path."""
+    folder = Path(out_dir)
+    data = load_sweep(folder)
+    frame = data.frame
+    files: dict[str, bytes] = {}
+    lines = ["# Sweep report", ""]
+    lines += ["Produced by:", "", "```", str(data.resolved.get("command_line", "dsd sweep ..."))]
+    if command_line:
+        lines.append(command_line)
+    lines += ["```", ""]
+    total = len(data.resolved["cells"])
+    lines.append(f"{len(frame)} of {total} cells finished.")
+    if data.missing_ids:
+        lines.append(f" Missing (not run yet): {', '.join(data.missing_ids)}.")
+    seeds = frame["sweep_seed"].nunique(dropna=False)
+    if seeds > 1:
+        lines.append(f" Values are means over {seeds} sweep seeds.")
+    lines.append("")
+    keys = [k for k in series_keys(frame) if k != "policy"]
+    groups = frame.groupby(keys, sort=False, dropna=False) if keys else [((), frame)]
+    for key, group in groups:
+        values = key if isinstance(key, tuple) else (key,)
+        name = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)) or "all cells"
+        slug = _slug(values)
+        lines += [f"## {name}", ""]
+        closed = group[group["max_concurrency"].notna()]
+        if len(closed):
+            for column, label in (("mean_tpot_ms", "Mean"), ("p99_tpot_ms", "P99")):
+                pivot = closed.pivot_table(
+                    index="max_concurrency", columns="policy", values=column, aggfunc="mean"
+                )[_policy_order(closed)]
+                lines += [f"{label} TPOT (ms) by concurrency:", ""]
+                lines.append(markdown_table(pivot.reset_index()))
+            envelope = envelope_table(group)
+            files[f"tpot_{slug}.png"] = _tpot_plot(group, envelope, name)
+            lines += [f"![TPOT vs concurrency](tpot_{slug}.png)", ""]
+            if envelope is None:
+                lines += ["No `static:K` cells in this group: no envelope.", ""]
+            else:
+                lines += [
+                    "Envelope of the best static K per concurrency (lowest mean TPOT among the "
+                    "`static:K` cells) and each other policy's distance to it (% of the "
+                    "envelope's mean TPOT; > 0 is slower):",
+                    "",
+                    markdown_table(envelope),
+                ]
+        files[f"frontier_{slug}.png"] = _frontier_plot(group, name)
+        lines += [
+            "Output throughput vs mean TPOT, every cell; the line is the Pareto frontier:",
+            "",
+            f"![throughput vs TPOT](frontier_{slug}.png)",
+            "",
+        ]
+    chosen = k_trace_cell or default_k_trace_cell(frame)
+    if chosen not in set(frame["cell_id"]):
+        raise InputError(f"--k-trace-cell {chosen}: no finished cell with that id")
+    row = frame[frame["cell_id"] == chosen].iloc[0]
+    try:
+        trace = pd.read_parquet(k_trace_file(folder, chosen))
+    except Exception as exc:
+        raise InputError(f"{k_trace_file(folder, chosen)}: cannot read: {exc}") from None
+    label_keys = [k for k in keys if k in row.index]
+    where = ", ".join(f"{k}={row[k]}" for k in label_keys)
+    title = f"{row['policy']} at C={row['max_concurrency']}" + (f" ({where})" if where else "")
+    files[K_TRACE_PLOT] = _k_trace_plot(trace, f"K over time: {title}")
+    lines += [
+        "## K chosen over time",
+        "",
+        f"Cell `{chosen}`: {title} (pick another with `--k-trace-cell ID`; ids in sweep.csv).",
+        "",
+        f"![K over time]({K_TRACE_PLOT})",
+        "",
+    ]
+    files[REPORT_FILE] = "\n".join(lines).encode("utf-8")
+    write_files(folder, files)
+    return folder / REPORT_FILE
