@@ -17,10 +17,18 @@ played in the bucket are tried first, in K order. Counts are multiplied by `disc
 update of the bucket, so old evidence fades and the bandit follows drift (acceptance that
 changes over time).
 
+Warm start (optional). `prior_rewards` [buckets, K+1] gives each arm `prior_plays`
+pseudo-rewards of that mean before any real one; `profile_prior_rewards(profile, ...)` builds
+it as the profile's goodput per request, AL(k) / ITL(B, k) at the bucket's geometric-middle B.
+An arm with a prior counts as tried, so the bandit starts from the profile's best K instead of
+walking through every K in every bucket (the exploration that costs most at high B, where a
+large K is far worse than the best), and real rewards outweigh the prior after a few steps, so
+a profile that is wrong is corrected. Without a prior it works as before, profile-free.
+
 Randomness comes only from the `numpy.random.Generator` made from the seed given to the
 constructor: the same seed and the same feedback give the same K sequence.
 
-It does not share evidence between buckets or between K (no smoothness assumption), and does
+It does not share real evidence between buckets or between K (no smoothness assumption), and does
 not choose K per request.
 """
 
@@ -32,6 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.errors import InputError
+from policies.goodput import ItlTable, acceptance_lengths
+from policies.profile import Profile
 from policies.types import StepFeedback, StepView
 
 FloatArray = npt.NDArray[np.float64]
@@ -64,6 +74,30 @@ def batch_bucket(batch_size: int) -> int:
     return max(int(batch_size), 1).bit_length() - 1
 
 
+def bucket_middle_batch_size(bucket: int, max_num_seqs: int) -> float:
+    """Geometric middle of bucket b's B range [2^b, min(2^(b+1) - 1, max_num_seqs)]."""
+    low = float(1 << bucket)
+    high = float(min((1 << (bucket + 1)) - 1, max(max_num_seqs, 1 << bucket)))
+    return float(np.sqrt(low * high))
+
+
+def profile_prior_rewards(profile: Profile, k_max: int, max_num_seqs: int) -> FloatArray:
+    """[buckets, k_max + 1] AL(k) / ITL(B_mid, k): the profile's reward per request, per arm.
+
+    Same units as the bandit's reward (output tokens per ms per decode request). K beyond the
+    profile's k_max reads its last rate as 0 (no acceptance evidence), so it is never preferred.
+    """
+    rates = np.zeros(k_max)  # [k_max]
+    known = min(k_max, len(profile.acceptance_rates))
+    rates[:known] = np.asarray(profile.acceptance_rates, dtype=np.float64)[:known]
+    al_by_k = acceptance_lengths(rates, k_max)  # [k_max + 1]
+    itl = ItlTable.from_profile(profile)
+    num_buckets = batch_bucket(max_num_seqs) + 1
+    mids = np.array([bucket_middle_batch_size(b, max_num_seqs) for b in range(num_buckets)])
+    itl_ms = itl.itl_ms_at(mids[:, None], np.arange(k_max + 1.0)[None, :])  # [buckets, K+1]
+    return np.asarray(al_by_k[None, :] / itl_ms, dtype=np.float64)  # [buckets, K+1]
+
+
 class ThompsonBanditPolicy:
     """Thompson sampling over K in 0..k_max per log2 batch-size bucket."""
 
@@ -73,6 +107,8 @@ class ThompsonBanditPolicy:
         max_num_seqs: int,
         seed: int | np.random.SeedSequence,
         config: BanditConfig | None = None,
+        prior_rewards: FloatArray | None = None,
+        prior_plays: float = 4.0,
     ) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
             raise InputError(f"bandit: k_max must be an integer >= 0, got {k_max!r}")
@@ -88,6 +124,21 @@ class ThompsonBanditPolicy:
         self.reward_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of rewards
         self.reward_sq_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of squares
         self.raw_plays = np.zeros(shape, dtype=np.int64)  # [buckets, K+1] undiscounted count
+        # Arms with a prior count as tried (no forced exploration); None: every arm untried.
+        self.has_prior = np.zeros(shape, dtype=bool)  # [buckets, K+1]
+        if prior_rewards is not None:
+            prior = np.asarray(prior_rewards, dtype=np.float64)
+            if prior.shape != shape or not np.all(np.isfinite(prior)) or np.any(prior < 0):
+                raise InputError(
+                    f"bandit: prior_rewards must be finite, >= 0 and of shape {shape}, "
+                    f"got shape {prior.shape}"
+                )
+            if not (np.isfinite(prior_plays) and prior_plays > 0):
+                raise InputError(f"bandit: prior_plays must be > 0, got {prior_plays}")
+            self.plays[:] = prior_plays
+            self.reward_sum[:] = prior_plays * prior
+            self.reward_sq_sum[:] = prior_plays * prior * prior
+            self.has_prior[:] = True
 
     def posterior(self, bucket: int) -> tuple[FloatArray, FloatArray]:
         """(mean [K+1], standard error [K+1]) of each arm's mean reward in the bucket."""
@@ -114,7 +165,10 @@ class ThompsonBanditPolicy:
                 f"bandit: batch size {view.batch_size} exceeds max_num_seqs {self.max_num_seqs}"
             )
         bucket = batch_bucket(view.batch_size)
-        untried = np.flatnonzero(self.raw_plays[bucket, : k_cap + 1] < self.config.min_plays)
+        untried = np.flatnonzero(
+            (self.raw_plays[bucket, : k_cap + 1] < self.config.min_plays)
+            & ~self.has_prior[bucket, : k_cap + 1]
+        )
         if untried.size:
             return int(untried[0])
         means, std_error = self.posterior(bucket)

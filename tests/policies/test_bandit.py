@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from policy_factories import h100_profile
 
-from policies.bandit import BanditConfig, ThompsonBanditPolicy, batch_bucket
+from policies.bandit import (
+    BanditConfig,
+    ThompsonBanditPolicy,
+    batch_bucket,
+    bucket_middle_batch_size,
+    profile_prior_rewards,
+)
 from policies.errors import InputError
+from policies.goodput import ItlTable, acceptance_lengths
 from policies.range_table import synthetic_view
 from policies.spec import parse_policy
 from policies.types import StepFeedback
@@ -122,3 +130,60 @@ def test_spec_seed_sources() -> None:
 def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InputError, match="bandit"):
         BanditConfig(**kwargs)
+
+
+def _true_prior() -> np.ndarray:
+    """[9, 6] the synthetic environment's own goodput at each bucket's middle B."""
+    return np.array([_true_goodput(round(bucket_middle_batch_size(b, 256))) for b in range(9)])
+
+
+def test_a_prior_starts_on_the_prior_best_arm_without_exploring() -> None:
+    policy = ThompsonBanditPolicy(5, 256, seed=1, prior_rewards=_true_prior(), prior_plays=50.0)
+    first = _run(policy, 256, 20, seed=2)
+    # No walk through K = 0..5: with a tight, right prior every early play is the best arm.
+    assert np.mean(np.array(first) == _best_k(256)) > 0.8, first
+
+
+def test_a_wrong_prior_is_corrected_by_rewards() -> None:
+    wrong = _true_prior()[:, ::-1].copy()  # claims K=5 is best where K=1 is
+    policy = ThompsonBanditPolicy(5, 256, seed=3, prior_rewards=wrong, prior_plays=4.0)
+    # The prior fades with the discount (0.995 per step), so the right arm is found again.
+    late = np.array(_run(policy, 256, 1000, seed=4)[-200:])
+    assert np.mean(late == _best_k(256)) > 0.5, np.bincount(late, minlength=6)
+
+
+def test_regret_with_a_right_prior_is_lower_than_without() -> None:
+    truth = _true_goodput(256)
+    plain = np.array(_run(ThompsonBanditPolicy(5, 256, seed=5), 256, 150, seed=6))
+    warm = ThompsonBanditPolicy(5, 256, seed=5, prior_rewards=_true_prior())
+    primed = np.array(_run(warm, 256, 150, seed=6))
+    assert (truth.max() - truth[primed]).sum() < (truth.max() - truth[plain]).sum()
+
+
+def test_profile_prior_is_goodput_per_request_of_the_profile() -> None:
+    profile = h100_profile()
+    prior = profile_prior_rewards(profile, 5, 256)
+    assert prior.shape == (9, 6)
+    # The prior's best arm per bucket is the goodput argmax at the bucket's middle B.
+    for bucket in range(9):
+        mid = bucket_middle_batch_size(bucket, 256)
+        expected = int(
+            np.argmax(
+                acceptance_lengths(profile.acceptance_rates, 5)
+                / ItlTable.from_profile(profile).itl_ms_at(mid, np.arange(6.0))
+            )
+        )
+        assert int(np.argmax(prior[bucket])) == expected
+
+
+@pytest.mark.parametrize(
+    ("prior", "plays"),
+    [
+        (np.ones((9, 5)), 4.0),  # wrong shape
+        (np.full((9, 6), np.nan), 4.0),  # not finite
+        (np.ones((9, 6)), 0.0),  # a prior worth nothing
+    ],
+)
+def test_bad_prior_is_input_error(prior: np.ndarray, plays: float) -> None:
+    with pytest.raises(InputError, match="bandit"):
+        ThompsonBanditPolicy(5, 256, seed=0, prior_rewards=prior, prior_plays=plays)
