@@ -550,6 +550,8 @@ class Scheduler:
             uniform_k = k_default
         else:
             num_spec = np.minimum(plan.decode_draft_room, k_default)  # [D]
+        if uniform_k < 0 and not np.count_nonzero(num_spec):
+            uniform_k = 0  # no drafts at all (async K=0, or every row's room or K is 0)
         decode_tokens = num_spec + 1  # [D]
         if unchanged:
             computed_after = plan.decode_context_lens + decode_tokens  # [D]
