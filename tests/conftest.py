@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# Torch CPU ops on tiny test models are dominated by thread spin-up when two pytest workers share
+# two cores; one thread per worker is much faster. Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 from hypothesis import HealthCheck, settings
 
