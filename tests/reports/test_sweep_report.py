@@ -1,0 +1,105 @@
+"""`dsd report` on a small swept folder (tables, envelope distances, PNGs, the commands), the
+Pareto frontier helper, and the Ray path on a local two-CPU Ray when ray is installed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dsd import cmd_report, cmd_sim
+from reports.report import pareto_frontier
+
+REPO = Path(__file__).resolve().parents[2]
+H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
+GRID = f"""
+profile = "{H100}"
+policies = ["static:0", "static:3", "goodput"]
+max_concurrency = [1, 4]
+num_prompts_per_concurrency = 2
+[[workloads]]
+dataset = "mt-bench"
+output_len = 32
+"""
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    cmd_sim.register(app)
+    cmd_report.register(app)
+    return app
+
+
+def test_report_has_tables_envelope_distance_plots_and_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    out = tmp_path / "sweep"
+    runner = CliRunner()
+    # The sweep records its own command line from sys.argv, as the `dsd` entry point sets it.
+    monkeypatch.setattr("sys.argv", ["dsd", "sweep", "--grid", str(grid), "--out", str(out)])
+    swept = runner.invoke(
+        _app(), ["sweep", "--grid", str(grid), "--out", str(out), "--workers", "1"]
+    )
+    assert swept.exit_code == 0, swept.output
+    reported = runner.invoke(_app(), ["report", str(out)])
+    assert reported.exit_code == 0, reported.output
+    text = (out / "report.md").read_text()
+    assert "dsd sweep" in text and "dsd report" in text  # the commands that produced it
+    assert "6 of 6 cells finished." in text
+    assert "| max_concurrency | static:0 | static:3 | goodput |" in text
+    # Envelope: best static K per C and goodput's distance in %.
+    envelope = re.search(r"\| max_concurrency \| best_static_k \|.*?\n\n", text, re.S)
+    assert envelope is not None
+    rows = [line.split("|")[1:-1] for line in envelope.group(0).splitlines()[2:] if line]
+    assert [int(r[0]) for r in rows] == [1, 4]
+    assert all(int(r[1]) in (0, 3) for r in rows)
+    for row in rows:  # distance = (goodput - envelope) / envelope, in %
+        envelope_ms, goodput_ms, distance = float(row[2]), float(row[3]), float(row[4])
+        assert distance == pytest.approx((goodput_ms - envelope_ms) / envelope_ms * 100, abs=0.1)
+    for name in re.findall(r"!\[[^]]*\]\(([^)]+)\)", text):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert "Cell `" in text and "k_trace.png" in text
+
+
+def test_report_rejects_an_unknown_k_trace_cell_and_a_non_sweep_folder(tmp_path: Path) -> None:
+    result = CliRunner().invoke(_app(), ["report", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "grid.resolved.json: no such file" in str(result.exception)
+
+
+@pytest.mark.parametrize(
+    ("throughput", "tpot", "expected"),
+    [
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [0, 1, 2]),  # a clean trade-off: all on it
+        ([3.0, 2.0, 1.0], [1.0, 2.0, 3.0], [0]),  # one cell dominates
+        ([2.0, 2.0, 1.0], [1.0, 1.0, 0.5], [2, 0]),  # ties: one of the equal cells
+    ],
+)
+def test_pareto_frontier_keeps_only_undominated_cells(
+    throughput: list[float], tpot: list[float], expected: list[int]
+) -> None:
+    got = pareto_frontier(np.array(throughput), np.array(tpot))
+    assert list(got) == expected
+
+
+def test_ray_path_gives_the_local_pool_results(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    runner = CliRunner()
+    local = runner.invoke(
+        _app(), ["sweep", "--grid", str(grid), "--out", str(tmp_path / "a"), "--workers", "2"]
+    )
+    on_ray = runner.invoke(
+        _app(),
+        ["sweep", "--grid", str(grid), "--out", str(tmp_path / "b"), "--workers", "2", "--ray"],
+    )
+    assert local.exit_code == 0 and on_ray.exit_code == 0, on_ray.output
+    for name in ("sweep.csv", "sweep.md"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
