@@ -1,10 +1,29 @@
-"""Policy evaluation: every K policy against the static-K envelope on MT-Bench closed loop.
+"""Policy evaluation (issue 9): every K policy against the static-K envelope, four workloads.
 
-For each acceptance scenario (homogeneous per-position acceptance; heterogeneous per-request
-acceptance) and each concurrency C it runs static K = 0..k_max (the envelope is the best of
-them per C), then every dynamic policy, on the published PR #32374 H100 profile, and writes
-`report.md`, `results.json` and one PNG per scenario under --out. Small prompt counts
-(max(2C, 32) per cell) keep the whole run to about a minute on 2 cores; one seed per cell.
+Workloads, all on the published PR #32374 H100 profile (sync scheduling, latency model auto =
+the profile's table, mixed K charged padded: ITL(D, max K), what a real engine's max-K draft
+passes cost):
+
+- `mt-bench`: MT-Bench closed loop at C = 1..256, num_prompts = max(4C, 64), heterogeneous
+  per-request acceptance;
+- `azure-conv`: the Azure conversation trace's lengths, open loop, Poisson at 4 and 12 req/s,
+  300 requests;
+- `rl-rollout`: a batch submitted at t=0 that drains (lognormal outputs, median 256), 64 and 256
+  requests;
+- `phased`: a tagged workload (written beside the report) whose send order runs in phases of
+  "easy" (high acceptance) then "hard" (low) then "easy" requests, so the running population's
+  acceptance moves over time and no static K is right throughout; closed loop at C = 16, 64.
+
+Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
+with the lowest seed-mean TPOT, and each policy's gap is measured per seed against that K's
+TPOT at the same seed (same requests, same acceptance stream). Seeds: SEEDS. A gap whose
+seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
+assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
+bandit with and without the profile prior (the prior variant is built here, since the SPEC
+grammar has no way to hand the bandit a profile yet).
+
+Writes report.md, results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
+per workload under --out; 2 worker processes by default.
 
 It does not run real models and does not tune any policy's knobs.
 """
@@ -12,41 +31,146 @@ It does not run real models and does not tune any policy's knobs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import multiprocessing
 import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from sim.runner import SimulationConfig, run_simulation
+from policies.bandit import ThompsonBanditPolicy, profile_prior_rewards
+from sim.runner import SimulationConfig, build_engine, resolve, sim_seed_streams
+from traces.rollout import RolloutConfig
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
-CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 K_MAX = 5
-SCENARIOS = ("per-position", "heterogeneous")  # acceptance models of sim.runner
-DYNAMIC = (
-    "goodput",
-    "online",
-    "per-request",
-    "hysteresis:goodput",
-    "bandit",
-    "envelope:{sweep}",
+SEEDS = (0, 1, 2)
+MT_BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Per-position rates of the phased workload's two categories (profile's are ~0.8, 0.6, ...).
+EASY_RATES = (0.92, 0.85, 0.78, 0.7, 0.62)
+HARD_RATES = (0.45, 0.2, 0.08, 0.03, 0.01)
+PHASE_ORDER = ("easy", "hard", "easy")
+REQUESTS_PER_PHASE = 384
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    """One row of the tables: a policy SPEC and how it is run."""
+
+    label: str  # row name in the report
+    spec: str  # SPEC for parse_policy ({sweep} is the MT-Bench static sweep path)
+    engine_mixed_k: str = "padded"  # the engine's mixed-K costing for this row
+    bandit_prior: bool = False  # replace the policy by the bandit warm-started from the profile
+
+
+STATIC_ROWS = tuple(PolicyRow(f"static:{k}", f"static:{k}") for k in range(K_MAX + 1))
+DYNAMIC_ROWS = (
+    PolicyRow("goodput", "goodput"),
+    PolicyRow("online", "online"),
+    PolicyRow("per-request (padded cost)", "per-request"),
+    PolicyRow("per-request (token-eq. cost)", "per-request:mixed_k=token-equivalent"),
+    PolicyRow(
+        "per-request (token-eq.), token-eq. engine",
+        "per-request:mixed_k=token-equivalent",
+        engine_mixed_k="token-equivalent",
+    ),
+    PolicyRow("hysteresis:goodput", "hysteresis:goodput"),
+    PolicyRow("context", "context"),
+    PolicyRow("bandit", "bandit"),
+    PolicyRow("bandit + profile prior", "bandit", bandit_prior=True),
+    PolicyRow("envelope policy (MT-Bench sweep)", "envelope:{sweep}"),
 )
-SEED = 0
+# Rows that are not "dynamic policies" for the goals (investigation only).
+INVESTIGATION_ROWS = ("per-request (token-eq.), token-eq. engine",)
 
 
-def _tpot(policy: str, concurrency: int, acceptance: str) -> float:
-    config = SimulationConfig(
-        profile=PROFILE,
-        policy=policy,
-        num_prompts=max(2 * concurrency, 32),
-        max_concurrency=concurrency,
-        acceptance_model=acceptance,  # type: ignore[arg-type]
-        seed=SEED,
+@dataclass(frozen=True)
+class Workload:
+    """One workload of the evaluation and its x-axis points."""
+
+    name: str  # key and file suffix
+    description: str  # one line for the report
+    axis: str  # x-axis label
+    points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, SimulationConfig kwargs)
+
+
+def workloads(out: Path) -> tuple[Workload, ...]:
+    phased = str(out / "phased_workload.csv")
+    rollout = RolloutConfig(num_requests=64, output_median=256.0, max_output_len=2048)
+    categories = (("easy", EASY_RATES), ("hard", HARD_RATES))
+    return (
+        Workload(
+            "mt-bench",
+            "MT-Bench closed loop, num_prompts = max(4C, 64), heterogeneous acceptance",
+            "concurrency C",
+            tuple(
+                (
+                    f"C={c}",
+                    {"dataset": "mt-bench", "num_prompts": max(4 * c, 64), "max_concurrency": c},
+                )
+                for c in MT_BENCH_CONCURRENCIES
+            ),
+        ),
+        Workload(
+            "azure-conv",
+            "Azure conversation trace lengths, open loop Poisson, 300 requests",
+            "request rate",
+            tuple(
+                (
+                    f"{rate:g} req/s",
+                    {"dataset": "azure-conv", "num_prompts": 300, "request_rate": rate},
+                )
+                for rate in (4.0, 12.0)
+            ),
+        ),
+        Workload(
+            "rl-rollout",
+            "RL rollout: all requests at t=0, lognormal outputs (median 256, cap 2048), drains",
+            "requests",
+            tuple(
+                (
+                    f"N={n}",
+                    {
+                        "dataset": "rl-rollout",
+                        "rollout": dataclasses.replace(rollout, num_requests=n),
+                    },
+                )
+                for n in (64, 256)
+            ),
+        ),
+        Workload(
+            "phased",
+            f"phases {'/'.join(PHASE_ORDER)} of {REQUESTS_PER_PHASE} requests (prompt 256, "
+            f"output 128-384), easy rates {EASY_RATES}, hard rates {HARD_RATES}, closed loop",
+            "concurrency C",
+            tuple(
+                (
+                    f"C={c}",
+                    {
+                        "dataset": phased,
+                        "max_concurrency": c,
+                        "category_acceptance": categories,
+                    },
+                )
+                for c in (16, 64)
+            ),
+        ),
     )
-    return float(run_simulation(config).metrics["mean_tpot_ms"])
+
+
+def write_phased_workload(path: Path) -> None:
+    """The phased CSV: fixed lengths from a fixed generator (the file is part of the report)."""
+    rng = np.random.default_rng(20240909)
+    lines = ["prompt_len,output_len,tag"]
+    for tag in PHASE_ORDER:
+        outputs = rng.integers(128, 385, size=REQUESTS_PER_PHASE)  # [n]
+        lines += [f"256,{int(n)},{tag}" for n in outputs]
+    _atomic_write(path, "\n".join(lines) + "\n")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -56,106 +180,209 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def evaluate(out: Path) -> dict[str, dict[str, dict[int, float]]]:
-    results: dict[str, dict[str, dict[int, float]]] = {}
-    for acceptance in SCENARIOS:
-        table: dict[str, dict[int, float]] = {}
-        records = []
-        for k in range(K_MAX + 1):
-            table[f"static:{k}"] = {c: _tpot(f"static:{k}", c, acceptance) for c in CONCURRENCIES}
-            records += [
-                {"concurrency": c, "k": k, "mean_tpot_ms": table[f"static:{k}"][c]}
-                for c in CONCURRENCIES
-            ]
-        sweep_path = out / f"static_sweep_{acceptance}.json"
-        _atomic_write(sweep_path, json.dumps(records, indent=1))
-        table["envelope (best static)"] = {
-            c: min(table[f"static:{k}"][c] for k in range(K_MAX + 1)) for c in CONCURRENCIES
+def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
+    """Mean TPOT ms of one (workload point, policy row, seed)."""
+    kwargs, row, seed, sweep_path = task
+    config = SimulationConfig(
+        profile=PROFILE,
+        policy=row.spec.format(sweep=sweep_path),
+        seed=seed,
+        mixed_k=row.engine_mixed_k,  # type: ignore[arg-type]
+        **kwargs,
+    )
+    resolved = resolve(config)
+    engine = build_engine(resolved)
+    if row.bandit_prior:
+        engine.policy = ThompsonBanditPolicy(
+            resolved.k_max,
+            resolved.max_num_seqs,
+            sim_seed_streams(seed)["policy"],
+            prior_rewards=profile_prior_rewards(
+                resolved.profile, resolved.k_max, resolved.max_num_seqs
+            ),
+        )
+    return float(engine.run().metrics["mean_tpot_ms"])
+
+
+Results = dict[str, dict[str, dict[str, list[float]]]]  # workload -> row -> point -> [seed]
+
+
+def _run_all(
+    tasks: list[tuple[str, str, str, tuple[dict[str, Any], PolicyRow, int, str]]],
+    results: Results,
+    num_workers: int,
+) -> None:
+    with multiprocessing.get_context("fork").Pool(num_workers) as pool:
+        values = pool.map(run_cell, [t[3] for t in tasks], chunksize=1)
+    for (workload, label, point, _task), value in zip(tasks, values, strict=True):
+        results[workload].setdefault(label, {}).setdefault(point, []).append(value)
+
+
+def evaluate(out: Path, num_workers: int) -> Results:
+    write_phased_workload(out / "phased_workload.csv")
+    sweep_path = str(out / "static_sweep_mt-bench.json")
+    all_workloads = workloads(out)
+    results: Results = {w.name: {} for w in all_workloads}
+
+    def tasks_for(rows: tuple[PolicyRow, ...]) -> list[Any]:
+        return [
+            (w.name, row.label, point, (kwargs, row, seed, sweep_path))
+            for w in all_workloads
+            for row in rows
+            for point, kwargs in w.points
+            for seed in SEEDS
+        ]
+
+    _run_all(tasks_for(STATIC_ROWS), results, num_workers)
+    records = [
+        {
+            "concurrency": c,
+            "k": k,
+            "mean_tpot_ms": float(np.mean(results["mt-bench"][f"static:{k}"][f"C={c}"])),
         }
-        for spec in DYNAMIC:
-            name = spec.format(sweep=sweep_path)
-            label = "envelope policy" if spec.startswith("envelope") else spec
-            table[label] = {c: _tpot(name, c, acceptance) for c in CONCURRENCIES}
-        results[acceptance] = table
+        for c in MT_BENCH_CONCURRENCIES
+        for k in range(K_MAX + 1)
+    ]
+    _atomic_write(Path(sweep_path), json.dumps(records, indent=1))
+    _run_all(tasks_for(DYNAMIC_ROWS), results, num_workers)
     return results
 
 
-def _markdown(results: dict[str, dict[str, dict[int, float]]], seconds: float) -> str:
+@dataclass(frozen=True)
+class Gap:
+    """A policy's gap to the envelope at one point, over seeds (fractions, negative = better)."""
+
+    mean: float  # mean over seeds of TPOT / envelope TPOT - 1
+    low: float  # smallest per-seed gap
+    high: float  # largest per-seed gap
+
+
+def envelope_k(table: dict[str, dict[str, list[float]]], point: str) -> int:
+    """The static K with the lowest seed-mean TPOT at a point (smallest K on ties)."""
+    means = [float(np.mean(table[f"static:{k}"][point])) for k in range(K_MAX + 1)]
+    return int(np.argmin(means))
+
+
+def gap(table: dict[str, dict[str, list[float]]], label: str, point: str) -> Gap:
+    envelope = np.array(table[f"static:{envelope_k(table, point)}"][point])  # [seeds]
+    values = np.array(table[label][point]) / envelope - 1.0  # [seeds]
+    return Gap(float(values.mean()), float(values.min()), float(values.max()))
+
+
+def verdict(g: Gap) -> str:
+    if g.low < 0 < g.high or g.low == 0 == g.high:
+        return "tie"
+    return "better" if g.high < 0 else "worse"
+
+
+def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> str:
     lines = [
         "# K policies vs the static-K envelope (simulated, PR #32374 H100 profile)",
         "",
-        "Command: `python -m reports.policy_eval --out reports/policies` "
-        f"(seed {SEED}, num_prompts = max(2C, 32) per cell, MT-Bench closed loop, sync "
-        f"scheduling, latency model auto; took {seconds:.0f} s).",
-        "Cells: mean TPOT ms; in brackets the gap to the envelope (best static K per C), "
-        "negative = better than the envelope.",
+        f"Command: `python -m reports.policy_eval --out reports/policies` (seeds {list(SEEDS)}, "
+        f"{num_workers} worker processes, took {seconds:.0f} s). Engine: sync scheduling, latency "
+        "model auto (the profile's table), mixed K charged padded ITL(D, max K) unless a row "
+        "says otherwise.",
+        "",
+        "Cells: seed-mean TPOT ms, then the gap to the envelope as mean [min, max] over seeds "
+        "(each seed against the envelope's K at the same seed). Envelope = the static K with the "
+        "lowest seed-mean TPOT at that point (its K in the header). A gap range containing 0 is "
+        "a tie: the difference is inside the seed spread.",
         "",
     ]
-    for acceptance, table in results.items():
-        envelope = table["envelope (best static)"]
-        lines += [f"## acceptance: {acceptance}", "", f"![plot](tpot_{acceptance}.png)", ""]
-        lines.append("| policy | " + " | ".join(f"C={c}" for c in CONCURRENCIES) + " |")
-        lines.append("|---" * (len(CONCURRENCIES) + 1) + "|")
-        for name, row in table.items():
-            cells = [
-                f"{row[c]:.2f} ({100 * (row[c] / envelope[c] - 1):+.1f}%)" for c in CONCURRENCIES
-            ]
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    goal_lines: list[str] = []
+    for w in workloads(out):
+        table = results[w.name]
+        points = [p for p, _ in w.points]
+        lines += [f"## {w.name}: {w.description}", "", f"![plot](tpot_{w.name}.png)", ""]
+        header = [f"{p} (K*={envelope_k(table, p)})" for p in points]
+        lines.append("| policy | " + " | ".join(header) + " |")
+        lines.append("|---" * (len(points) + 1) + "|")
+        for label, row in table.items():
+            cells = []
+            for p in points:
+                g = gap(table, label, p)
+                cells.append(
+                    f"{np.mean(row[p]):.2f} ({100 * g.mean:+.1f}% "
+                    f"[{100 * g.low:+.1f}, {100 * g.high:+.1f}])"
+                )
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
-        lines.append("Goals (within 1% of the envelope at every C / strictly better somewhere):")
-        for name, row in table.items():
-            if name.startswith("static") or name.startswith("envelope (best"):
+        for row_def in DYNAMIC_ROWS:
+            label = row_def.label
+            if label in INVESTIGATION_ROWS:
                 continue
-            gaps = np.array([row[c] / envelope[c] - 1 for c in CONCURRENCIES])
-            lines.append(
-                f"- {name}: worst gap {100 * gaps.max():+.1f}%, best gap {100 * gaps.min():+.1f}%;"
-                f" within 1% everywhere: {'yes' if gaps.max() <= 0.01 else 'no'};"
-                f" strictly better somewhere: {'yes' if gaps.min() < 0 else 'no'}"
+            gaps = [gap(table, label, p) for p in points]
+            within = all(g.mean <= 0.01 for g in gaps)
+            better = [p for p, g in zip(points, gaps, strict=True) if verdict(g) == "better"]
+            worse = [
+                f"{p} ({100 * g.mean:+.1f}%)"
+                for p, g in zip(points, gaps, strict=True)
+                if g.mean > 0.01
+            ]
+            goal_lines.append(
+                f"| {w.name} | {label} | {'yes' if within else 'no'} | "
+                f"{', '.join(better) if better else '-'} | {', '.join(worse) if worse else '-'} |"
             )
-        lines.append("")
+    lines += [
+        "## Goals per policy and workload",
+        "",
+        "Within 1%: the seed-mean gap is <= +1% at every point. Strictly better: points where "
+        "every seed beats the envelope (not a tie).",
+        "",
+        "| workload | policy | within 1% everywhere | strictly better at | over 1% at |",
+        "|---|---|---|---|---|",
+        *goal_lines,
+        "",
+    ]
     return "\n".join(lines) + "\n"
 
 
-def _plot(results: dict[str, dict[str, dict[int, float]]], out: Path) -> None:
+def _plot(results: Results, out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for acceptance, table in results.items():
-        envelope = table["envelope (best static)"]
-        fig, axis = plt.subplots(figsize=(8, 4.5))
-        for name, row in table.items():
-            if name.startswith("static"):
-                continue
-            axis.plot(
-                CONCURRENCIES,
-                [100 * (row[c] / envelope[c] - 1) for c in CONCURRENCIES],
-                marker="o",
-                label=name,
+    for w in workloads(out):
+        table = results[w.name]
+        points = [p for p, _ in w.points]
+        x = np.arange(len(points))
+        fig, axis = plt.subplots(figsize=(9, 4.8))
+        labels = [r.label for r in DYNAMIC_ROWS]
+        for index, label in enumerate(labels):
+            gaps = [gap(table, label, p) for p in points]
+            mean = np.array([100 * g.mean for g in gaps])
+            err = np.array(
+                [[100 * (g.mean - g.low) for g in gaps], [100 * (g.high - g.mean) for g in gaps]]
             )
-        axis.set_xscale("log", base=2)
-        axis.set_xlabel("concurrency C")
-        axis.set_ylabel("mean TPOT vs envelope, %")
-        axis.set_title(f"acceptance: {acceptance}")
+            offset = (index - len(labels) / 2) * 0.02
+            axis.errorbar(x + offset, mean, yerr=err, marker="o", capsize=2, label=label)
+        axis.set_xticks(x, points)
+        axis.set_xlabel(w.axis)
+        axis.set_ylabel("mean TPOT vs envelope, % (bars: seed min..max)")
+        axis.set_title(w.name)
         axis.axhline(1.0, color="grey", linestyle=":")
-        axis.legend(fontsize=7)
+        axis.axhline(0.0, color="black", linewidth=0.5)
+        axis.set_ylim(max(axis.get_ylim()[0], -15), min(axis.get_ylim()[1], 20))
+        axis.legend(fontsize=6, ncol=2)
         fig.tight_layout()
-        fig.savefig(out / f"tpot_{acceptance}.png", dpi=100)
+        fig.savefig(out / f"tpot_{w.name}.png", dpi=100)
         plt.close(fig)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/policies"))
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    results = evaluate(args.out)
+    results = evaluate(args.out, args.workers)
     seconds = time.perf_counter() - start
     _atomic_write(args.out / "results.json", json.dumps(results, indent=1))
     _plot(results, args.out)
-    _atomic_write(args.out / "report.md", _markdown(results, seconds))
+    _atomic_write(args.out / "report.md", _markdown(results, args.out, seconds, args.workers))
 
 
 if __name__ == "__main__":
