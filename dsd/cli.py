@@ -13,7 +13,16 @@ import sys
 import click
 import typer
 
-from dsd import cmd_backend, cmd_export, cmd_sim, cmd_traces, cmd_validate, cmd_zoo
+from dsd import (
+    cmd_backend,
+    cmd_export,
+    cmd_report,
+    cmd_sim,
+    cmd_traces,
+    cmd_validate,
+    cmd_zoo,
+    invocation,
+)
 from policies.errors import InputError
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
@@ -33,7 +42,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_validate, cmd_zoo):
+for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_validate, cmd_report, cmd_zoo):
     _module.register(app)
 
 
@@ -45,6 +54,7 @@ def fail(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    invocation.record(sys.argv[1:] if argv is None else argv)
     try:
         result = app(args=argv, standalone_mode=False)
     except _EXITS as exc:

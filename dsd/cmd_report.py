@@ -5,11 +5,11 @@ What this module does not do: run cells (`dsd sweep`) or choose what the report 
 
 from __future__ import annotations
 
-import shlex
-import sys
 from typing import Annotated
 
 import typer
+
+from dsd import invocation
 
 
 def register(app: typer.Typer) -> None:
@@ -26,10 +26,5 @@ def register(app: typer.Typer) -> None:
         """Write DIR/report.md (+ PNGs): TPOT vs C, envelope distance, frontier, K trace."""
         from reports.report import build_report
 
-        command_line = shlex.join(["dsd", *sys.argv[1:]]) if sys.argv[1:2] == ["report"] else ""
-        if not command_line:
-            command_line = shlex.join(
-                ["dsd", "report", out] + (["--k-trace-cell", k_trace_cell] if k_trace_cell else [])
-            )
-        path = build_report(out, k_trace_cell=k_trace_cell, command_line=command_line)
+        path = build_report(out, k_trace_cell=k_trace_cell, command_line=invocation.command_line())
         typer.echo(f"wrote {path}")

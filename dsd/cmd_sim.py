@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from dsd import invocation
 from dsd.cmd_traces import (
     EndS,
     Fraction,
@@ -267,7 +266,7 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
 
 
 def _command_line() -> str:
-    return shlex.join(["dsd", *sys.argv[1:]])
+    return invocation.command_line()
 
 
 def _int_list(flag: str, text: str) -> list[int]:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shlex
-import sys
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import numpy as np
 import typer
 
+from dsd import invocation
 from policies.errors import InputError
 
 PROFILE_FORMATS = ("dsd-profile", "dsd-json")
@@ -39,7 +38,7 @@ def _int_list(text: str, flag: str, minimum: int) -> tuple[int, ...]:
 
 
 def _command_line() -> str:
-    return shlex.join(["dsd", *sys.argv[1:]])
+    return invocation.command_line()
 
 
 def _load_pair(

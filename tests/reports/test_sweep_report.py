@@ -12,6 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from dsd import cmd_report, cmd_sim
+from dsd.cli import main
 from reports.report import pareto_frontier
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,15 +41,9 @@ def test_report_has_tables_envelope_distance_plots_and_commands(
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)
     out = tmp_path / "sweep"
-    runner = CliRunner()
-    # The sweep records its own command line from sys.argv, as the `dsd` entry point sets it.
-    monkeypatch.setattr("sys.argv", ["dsd", "sweep", "--grid", str(grid), "--out", str(out)])
-    swept = runner.invoke(
-        _app(), ["sweep", "--grid", str(grid), "--out", str(out), "--workers", "1"]
-    )
-    assert swept.exit_code == 0, swept.output
-    reported = runner.invoke(_app(), ["report", str(out)])
-    assert reported.exit_code == 0, reported.output
+    # Through the entry point, which records the command line each output states.
+    main(["sweep", "--grid", str(grid), "--out", str(out), "--workers", "1"])
+    main(["report", str(out)])
     text = (out / "report.md").read_text()
     assert "dsd sweep" in text and "dsd report" in text  # the commands that produced it
     assert "6 of 6 cells finished." in text
