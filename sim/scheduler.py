@@ -155,16 +155,20 @@ class StepPlan:
 
     def view(self, time_s: float, k_max: int, scheduling: SchedulingMode) -> StepView:
         """The policy's view of this step."""
+        # Runs every step: the properties inlined.
+        num_decode = self.decode_req_ids.shape[0]
+        num_prefill = self.prefill_req_ids.shape[0]
+        num_tokens = num_decode + int(self.prefill_chunk_lens.sum()) if num_prefill else num_decode
         return StepView(
             step_index=self.step_index,
             time_s=time_s,
-            batch_size=self.batch_size,
-            num_decode_reqs=self.num_decode_reqs,
+            batch_size=num_decode + num_prefill,
+            num_decode_reqs=num_decode,
             req_ids=self.decode_req_ids,
             context_lens=self.decode_context_lens,
             k_max=k_max,
             scheduling=scheduling,
-            num_tokens=self.num_tokens,
+            num_tokens=num_tokens,
         )
 
 
