@@ -208,6 +208,23 @@ def concentration_from_spread(mean_rate: float, spread: float) -> float:
     return mean_rate * (1.0 - mean_rate) / spread**2 - 1.0
 
 
+def _concentration_for_rates(rates: FloatArray, spread: float) -> float:
+    """Concentration for `spread` at the first position whose rate can vary (0 < r < 1).
+
+    Rates of exactly 0 or 1 (e.g. a draft identical to the target) leave no room for a spread and
+    are passed through unchanged by `per_request_rates`; when every rate is degenerate the
+    concentration is unused. A spread too large for the mean (it must be < sqrt(m(1-m))) is
+    capped at half that bound, so near-0 or near-1 rates still get a valid Beta.
+    """
+    inner = rates[(rates > 0.0) & (rates < 1.0)]
+    if inner.size == 0:
+        return 1.0
+    mean_rate = float(inner[0])
+    return concentration_from_spread(
+        mean_rate, min(spread, 0.5 * math.sqrt(mean_rate * (1.0 - mean_rate)))
+    )
+
+
 def per_request_rates(rates: FloatArray, concentration: float, strength: FloatArray) -> FloatArray:
     """Per-request unconditional rates [n, k]: the `strength` [n] quantile of Beta(mean r_i, kappa).
 
@@ -244,7 +261,7 @@ class HeterogeneousAcceptance:
         # The non-increasing envelope: a comonotone draw needs non-increasing means.
         self.rates = np.minimum.accumulate(validated)  # [k_max]
         if concentration is None:
-            concentration = concentration_from_spread(float(self.rates[0]), spread)
+            concentration = _concentration_for_rates(self.rates, spread)
         if not (math.isfinite(concentration) and concentration > 0):
             raise ValueError(f"concentration must be finite and > 0, got {concentration}")
         self.concentration = float(concentration)

@@ -357,3 +357,19 @@ def test_category_acceptance_forwards_requests_to_stateful_models() -> None:
     model.add_request(9, RequestSpec(prompt_len=4, output_len=4))
     accepted = model.sample_accepted(np.array([9, 5]), full(2, 1), full(2, 3))
     assert accepted.tolist() == [0, 3]
+
+
+@pytest.mark.parametrize(
+    "rates",
+    [
+        [1.0, 1.0, 1.0],  # a draft identical to the target: no spread possible
+        [0.0, 0.0],  # a draft that never agrees
+        [1.0, 0.5, 0.2],  # degenerate first position, varying later ones
+        [0.004, 0.001],  # a default spread larger than sqrt(m(1-m)) allows
+    ],
+)
+def test_heterogeneous_accepts_degenerate_and_extreme_rates(rates: list[float]) -> None:
+    model = HeterogeneousAcceptance(rates, np.random.SeedSequence(0))
+    population = model.draw_rates(20_000)  # [n, k]
+    np.testing.assert_allclose(population.mean(axis=0), rates, atol=0.01)
+    assert np.all(population[:, 1:] <= population[:, :-1] + 1e-12)
