@@ -208,21 +208,22 @@ def concentration_from_spread(mean_rate: float, spread: float) -> float:
     return mean_rate * (1.0 - mean_rate) / spread**2 - 1.0
 
 
-def _concentration_for_rates(rates: FloatArray, spread: float) -> float:
+def _concentration_for_rates(rates: FloatArray, spread: float | None) -> float:
     """Concentration for `spread` at the first position whose rate can vary (0 < r < 1).
 
     Rates of exactly 0 or 1 (e.g. a draft identical to the target) leave no room for a spread and
     are passed through unchanged by `per_request_rates`; when every rate is degenerate the
-    concentration is unused. A spread too large for the mean (it must be < sqrt(m(1-m))) is
-    capped at half that bound, so near-0 or near-1 rates still get a valid Beta.
+    concentration is unused. `spread=None` means DEFAULT_SPREAD capped at half of
+    sqrt(m(1-m)), so near-0 or near-1 rates still get a valid Beta; an explicit spread that the
+    mean cannot have is an error.
     """
     inner = rates[(rates > 0.0) & (rates < 1.0)]
     if inner.size == 0:
         return 1.0
     mean_rate = float(inner[0])
-    return concentration_from_spread(
-        mean_rate, min(spread, 0.5 * math.sqrt(mean_rate * (1.0 - mean_rate)))
-    )
+    if spread is None:
+        spread = min(DEFAULT_SPREAD, 0.5 * math.sqrt(mean_rate * (1.0 - mean_rate)))
+    return concentration_from_spread(mean_rate, spread)
 
 
 def per_request_rates(rates: FloatArray, concentration: float, strength: FloatArray) -> FloatArray:
@@ -247,14 +248,14 @@ class HeterogeneousAcceptance:
     The concentration kappa comes from, in order: `concentration` if given; else the variance of
     the profile's per-request r_1 samples (method of moments; it includes each sample's own
     counting noise, so it reads high when samples are short); else `spread` (std of per-request
-    r_1 over the population; default DEFAULT_SPREAD).
+    r_1 over the population; None: DEFAULT_SPREAD, capped where the mean cannot have it).
     """
 
     def __init__(
         self,
         rates: Sequence[float] | FloatArray,
         seed: np.random.SeedSequence,
-        spread: float = DEFAULT_SPREAD,
+        spread: float | None = None,
         concentration: float | None = None,
     ) -> None:
         validated = _validated_rates(rates, "HeterogeneousAcceptance")
@@ -270,7 +271,7 @@ class HeterogeneousAcceptance:
 
     @staticmethod
     def from_profile(
-        profile: Profile, seed: np.random.SeedSequence, spread: float = DEFAULT_SPREAD
+        profile: Profile, seed: np.random.SeedSequence, spread: float | None = None
     ) -> HeterogeneousAcceptance:
         """Spread from the profile's per-request samples when it has >= 2, else `spread`."""
         first = [s[0] for s in profile.per_request_rates if len(s) >= 1]
