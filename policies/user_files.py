@@ -24,8 +24,7 @@ def decode_user_text(data: bytes, source: str) -> str:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise InputError(
-            f"{source}: line {line} column {column}: not UTF-8 text "
-            f"(byte 0x{data[exc.start]:02x})"
+            f"{source}: line {line} column {column}: not UTF-8 text (byte 0x{data[exc.start]:02x})"
         ) from None
 
 
