@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.bandit import BanditConfig, ThompsonBanditPolicy
+from policies.bandit import BanditConfig, ThompsonBanditPolicy, profile_prior_rewards
 from policies.context_aware import (
     ContextGoodputPolicy,
     ContextLatencyFn,
@@ -191,6 +191,14 @@ def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
 
 
 def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
+    # `prior=profile` warm-starts every arm from the profile's AL/ITL; `prior=none` (default)
+    # needs no profile. The other keys are numeric and go through _parse_keys.
+    items = [item for item in (argument or "").split(",") if item.strip()]
+    priors = [item for item in items if item.partition("=")[0].strip() == "prior"]
+    prior = priors[-1].partition("=")[2].strip() if priors else "none"
+    if prior not in ("none", "profile"):
+        raise InputError(f"policy 'bandit': prior must be none or profile, got {prior!r}")
+    argument = ",".join(item for item in items if item not in priors)
     values = _parse_keys("bandit", argument, BanditConfig, extra=("seed",))
     seed_value = values.pop("seed", None)
     seed: int | np.random.SeedSequence
@@ -200,7 +208,18 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         seed = int(seed_value)
     else:
         seed = context.seed if context.seed is not None else 0
-    return ThompsonBanditPolicy(context.k_max, context.max_num_seqs, seed, BanditConfig(**values))
+    prior_rewards = None
+    if prior == "profile":
+        prior_rewards = profile_prior_rewards(
+            _needs_profile("bandit:prior=profile", context), context.k_max, context.max_num_seqs
+        )
+    return ThompsonBanditPolicy(
+        context.k_max,
+        context.max_num_seqs,
+        seed,
+        BanditConfig(**values),
+        prior_rewards=prior_rewards,
+    )
 
 
 def _build_envelope(argument: str | None, context: PolicyContext) -> KPolicy:

@@ -187,3 +187,20 @@ def test_profile_prior_is_goodput_per_request_of_the_profile() -> None:
 def test_bad_prior_is_input_error(prior: np.ndarray, plays: float) -> None:
     with pytest.raises(InputError, match="bandit"):
         ThompsonBanditPolicy(5, 256, seed=0, prior_rewards=prior, prior_plays=plays)
+
+
+def test_spec_prior_profile_warm_starts_from_the_profile() -> None:
+    profile = h100_profile()
+    warm = parse_policy("bandit:prior=profile,seed=1", profile=profile, k_max=5, max_num_seqs=64)
+    cold = parse_policy("bandit:seed=1", profile=profile, k_max=5, max_num_seqs=64)
+    view = synthetic_view(1, 5)
+    prior = profile_prior_rewards(profile, 5, 64)[batch_bucket(1)]  # [K+1]
+    near_best = {int(k) for k in np.flatnonzero(prior >= 0.99 * prior.max())}  # K=2, 3 at B=1
+    # The warm start plays the profile's near-best arms at once; the cold one starts its walk
+    # through every arm at K=0.
+    assert {int(warm.choose_k(view)) for _ in range(5)} <= near_best
+    assert int(cold.choose_k(view)) not in near_best
+    with pytest.raises(InputError, match="prior must be none or profile"):
+        parse_policy("bandit:prior=magic", profile=profile, k_max=5, max_num_seqs=64)
+    with pytest.raises(InputError, match="needs a profile"):
+        parse_policy("bandit:prior=profile", profile=None, k_max=5, max_num_seqs=64)
