@@ -255,22 +255,12 @@ class SpecDecodeEngine:
     @torch.inference_mode()
     def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
         """One SD step for decoding slots with per-row K (K may differ per row and per step)."""
-        slots = np.asarray(slot_ids, dtype=np.int64)
-        spec = np.asarray(num_spec_tokens, dtype=np.int64)
-        num_rows = slots.size
-        if num_rows == 0:
+        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
+        if checked is None:
             return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
-        self._check_in_use(slots)
-        if len(set(slots.tolist())) != num_rows:
-            raise ValueError("a slot appears twice in one step")
-        if (spec < 0).any() or (spec > self.config.k_max).any():
-            raise ValueError(f"K must be in [0, {self.config.k_max}], got {spec.tolist()}")
-        lengths = self.target_cache.lengths[slots]  # [B] L: the last token sits at position L
-        if not (lengths == self.num_tokens[slots] - 1).all():
-            raise ValueError("step() on a slot that has not finished its prefill")
+        slots, spec, lengths = checked
+        num_rows = slots.size
         k_step = int(spec.max())
-        if (lengths + k_step + 1 > self.config.cache_len - 1).any():
-            raise ValueError("sequence would outgrow max_model_len + k_max")
         device = self.device
         last_tokens = self.token_ids[slots, lengths]  # [B]
 
@@ -404,6 +394,32 @@ class SpecDecodeEngine:
             raise ValueError(f"slot {slot} outgrew its cache")
         self.token_ids[slot, count : count + tokens.size] = tokens
         self.num_tokens[slot] = count + tokens.size
+
+    def _checked_step_inputs(
+        self, slot_ids: IntArray, num_spec_tokens: IntArray
+    ) -> tuple[IntArray, IntArray, IntArray] | None:
+        """(slots [B], K [B], lengths [B]) after checking a step's inputs; None for an empty step.
+
+        Shared by every step implementation (reference and fast path), so they refuse the same
+        inputs with the same messages.
+        """
+        slots = np.asarray(slot_ids, dtype=np.int64)
+        spec = np.asarray(num_spec_tokens, dtype=np.int64)
+        if slots.size == 0:
+            return None
+        self._check_in_use(slots)
+        if len(set(slots.tolist())) != slots.size:
+            raise ValueError("a slot appears twice in one step")
+        if spec.shape != slots.shape:
+            raise ValueError(f"need one K per row: {spec.shape} vs {slots.shape}")
+        if (spec < 0).any() or (spec > self.config.k_max).any():
+            raise ValueError(f"K must be in [0, {self.config.k_max}], got {spec.tolist()}")
+        lengths = self.target_cache.lengths[slots]  # [B] L: the last token sits at position L
+        if not (lengths == self.num_tokens[slots] - 1).all():
+            raise ValueError("step() on a slot that has not finished its prefill")
+        if (lengths + int(spec.max()) + 1 > self.config.cache_len - 1).any():
+            raise ValueError("sequence would outgrow max_model_len + k_max")
+        return slots, spec, lengths
 
     def _check_in_use(self, slots: IntArray) -> None:
         if not self._in_use[slots].all():

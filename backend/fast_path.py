@@ -271,24 +271,12 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
 
     @torch.inference_mode()
     def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
-        slots = np.asarray(slot_ids, dtype=np.int64)
-        spec = np.asarray(num_spec_tokens, dtype=np.int64)
-        num_rows = slots.size
-        if num_rows == 0:
+        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
+        if checked is None:
             return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
-        self._check_in_use(slots)
-        if len(set(slots.tolist())) != num_rows:
-            raise ValueError("a slot appears twice in one step")
-        if spec.shape != slots.shape:
-            raise ValueError(f"need one K per row: {spec.shape} vs {slots.shape}")
-        if (spec < 0).any() or (spec > self.config.k_max).any():
-            raise ValueError(f"K must be in [0, {self.config.k_max}], got {spec.tolist()}")
-        lengths = self.target_cache.lengths[slots]  # [B] the last token sits at position L
-        if not (lengths == self.num_tokens[slots] - 1).all():
-            raise ValueError("step() on a slot that has not finished its prefill")
+        slots, spec, lengths = checked
+        num_rows = slots.size
         k_step = int(spec.max())
-        if (lengths + k_step + 1 > self.config.cache_len - 1).any():
-            raise ValueError("sequence would outgrow max_model_len + k_max")
         drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
         if k_step > 0:
             self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
