@@ -50,7 +50,7 @@ import pandas as pd
 from policies.atomic import atomic_write_bytes
 from policies.errors import InputError
 from reports.run_outputs import result_json_text, write_files
-from sim.runner import SimulationConfig, run_simulation
+from sim.runner import SimulationConfig, plain_config_value, run_simulation
 
 TABLE_FILE_CSV = "sweep.csv"
 TABLE_FILE_MD = "sweep.md"
@@ -197,19 +197,6 @@ def sweep_cells(
 # --------------------------------------------------------------------------------------------
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready, canonical form of config values (dataclasses, inf, tuples)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def _file_digest(path: str, digests: dict[str, str]) -> str:
     if path not in digests:
         try:
@@ -222,7 +209,7 @@ def _file_digest(path: str, digests: dict[str, str]) -> str:
 def cell_spec(cell: SweepCell, digests: dict[str, str] | None = None) -> dict[str, Any]:
     """What a cell computes, independent of folder and machine (files by name + SHA-256)."""
     digests = {} if digests is None else digests
-    config = _plain(cell.config)
+    config = plain_config_value(cell.config)
     config["profile"] = {
         "name": Path(cell.config.profile).name,
         "sha256": _file_digest(cell.config.profile, digests),
@@ -234,7 +221,7 @@ def cell_spec(cell: SweepCell, digests: dict[str, str] | None = None) -> dict[st
         "format": CELL_FORMAT,
         "config": config,
         "variant": cell.variant,
-        "labels": [[key, _plain(value)] for key, value in cell.labels],
+        "labels": [[key, plain_config_value(value)] for key, value in cell.labels],
         "sweep_seed": cell.sweep_seed,
     }
 

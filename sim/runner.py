@@ -600,14 +600,18 @@ def _version(package: str) -> str:
         return "unknown"
 
 
-def _plain(value: Any) -> Any:
-    """JSON-ready form of config values (dataclasses, inf)."""
+def plain_config_value(value: Any) -> Any:
+    """JSON-ready, canonical form of config values (dataclasses, inf, tuples, numpy scalars)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: plain_config_value(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
+        return [plain_config_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
     return value
 
 
@@ -638,7 +642,7 @@ def resolved_config_dict(
     streams = sim_seed_streams(config.seed)
     profile_path = str(Path(config.profile).expanduser().resolve())
     return {
-        "config": _plain(config),
+        "config": plain_config_value(config),
         "resolved": {
             "profile_path": profile_path,
             "profile_k_max": resolved.profile.k_max,
