@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import sys
 import time
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ import pandas as pd
 from policies.goodput import acceptance_lengths
 from policies.range_table import synthetic_view
 from policies.spec import parse_policy
+from reports.png import figure_png_bytes
 from reports.run_outputs import result_json_text, write_files
 from reports.sweep import (
     CellResult,
@@ -205,12 +205,10 @@ def ablation_png(frame: pd.DataFrame, policies: Sequence[str]) -> bytes:
             axes.grid(True, which="both", alpha=0.3)
         axes_list[0].set_ylabel("mean TPOT (ms)")
         axes_list[-1].legend(fontsize="small")
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
-        return buffer.getvalue()
-    finally:
+    except BaseException:
         plt.close(figure)
+        raise
+    return figure_png_bytes(figure, dpi=110)
 
 
 def report_markdown(

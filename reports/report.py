@@ -18,7 +18,6 @@ What it does not do: run anything, or compare against real-GPU measurements.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import re
@@ -31,6 +30,7 @@ import pandas as pd
 
 from policies.envelope import StaticSweep
 from policies.errors import InputError
+from reports.png import figure_png_bytes
 from reports.run_outputs import write_files
 from reports.sweep import (
     CELLS_DIR,
@@ -92,18 +92,6 @@ def load_sweep(out_dir: str | Path) -> SweepData:
     if not rows:
         raise InputError(f"{folder / CELLS_DIR}: no finished cells")
     return SweepData(resolved=resolved, frame=sweep_frame(rows), missing_ids=tuple(missing))
-
-
-def _png(figure: Any) -> bytes:
-    import matplotlib.pyplot as plt
-
-    try:
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", dpi=110, metadata={"Software": None})
-        return buffer.getvalue()
-    finally:
-        plt.close(figure)
 
 
 def _pyplot() -> Any:
@@ -178,7 +166,7 @@ def _tpot_plot(group: pd.DataFrame, envelope: pd.DataFrame | None, title: str) -
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize="small")
     figure.suptitle(title)
-    return _png(figure)
+    return figure_png_bytes(figure, dpi=110)
 
 
 def pareto_frontier(throughput: np.ndarray, tpot_ms: np.ndarray) -> np.ndarray:
@@ -210,7 +198,7 @@ def _frontier_plot(group: pd.DataFrame, title: str) -> bytes:
     axis.set_title(title)
     axis.grid(True, alpha=0.3)
     axis.legend(fontsize="small")
-    return _png(figure)
+    return figure_png_bytes(figure, dpi=110)
 
 
 def default_k_trace_cell(frame: pd.DataFrame) -> str:
@@ -244,7 +232,7 @@ def _k_trace_plot(trace: pd.DataFrame, title: str) -> bytes:
     other.set_ylabel("batch size B", color="grey")
     axis.set_title(title)
     axis.grid(True, alpha=0.3)
-    return _png(figure)
+    return figure_png_bytes(figure, dpi=110)
 
 
 def build_report(

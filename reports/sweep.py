@@ -49,6 +49,7 @@ import pandas as pd
 
 from policies.atomic import atomic_write_bytes
 from policies.errors import InputError
+from reports.png import figure_png_bytes
 from reports.run_outputs import result_json_text, write_files
 from sim.runner import SimulationConfig, plain_config_value, run_simulation
 
@@ -580,13 +581,10 @@ def plot_tpot_png(frame: pd.DataFrame, title: str) -> bytes:
         axes.set_title(title)
         axes.grid(True, which="both", alpha=0.3)
         axes.legend(fontsize="small")
-        figure.tight_layout()
-        buffer = io.BytesIO()
-        # No "Software" entry: the bytes then depend only on the data and the matplotlib build.
-        figure.savefig(buffer, format="png", dpi=120, metadata={"Software": None})
-        return buffer.getvalue()
-    finally:
+    except BaseException:
         plt.close(figure)
+        raise
+    return figure_png_bytes(figure, dpi=120)
 
 
 def write_sweep_outputs(
