@@ -34,8 +34,6 @@ import argparse
 import dataclasses
 import json
 import multiprocessing
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +41,9 @@ from typing import Any
 
 import numpy as np
 
+from policies.atomic import atomic_write_bytes, atomic_write_text
 from policies.bandit import ThompsonBanditPolicy, profile_prior_rewards
+from reports.png import figure_png_bytes
 from sim.runner import SimulationConfig, build_engine, resolve, sim_seed_streams
 from traces.rollout import RolloutConfig
 
@@ -170,14 +170,7 @@ def write_phased_workload(path: Path) -> None:
     for tag in PHASE_ORDER:
         outputs = rng.integers(128, 385, size=REQUESTS_PER_PHASE)  # [n]
         lines += [f"256,{int(n)},{tag}" for n in outputs]
-    _atomic_write(path, "\n".join(lines) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
@@ -243,7 +236,7 @@ def evaluate(out: Path, num_workers: int) -> Results:
         for c in MT_BENCH_CONCURRENCIES
         for k in range(K_MAX + 1)
     ]
-    _atomic_write(Path(sweep_path), json.dumps(records, indent=1))
+    atomic_write_text(Path(sweep_path), json.dumps(records, indent=1))
     _run_all(tasks_for(DYNAMIC_ROWS), results, num_workers)
     return results
 
@@ -366,9 +359,7 @@ def _plot(results: Results, out: Path) -> None:
         axis.axhline(0.0, color="black", linewidth=0.5)
         axis.set_ylim(max(axis.get_ylim()[0], -15), min(axis.get_ylim()[1], 20))
         axis.legend(fontsize=6, ncol=2)
-        fig.tight_layout()
-        fig.savefig(out / f"tpot_{w.name}.png", dpi=100)
-        plt.close(fig)
+        atomic_write_bytes(out / f"tpot_{w.name}.png", figure_png_bytes(fig, dpi=100))
 
 
 def main() -> None:
@@ -380,9 +371,9 @@ def main() -> None:
     start = time.perf_counter()
     results = evaluate(args.out, args.workers)
     seconds = time.perf_counter() - start
-    _atomic_write(args.out / "results.json", json.dumps(results, indent=1))
+    atomic_write_text(args.out / "results.json", json.dumps(results, indent=1))
     _plot(results, args.out)
-    _atomic_write(args.out / "report.md", _markdown(results, args.out, seconds, args.workers))
+    atomic_write_text(args.out / "report.md", _markdown(results, args.out, seconds, args.workers))
 
 
 if __name__ == "__main__":

@@ -12,15 +12,13 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
-from policies.atomic import atomic_write_text
+from policies.atomic import atomic_write, atomic_write_text
 
 # (metric key, label) rows of the per-cell table and the CSV.
 REPORT_METRICS: tuple[tuple[str, str], ...] = (
@@ -138,14 +136,10 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
 
 
 def _atomic_savefig(figure: Any, path: Path) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(handle)
-    try:
-        figure.savefig(temp, dpi=110, bbox_inches="tight")
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    def render(temp: Path) -> None:
+        figure.savefig(temp, format="png", dpi=110, bbox_inches="tight")
+
+    atomic_write(path, render)
 
 
 def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:

@@ -90,10 +90,6 @@ def test_torch_load_always_passes_weights_only_true() -> None:
 KNOWN_WRITES = [
     # its own mkstemp + os.replace; a maintainer script, not part of the CLI
     ("traces/scripts/compute_prompt_lengths.py", 'os.fdopen(fd, "w"', "own temp + replace"),
-    # its own mkstemp + os.replace (owed: switch to policies.atomic)
-    ("reports/policy_eval.py", 'os.fdopen(fd, "w"', "own temp + replace"),
-    # OWED: a PNG written straight to the target (a kill leaves half a PNG)
-    ("reports/policy_eval.py", "fig.savefig(out /", "not atomic yet"),
     # files staged in a temp folder that is renamed into place as a whole
     ("reports/run_outputs.py", "(staging / name).write_bytes(", "staged folder + rename"),
 ]
