@@ -24,10 +24,10 @@ import math
 from dataclasses import replace
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from policies.errors import InputError
+from reports.run_outputs import json_default
 
 
 def _dtype(name: str, device: str) -> Any:
@@ -203,14 +203,6 @@ def run_backend(
     return metrics
 
 
-def _to_json(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
-
-
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the app."""
 
@@ -274,7 +266,7 @@ def register(app: typer.Typer) -> None:
             ignore_eos=ignore_eos,
             fast_path=fast_path,
         )
-        text = json.dumps(metrics, indent=2, default=_to_json, allow_nan=True)
+        text = json.dumps(metrics, indent=2, default=json_default, allow_nan=True)
         if output:
             atomic_write_text(output, text + "\n")
         if json_output:

@@ -71,7 +71,8 @@ def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]
     return result
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
+    """`json.dumps(default=...)` for numpy scalars and arrays in run results."""
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -81,7 +82,7 @@ def _json_default(value: Any) -> Any:
 
 def result_json_text(result: Mapping[str, Any]) -> str:
     """One JSON object, sorted keys, two-space indent, no trailing newline."""
-    return json.dumps(result, indent=2, sort_keys=True, default=_json_default, allow_nan=True)
+    return json.dumps(result, indent=2, sort_keys=True, default=json_default, allow_nan=True)
 
 
 def request_frame(run: RunResult, resolved: ResolvedSimulation) -> pd.DataFrame:
