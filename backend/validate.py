@@ -20,7 +20,6 @@ models or write files (`dsd validate` and `reports.validation` do).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from backend.engine import Draft
 from backend.executor import TorchExecutor
 from backend.model import Transformer
 from policies.errors import InputError
+from policies.user_files import parse_user_json, read_user_text
 from sim.engine import Engine, EngineConfig, RunResult
 from sim.runner import ResolvedSimulation, SimulationConfig, build_engine, resolve
 from traces.arrivals import validate_rate, with_arrivals
@@ -49,6 +49,9 @@ COMPARED_METRICS: tuple[str, ...] = (
     "mean_itl_ms",
     "mean_e2el_ms",
 )
+# Largest per-request token count read: far above any model's context (2**24 = 16.8 M tokens),
+# far below what would overflow the simulator's int64 token arithmetic.
+MAX_REQUEST_TOKENS = 2**24
 # Keys a vLLM result file must have for a comparison (the rest are optional).
 VLLM_REQUIRED_KEYS: tuple[str, ...] = ("input_lens", "output_lens", "max_concurrency")
 VLLM_METRIC_KEYS: tuple[str, ...] = (
@@ -192,16 +195,37 @@ class VllmBenchResult:
     info: dict[str, Any]  # date, backend, model_id, num_prompts, completed, duration
 
 
+def _short(value: Any) -> str:
+    """repr of a value cut to one short line (a huge number or list stays readable)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _check_lens(source: str, data: dict[str, Any], key: str, minimum: int) -> list[int]:
     values = data[key]
     if not isinstance(values, list) or not values:
         raise InputError(f"{source}: {key}: must be a non-empty list of integers")
     for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not minimum <= value <= MAX_REQUEST_TOKENS
+        ):
             raise InputError(
-                f"{source}: {key}[{index}]: must be an integer >= {minimum}, got {value!r}"
+                f"{source}: {key}[{index}]: must be an integer >= {minimum} (at most 2**24), "
+                f"got {_short(value)}"
             )
     return values
+
+
+def _check_metric(source: str, key: str, value: Any) -> float:
+    """A recorded metric (ms, tokens/s, requests/s): a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InputError(f"{source}: {key}: must be a number, got {_short(value)}")
+    number = float(value) if not isinstance(value, int) or abs(value) < 2**1023 else math.inf
+    if not math.isfinite(number) or number < 0:
+        raise InputError(f"{source}: {key}: must be a finite number >= 0, got {_short(value)}")
+    return number
 
 
 def parse_vllm_result(data: Any, source: str, seed: int = 0) -> VllmBenchResult:
@@ -225,30 +249,52 @@ def parse_vllm_result(data: Any, source: str, seed: int = 0) -> VllmBenchResult:
             f"{source}: input_lens has {len(input_lens)} entries, output_lens {len(output_lens)}"
         )
     errors = data.get("errors")
-    if errors is not None and (not isinstance(errors, list) or len(errors) != len(input_lens)):
-        raise InputError(f"{source}: errors: must be a list with one entry per request")
+    if errors is not None:
+        if not isinstance(errors, list) or len(errors) != len(input_lens):
+            raise InputError(f"{source}: errors: must be a list with one entry per request")
+        for index, error in enumerate(errors):
+            if error is not None and not isinstance(error, str):
+                raise InputError(
+                    f"{source}: errors[{index}]: must be a string (empty: no error), "
+                    f"got {_short(error)}"
+                )
     cap = data["max_concurrency"]
-    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        raise InputError(f"{source}: max_concurrency: must be null or an integer >= 1, got {cap!r}")
+    if cap is not None and (
+        isinstance(cap, bool) or not isinstance(cap, int) or not 1 <= cap <= MAX_REQUEST_TOKENS
+    ):
+        raise InputError(
+            f"{source}: max_concurrency: must be null or an integer >= 1 (at most 2**24), "
+            f"got {_short(cap)}"
+        )
     raw_rate = data.get("request_rate", "inf")
     if raw_rate in ("inf", "Infinity", None):
         request_rate = math.inf
-    elif isinstance(raw_rate, int | float) and not isinstance(raw_rate, bool) and raw_rate > 0:
+    elif (
+        isinstance(raw_rate, int | float)
+        and not isinstance(raw_rate, bool)
+        and _finite_or_inf(raw_rate)
+        and raw_rate > 0
+    ):
         request_rate = float(raw_rate)
     else:
-        raise InputError(f'{source}: request_rate: must be > 0 or "inf", got {raw_rate!r}')
+        raise InputError(f'{source}: request_rate: must be > 0 or "inf", got {_short(raw_rate)}')
     raw_burst = data.get("burstiness", 1.0)
-    if isinstance(raw_burst, bool) or not isinstance(raw_burst, int | float) or not raw_burst > 0:
-        raise InputError(f"{source}: burstiness: must be a number > 0, got {raw_burst!r}")
+    if (
+        isinstance(raw_burst, bool)
+        or not isinstance(raw_burst, int | float)
+        or not _finite_or_inf(raw_burst)
+        or not raw_burst > 0
+    ):
+        raise InputError(f"{source}: burstiness: must be a number > 0, got {_short(raw_burst)}")
     burstiness = float(raw_burst)
-    validate_rate(request_rate, burstiness)
+    try:
+        validate_rate(request_rate, burstiness)
+    except InputError as exc:
+        raise InputError(f"{source}: {exc}") from None
     metrics: dict[str, Any] = {}
     for key in VLLM_METRIC_KEYS:
         if key in data:
-            value = data[key]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InputError(f"{source}: {key}: must be a number, got {value!r}")
-            metrics[key] = float(value)
+            metrics[key] = _check_metric(source, key, data[key])
     if "mean_tpot_ms" not in metrics:
         raise InputError(f"{source}: missing key 'mean_tpot_ms'")
     requests = []
@@ -277,18 +323,27 @@ def parse_vllm_result(data: Any, source: str, seed: int = 0) -> VllmBenchResult:
     )
 
 
+def _finite_or_inf(value: int | float) -> bool:
+    """False for NaN and for an integer too large to be a float (it is no rate)."""
+    if isinstance(value, int):
+        return abs(value) < 2**1023
+    return not math.isnan(value)
+
+
 def load_vllm_result(path: str | Path, seed: int = 0) -> VllmBenchResult:
-    """Read and validate a `vllm bench serve --save-result` JSON file."""
-    path = Path(path)
+    """Read and validate a `vllm bench serve --save-result` JSON file.
+
+    Errors name the path as given. The text is UTF-8 (a BOM allowed); NaN/Infinity literals
+    parse (Python's json, which vLLM writes with, emits them) and are then refused where a
+    number must be finite.
+    """
+    source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_user_text(path, source)
     except OSError as exc:
-        raise InputError(f"{path.name}: cannot read ({exc.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: line {exc.lineno} column {exc.colno}: {exc.msg}") from None
-    return parse_vllm_result(data, path.name, seed=seed)
+        raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    data = parse_user_json(text, source, allow_nonfinite=True)
+    return parse_vllm_result(data, source, seed=seed)
 
 
 def validate_against_vllm(result: VllmBenchResult, config: SimulationConfig) -> CellResult:

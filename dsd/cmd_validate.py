@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -385,7 +386,7 @@ def run_validate_vllm(
                 "num_requests": len(result.workload.requests),
                 "vllm_run": result.info,
             },
-            title=f"Validation: simulator vs {result.source}",
+            title=f"Validation: simulator vs {Path(result.source).name}",
         )
     return cell
 
