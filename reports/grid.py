@@ -30,8 +30,11 @@ Expansion order (outermost first), each axis in the order written: profile, work
 policy. A cell's seed is `reports.sweep.load_seed(seed, C, rate)`: every policy at one load
 point and sweep seed shares it (common random numbers).
 
-What this module does not do: run cells, write files, or check that a policy SPEC parses (the
-sweep resolves every cell before running, which does).
+Checked here, with the key named: types and ranges of every key (nested tables against their
+dataclass fields), unknown keys, empty or duplicated axes, the cell count (at most
+MAX_GRID_CELLS), prompt counts (at most 2**53), dataset names and workload files, and policy
+names. What this module does not do: run cells, write files, or check a policy SPEC's arguments
+against a profile (the sweep resolves every cell before running, which does).
 """
 
 from __future__ import annotations
@@ -39,20 +42,28 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from policies.errors import InputError
+from policies.spec import POLICY_BUILDERS
+from policies.user_files import decode_user_text
 from reports.sweep import SweepCell, load_seed
 from sim.runner import SimulationConfig
 from traces.datasets import RandomLengths
 from traces.loaders import TraceOptions
+from traces.registry import KNOWN_NAMES, MAX_COUNT
 from traces.rollout import RolloutConfig
 
 DEFAULT_DATASET = "mt-bench"
 DEFAULT_PROMPTS_PER_CONCURRENCY = 20
+# Most cells a grid may expand to: far past any sweep anyone runs, far below what would take
+# minutes (and gigabytes) just to expand and check before the first cell runs.
+MAX_GRID_CELLS = 100_000
 
 TOP_KEYS: tuple[str, ...] = (
     "profile",
@@ -164,11 +175,16 @@ def _strings(source: str, key: str, value: Any) -> list[str]:
     return values
 
 
-def _ints(source: str, key: str, value: Any, minimum: int) -> list[int]:
+def _ints(source: str, key: str, value: Any, minimum: int, maximum_power: int = 53) -> list[int]:
+    """Distinct integers in [minimum, 2**maximum_power] (counts: 2**53; seeds: 2**64 - 1)."""
+    maximum = 2**maximum_power - (1 if maximum_power == 64 else 0)
     values = _as_list(source, key, value)
     for item in values:
-        if isinstance(item, bool) or not isinstance(item, int) or item < minimum:
-            raise InputError(f"{source}: {key}: expected integers >= {minimum}, got {item!r}")
+        if isinstance(item, bool) or not isinstance(item, int) or not minimum <= item <= maximum:
+            bound = "below 2**64" if maximum_power == 64 else f"at most 2**{maximum_power}"
+            raise InputError(
+                f"{source}: {key}: expected integers >= {minimum} ({bound}), got {item!r}"
+            )
     _unique(source, key, values)
     return values
 
@@ -189,15 +205,57 @@ def _rates(source: str, key: str, value: Any) -> list[float]:
 
 
 def _one_int(source: str, key: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{source}: {key}: expected an integer >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise InputError(
+            f"{source}: {key}: expected an integer >= 1 (at most 2**53), got {value!r}"
+        )
     return value
+
+
+def _accepts(hint: Any, value: Any) -> bool:
+    """Whether `value` (from TOML) has a type the dataclass field hint allows."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_accepts(arg, value) for arg in typing.get_args(hint))
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True  # a type this checker does not know: the dataclass's own checks decide
+
+
+def _check_fields(source: str, where: str, fields: dict[str, Any]) -> None:
+    """Each workload or [config] value alone through SimulationConfig's checks (key named)."""
+    for key, value in fields.items():
+        try:
+            SimulationConfig(profile="-", policy="-", **{key: value})
+        except InputError as exc:
+            raise InputError(f"{source}: {where}{exc}") from None
+        except TypeError as exc:
+            raise InputError(f"{source}: {where}{key}: {exc}") from None
 
 
 def _unknown_keys(source: str, where: str, table: dict[str, Any], known: Sequence[str]) -> None:
     for key in table:
         if key not in known:
             raise InputError(f"{source}: {where}{key}: unknown key (known: {', '.join(known)})")
+
+
+def _hint_name(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return " or ".join(repr(arg) for arg in typing.get_args(hint))
+    args = [arg for arg in typing.get_args(hint) if arg is not type(None)]  # TOML has no null
+    if args:
+        return " or ".join(_hint_name(arg) for arg in args)
+    return "nothing" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 
 def _path(base: Path, text: str) -> str:
@@ -213,9 +271,17 @@ def _nested(source: str, key: str, value: Any) -> Any:
     names = [f.name for f in dataclasses.fields(kind)]
     _unknown_keys(source, f"{key}.", value, names)
     values = dict(value)
+    hints = typing.get_type_hints(kind)
     for name, item in values.items():
         if item == "inf":
-            values[name] = math.inf
+            values[name] = item = math.inf
+        if not _accepts(hints[name], item):
+            raise InputError(
+                f"{source}: {key}.{name}: expected {_hint_name(hints[name])}, got {item!r}"
+            )
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > MAX_COUNT:
+            # token counts and row counts; past 2**53 float arithmetic on them overflows
+            raise InputError(f"{source}: {key}.{name}: at most 2**53, got {item!r}")
     try:
         return kind(**values)
     except InputError as exc:
@@ -238,7 +304,15 @@ def _workload(
     if not isinstance(name, str) or not name.strip():
         raise InputError(f"{source}: {where}.name: expected a non-empty string, got {name!r}")
     if Path(dataset).suffix.lower() in (".csv", ".parquet", ".jsonl"):
+        given = dataset
         dataset = _path(base, dataset)
+        if not Path(dataset).is_file():
+            raise InputError(f"{source}: {where}.dataset: {given}: no such file")
+    elif dataset not in KNOWN_NAMES:
+        raise InputError(
+            f"{source}: {where}.dataset: unknown workload {dataset!r} (known: "
+            f"{', '.join(KNOWN_NAMES)}, or a .csv/.parquet/.jsonl file)"
+        )
     merged = dict(defaults)
     for key in ("max_concurrency", "request_rate", "num_prompts_per_concurrency", "num_prompts"):
         if key in table:
@@ -268,6 +342,13 @@ def _workload(
         fixed_n = _one_int(source, f"{where}.num_prompts", fixed_n)
     if fixed_n is None and per_c is None:
         per_c = DEFAULT_PROMPTS_PER_CONCURRENCY
+    if fixed_n is None and per_c is not None and has_c:
+        largest = per_c * max(c for c in concurrencies if c is not None)
+        if largest > MAX_COUNT:
+            raise InputError(
+                f"{source}: {where}: num_prompts_per_concurrency x max_concurrency = {largest} "
+                "prompts (at most 2**53)"
+            )
     if not has_c and math.inf in rates:
         raise InputError(
             f"{source}: {where}: request_rate inf without max_concurrency sends every request "
@@ -280,6 +361,7 @@ def _workload(
             fields.append(
                 (key, _nested(source, f"{where}.{key}", value) if key in _NESTED else value)
             )
+    _check_fields(source, f"{where}.", dict(fields))
     return GridWorkload(
         name=name,
         dataset=dataset,
@@ -303,7 +385,13 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
         if not Path(path).is_file():
             raise InputError(f"{source}: profile: {given}: no such file")
     policies = _strings(source, "policies", data["policies"])
-    seeds = _ints(source, "seeds", data.get("seeds", [0]), 0)
+    for spec in policies:
+        if spec.strip().partition(":")[0].strip().lower() not in POLICY_BUILDERS:
+            raise InputError(
+                f"{source}: policies: unknown policy {spec!r} (known: "
+                f"{', '.join(sorted(POLICY_BUILDERS))})"
+            )
+    seeds = _ints(source, "seeds", data.get("seeds", [0]), 0, maximum_power=64)
     scheduling = _strings(source, "scheduling", data.get("scheduling", ["sync"]))
     for mode in scheduling:
         if mode not in ("sync", "async"):
@@ -330,11 +418,26 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
     swept: list[tuple[str, tuple[Any, ...]]] = []
     for key, value in config.items():
         values = [math.inf if v == "inf" else v for v in _as_list(source, f"config.{key}", value)]
+        for item in values:
+            _check_fields(source, "config.", {key: item})
         if isinstance(value, list):
             _unique(source, f"config.{key}", values)
             swept.append((key, tuple(values)))
         else:
             fixed.append((key, values[0]))
+    num_cells = (
+        len(profiles)
+        * sum(len(w.max_concurrency) * len(w.request_rate) for w in workloads)
+        * math.prod(len(values) for _, values in swept)
+        * len(scheduling)
+        * len(seeds)
+        * len(policies)
+    )
+    if num_cells > MAX_GRID_CELLS:
+        raise InputError(
+            f"{source}: the grid expands to {num_cells} cells (at most {MAX_GRID_CELLS}); "
+            "split it into smaller grids"
+        )
     grid = SweepGrid(
         source=source,
         profiles=tuple(profiles),
@@ -356,12 +459,13 @@ def load_grid(path: str | Path) -> SweepGrid:
         raw = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"{source}: cannot read: {exc.strerror}") from None
+    text = decode_user_text(raw, source)  # a BOM is dropped; a bad byte named by line/column
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"{source}: not UTF-8 text") from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"{source}: invalid TOML: {exc}") from None
+    except RecursionError:  # arrays nested thousands deep
+        raise InputError(f"{source}: invalid TOML: nested too deeply") from None
     return parse_grid(data, source, Path(path).resolve().parent)
 
 

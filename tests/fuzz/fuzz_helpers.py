@@ -189,6 +189,54 @@ def mutated_json_files(draw: st.DrawFn, document: Any) -> bytes:
     return draw(corrupted_bytes(_json_text(draw(mutated_documents(document)))))
 
 
+# ------------------------------------------------------------------ TOML
+
+
+def _toml_value(value: Any) -> str | None:
+    """One TOML value written inline; None for what TOML cannot hold (null), which is left out."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)  # past 64 bits this is invalid TOML, which is a case too
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON's escapes are TOML basic-string escapes
+    if isinstance(value, list):
+        items = [text for text in map(_toml_value, value) if text is not None]
+        return "[" + ", ".join(items) + "]"
+    if isinstance(value, dict):
+        pairs = [
+            f"{json.dumps(str(key))} = {text}"
+            for key, item in value.items()
+            if (text := _toml_value(item)) is not None
+        ]
+        return "{" + ", ".join(pairs) + "}"
+    raise TypeError(f"no TOML for {type(value).__name__}")
+
+
+def toml_text(document: Any) -> str:
+    """A decoded document as TOML text: `key = value` lines with inline arrays and tables.
+
+    A non-table root (a mutation can make one) comes out as a bare value, which is invalid
+    TOML on purpose.
+    """
+    if not isinstance(document, dict):
+        return _toml_value(document) or ""
+    lines = []
+    for key, value in document.items():
+        text = _toml_value(value)
+        if text is not None:
+            lines.append(f"{json.dumps(str(key))} = {text}")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------ CLI
 
 
