@@ -5,8 +5,10 @@ same whatever K is, so the extra verified tokens of a larger K are relatively ch
 best K at a given B can rise. Two forms:
 
 (b) `ContextGoodputPolicy`: K* = argmax_k AL(k) / ITL(B, k, context), smallest k on ties, with
-    B = `view.num_decode_reqs` (the rows that decode; prefill chunks do not draft) and context =
-    the total context tokens of those rows, sum(`view.context_lens`). The latency is a function
+    B = `policies.goodput.table_batch_size(view)` (the scheduled rows, prefill chunks included:
+    the key every policy reads its table at) and context = B times the mean context of the
+    decode rows (`view.context_lens`; prefill rows carry no context in the view, so they are
+    counted at the decode rows' mean). The latency is a function
     passed in, `ContextLatencyFn(batch_size, num_spec_tokens [n], context_tokens) -> ms [n]`,
     because policies cannot import the simulator: the app layer hands in the sim's
     fitted model, or `ContextLatencyGrid` (a small measured grid, multilinear, clamped) is used.
@@ -35,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.errors import InputError
-from policies.goodput import acceptance_lengths
+from policies.goodput import acceptance_lengths, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
 
@@ -138,7 +140,7 @@ class ContextGoodputPolicy:
         self.k_values = np.arange(k_max + 1, dtype=np.float64)  # [k_max + 1]
 
     def best_k(self, num_decode: int, context_tokens: float, k_cap: int) -> int:
-        """The goodput-optimal K at D decode rows reading `context_tokens` in total."""
+        """The goodput-optimal K at `num_decode` rows reading `context_tokens` in total."""
         if k_cap <= 0:
             return 0
         ks = self.k_values[: k_cap + 1]  # [k+1]
@@ -149,8 +151,11 @@ class ContextGoodputPolicy:
 
     def choose_k(self, view: StepView) -> int:
         k_cap = min(self.k_max, max(view.k_max, 0))
-        context_tokens = float(np.sum(view.context_lens))
-        return self.best_k(int(view.num_decode_reqs), context_tokens, k_cap)
+        num_decode = int(view.num_decode_reqs)
+        batch_size = table_batch_size(view)
+        lens = view.context_lens
+        mean_context = float(np.sum(lens)) / len(lens) if num_decode and len(lens) else 0.0
+        return self.best_k(batch_size, mean_context * batch_size, k_cap)
 
     def observe(self, feedback: StepFeedback) -> None:
         """Fixed acceptance and latency: nothing to learn."""

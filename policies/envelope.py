@@ -5,9 +5,12 @@ real; the sweep itself belongs to the evaluation, not here). `best_static_k` pic
 concurrency, the K with the lowest mean TPOT (the smallest K on ties within `tie_tolerance`,
 relative). Its TPOT at each concurrency is the envelope that dynamic policies are compared to.
 
-`EnvelopePolicy` applies it by batch size: B uses the best K of the largest swept concurrency
-<= B (a closed loop at concurrency C runs at B ~ C in steady state), and B below the smallest
-swept concurrency uses that concurrency's K — the range-table carry-forward rule, so
+`EnvelopePolicy` applies it by batch size: a closed loop at concurrency C runs at B ~ C in
+steady state, so B uses the best K of the swept concurrency nearest to it on a log scale (the
+boundary between swept C_i < C_j is their geometric mean sqrt(C_i C_j), the smaller C owning
+it; sweeps are geometric grids, C = 1, 2, 4, ...). B below the smallest or above the largest
+swept concurrency uses that end's K. (Carrying the smaller C's K up to the next swept C, the
+range-table gap rule, ran B = 226 at C=128's K: the ramp-up of a C=256 run got C=128's K.)
 `to_range_table` (via `policies.range_table.compile_range_table`) gives exactly the same map.
 
 Table file (`envelope:PATH`): JSON, a list of records
@@ -127,8 +130,23 @@ class StaticSweep:
         return self.ks[choice].astype(np.int64), tpot[rows, choice]
 
 
+def nearest_concurrency(concurrencies: IntArray, max_num_seqs: int) -> IntArray:
+    """[max_num_seqs] index of the swept concurrency nearest to B = 1..max_num_seqs in log B.
+
+    The boundary between neighbours C_i < C_j is sqrt(C_i C_j); a B exactly on it goes to C_i.
+    Compared in integers (B^2 against C_i C_j), so no rounding decides a boundary.
+    """
+    batch_sizes = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
+    c = concurrencies.astype(np.int64)  # [nC]
+    # B belongs above boundary i (between c[i] and c[i+1]) when B^2 > c[i] c[i+1].
+    products = c[:-1] * c[1:]  # [nC - 1]
+    above = batch_sizes[:, None] ** 2 > products[None, :]  # [N, nC - 1]
+    owner: IntArray = above.sum(axis=1).astype(np.int64)  # [N]
+    return owner
+
+
 class EnvelopePolicy:
-    """Best static K per concurrency, applied by batch size (carry-forward between C)."""
+    """Best static K per concurrency, applied by batch size (nearest swept C on a log scale)."""
 
     def __init__(self, sweep: StaticSweep, max_num_seqs: int, tie_tolerance: float = 0.0) -> None:
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
@@ -138,9 +156,7 @@ class EnvelopePolicy:
         self.sweep = sweep
         self.max_num_seqs = max_num_seqs
         self.best_k, self.best_tpot_ms = sweep.best_static_k(tie_tolerance)  # [nC] each
-        batch_sizes = np.arange(1, max_num_seqs + 1)  # [N]
-        owner = np.searchsorted(sweep.concurrencies, batch_sizes, side="right") - 1  # [N]
-        self.k_by_batch = self.best_k[np.maximum(owner, 0)]  # [N]
+        self.k_by_batch = self.best_k[nearest_concurrency(sweep.concurrencies, max_num_seqs)]
 
     def choose_k(self, view: StepView) -> int:
         if view.batch_size > self.max_num_seqs:

@@ -177,6 +177,19 @@ def goodput_table(
     )
 
 
+def table_batch_size(view: StepView) -> int:
+    """The B at which a step's K is read from a (B, K) latency or K table, >= 1.
+
+    Every policy keys its table on the same row count: the scheduled requests, prefill chunks
+    included (vLLM's key for its range table, and what `goodput`, `online`, `table` and
+    `envelope` read), never fewer than the decode rows. Keying some policies on the decode rows
+    alone made them draft more in ramp-up steps, where a burst of prefill chunks shares the step
+    with few decode rows (B = 159 with 82 decode rows at the start of an MT-Bench C=256 run): a
+    K that the whole batch would not get once its prefills finish.
+    """
+    return max(view.batch_size, view.num_decode_reqs, 1)
+
+
 def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> int:
     """K for `view.batch_size` from a per-B table (row i is B = i + 1), clamped to view.k_max.
 

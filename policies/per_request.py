@@ -18,7 +18,9 @@ a request's evidence into one number, which is what lets it learn within a few s
 Allocation. The objective is expected output tokens per ms of step time,
 sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table
 (fractional K interpolated) under one of two mixed-K cost models (`mixed_k`, the same names
-as the simulator's costing):
+as the simulator's costing). The table is read at the step's B, prefill chunks included
+(`policies.goodput.table_batch_size`, the key every policy uses), while only the D decode rows
+get a K; below, ITL(D, .) is short for that lookup (B = D on decode-only steps):
 
 - "padded" (default, the honest one for a real engine: the draft runs max K_i sequential
   passes over the whole batch, and the profile's ITL(D, K) is the only measured price of a
@@ -53,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from policies.errors import InputError
-from policies.goodput import ItlTable
+from policies.goodput import ItlTable, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
 
@@ -197,10 +199,16 @@ class PerRequestPolicy:
         rates = np.clip(self.profile_rates[None, :] * scale, 0.0, 1.0)  # [n, k_max]
         return np.minimum.accumulate(rates, axis=1)  # [n, k_max]
 
-    def itl_by_total_drafts(self, num_decode: int, k_max: int) -> FloatArray:
-        """[D * k_max + 1] ITL(D, m / D) ms for m = 0..D*k_max total drafts (token-equivalent)."""
+    def itl_by_total_drafts(
+        self, num_decode: int, k_max: int, batch_size: int | None = None
+    ) -> FloatArray:
+        """[D * k_max + 1] ITL(B, m / D) ms for m = 0..D*k_max total drafts (token-equivalent).
+
+        B is the table key (`policies.goodput.table_batch_size`; None: D).
+        """
         total_drafts = np.arange(num_decode * k_max + 1, dtype=np.float64)
-        return self.itl.itl_ms_at(float(num_decode), total_drafts / num_decode)
+        key = float(num_decode if batch_size is None else max(batch_size, num_decode))
+        return self.itl.itl_ms_at(key, total_drafts / num_decode)
 
     def choose_k(self, view: StepView) -> IntArray:
         num_decode = int(view.num_decode_reqs)
@@ -213,11 +221,13 @@ class PerRequestPolicy:
                 f"{self.max_num_seqs}"
             )
         rates = self.request_rates(np.asarray(view.req_ids, dtype=np.int64))[:, :k_cap]  # [D, k]
+        # The ITL table is read at the step's B (prefill chunks included), like every policy.
+        batch_size = table_batch_size(view)
         if self.config.mixed_k == "padded":
-            itl_by_k = self.itl.itl_ms_at(float(num_decode), np.arange(k_cap + 1.0))  # [k+1]
+            itl_by_k = self.itl.itl_ms_at(float(batch_size), np.arange(k_cap + 1.0))  # [k+1]
             k = best_uniform_k(rates, itl_by_k)
             return np.full(num_decode, k, dtype=np.int64)
-        return best_allocation(rates, self.itl_by_total_drafts(num_decode, k_cap))
+        return best_allocation(rates, self.itl_by_total_drafts(num_decode, k_cap, batch_size))
 
     def observe(self, feedback: StepFeedback) -> None:
         ids = np.asarray(feedback.req_ids, dtype=np.int64)  # [n]

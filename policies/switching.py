@@ -9,7 +9,9 @@ table, goodput, online, context; not the bandit, which samples):
 - **margin** (a fraction of B): the base is asked at B, B (1 - margin) and B (1 + margin); if
   the current K lies within the range of those answers, B is near an edge the current K borders
   and K stays. Only when the base's answer is clear over the whole band does K follow it.
-- **min_dwell** (steps): after a change K is held for at least this many steps.
+- **min_dwell** (steps): after a change K is held for at least this many steps. Only steps with
+  decode rows count, and only changes start a dwell: the first K of a run is free to move, and
+  a step without decode rows (K does nothing there) neither sets nor holds K.
 - **async lookahead**: with async scheduling the K chosen now is verified one step later
   (vLLM's one-step lag), so the base is asked about the *predicted* next B: the current B plus
   an exponentially averaged step-to-step change of B (`trend_smoothing`), clipped to
@@ -106,8 +108,13 @@ class HysteresisPolicy:
         k_cap = max(view.k_max, 0)
         batch_size = self.predicted_batch_size(view)
         wanted = min(self._base_k(view, batch_size), k_cap)
-        k = wanted
         current = self.current_k
+        if view.num_decode_reqs == 0:
+            # No row drafts, so K does nothing this step: it neither makes the first decision
+            # (a run's first steps are pure prefill, at a B the decoding batch may never have)
+            # nor counts toward a dwell.
+            return wanted if current is None else min(current, k_cap)
+        k = wanted
         if current is not None and wanted != current:
             if current > k_cap:
                 k = k_cap  # the engine cannot run the old K: clamp now
@@ -120,8 +127,12 @@ class HysteresisPolicy:
                 band = (min(low, high, wanted), max(low, high, wanted))
                 if band[0] <= current <= band[1]:
                     k = current
-        if current is None or k != current:
-            self.num_switches += int(current is not None)
+        if current is None:
+            # The first decision is not a switch: no dwell holds it (a K chosen at a ramp-up
+            # step would otherwise be kept into the full batch, where the base wants less).
+            self.steps_since_switch = self.config.min_dwell
+        elif k != current:
+            self.num_switches += 1
             self.steps_since_switch = 0
         self.current_k = k
         self.steps_since_switch += 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,21 @@ def test_profile_without_context_is_input_error() -> None:
 
     with pytest.raises(InputError, match="context_len"):
         parse_policy("context", profile=h100_profile(), k_max=5, max_num_seqs=64)
+
+
+def test_a_step_with_prefill_chunks_is_read_at_b_with_the_decode_rows_mean_context() -> None:
+    # 82 decode rows (context 1000 each) + 77 prefill chunks: the latency function is asked at
+    # B = 159 (the key every policy uses) with 159 rows' worth of the decode rows' mean context.
+    calls: list[tuple[float, float]] = []
+
+    def recording_ms(batch_size: float, ks: np.ndarray, context_tokens: float) -> np.ndarray:
+        calls.append((batch_size, context_tokens))
+        return kv_bound_latency_ms(batch_size, ks, context_tokens)
+
+    policy = ContextGoodputPolicy(recording_ms, RATES, 5)
+    view = dataclasses.replace(
+        _view(82, 1000), batch_size=159, num_tokens=82 + 7700
+    )  # decode rows keep their ids and contexts
+    k = policy.choose_k(view)
+    assert calls == [(159.0, 159.0 * 1000)]
+    assert k == policy.choose_k(_view(159, 1000))

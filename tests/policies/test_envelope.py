@@ -38,10 +38,11 @@ def test_tie_tolerance_prefers_smaller_k() -> None:
 @pytest.mark.parametrize(
     ("batch_size", "k"),
     [
-        (1, 3),  # swept concurrency
-        (15, 3),  # carries the K of C=1
+        (1, 3),  # swept concurrency C=1
+        (4, 3),  # on the C=1 | C=16 boundary sqrt(1 * 16) = 4: the smaller C owns it
         (16, 3),  # C=16
-        (63, 3),  # still C=16
+        (32, 3),  # on the C=16 | C=64 boundary sqrt(16 * 64) = 32: still C=16
+        (33, 0),  # nearer C=64 than C=16 on a log scale
         (64, 0),  # C=64
         (256, 0),  # last
     ],
@@ -51,10 +52,36 @@ def test_policy_applies_envelope_by_batch_size(batch_size: int, k: int) -> None:
     assert policy.choose_k(synthetic_view(batch_size, 5)) == k
 
 
+# An MT-Bench-like sweep: K* falls from 1 at C=128 to 0 at C=256 (boundary sqrt(128 * 256) ~ 181).
+HIGH_LOAD = [
+    {"concurrency": 128, "k": 0, "mean_tpot_ms": 10.7},
+    {"concurrency": 128, "k": 1, "mean_tpot_ms": 10.5},
+    {"concurrency": 256, "k": 0, "mean_tpot_ms": 16.7},
+    {"concurrency": 256, "k": 1, "mean_tpot_ms": 18.8},
+]
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "k"),
+    [
+        (128, 1),  # C=128's K
+        (181, 1),  # 181^2 = 32761 <= 128 * 256 = 32768: nearer C=128
+        (182, 0),  # 182^2 > 32768: nearer C=256
+        (226, 0),  # a C=256 ramp-up step; carrying C=128's K forward ran K=1 here
+        (255, 0),  # just below the largest swept C
+    ],
+)
+def test_b_between_swept_concurrencies_takes_the_nearest_on_a_log_scale(
+    batch_size: int, k: int
+) -> None:
+    policy = EnvelopePolicy(StaticSweep.from_records(HIGH_LOAD), 256)
+    assert policy.choose_k(synthetic_view(batch_size, 5)) == k
+
+
 def test_range_table_reproduces_the_policy() -> None:
     policy = EnvelopePolicy(StaticSweep.from_records(RECORDS), 256)
     table = policy.to_range_table(5)
-    assert table == [[1, 63, 3], [64, 256, 0]]
+    assert table == [[1, 32, 3], [33, 256, 0]]
     np.testing.assert_array_equal(expand_ranges(table, 5, 256), policy.k_by_batch)
 
 

@@ -232,3 +232,42 @@ def test_new_policies_return_k_in_range_for_any_view(
     k = np.asarray(policy.choose_k(view))
     assert k.ndim == 0 or k.shape == (num_decode,)
     assert ((k >= 0) & (k <= k_max)).all()
+
+
+def _ramp_up_view(num_decode: int, num_prefill: int) -> StepView:
+    """A step of `num_decode` decode rows and `num_prefill` prefill chunks (B = their sum)."""
+    ids = np.arange(num_decode, dtype=np.int64)
+    return StepView(
+        step_index=1,
+        time_s=0.0,
+        batch_size=num_decode + num_prefill,
+        num_decode_reqs=num_decode,
+        req_ids=ids,
+        context_lens=np.full(num_decode, 100, dtype=np.int64),
+        k_max=5,
+        num_tokens=num_decode + 100 * num_prefill,
+    )
+
+
+@pytest.mark.parametrize(
+    ("num_decode", "num_prefill"),
+    [
+        (82, 77),  # MT-Bench C=256, step 1: goodput K*(159) = 1 but K*(82) = 2
+        (158, 68),  # step 2: K*(226) = 0 but K*(158) = 1
+        (16, 0),  # decode-only: B = D
+    ],
+)
+def test_padded_choice_reads_the_table_at_b_with_prefill_chunks(
+    num_decode: int, num_prefill: int
+) -> None:
+    # Unseen requests read the profile's rates, so the padded choice is goodput's K at the
+    # step's B (prefill chunks included), the key every policy uses; not goodput's K at D.
+    profile = h100_profile()
+    policy = PerRequestPolicy(profile, 256)
+    goodput = GoodputPolicy(profile, 256)
+    view = _ramp_up_view(num_decode, num_prefill)
+    ks = policy.choose_k(view)
+    assert ks.shape == (num_decode,)
+    assert set(ks.tolist()) == {goodput.choose_k(view)}
+    if num_prefill:
+        assert goodput.choose_k(synthetic_view(num_decode, 5)) != goodput.choose_k(view)

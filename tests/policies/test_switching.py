@@ -12,6 +12,7 @@ from policies.errors import InputError
 from policies.range_table import RangeTablePolicy, synthetic_view
 from policies.spec import parse_policy
 from policies.switching import HysteresisConfig, HysteresisPolicy
+from policies.types import StepView
 
 EDGE_TABLE = [[1, 17, 3], [18, 256, 2]]  # one edge between B=17 and B=18
 
@@ -38,11 +39,47 @@ def test_follows_a_clear_change() -> None:
     assert policy.choose_k(synthetic_view(4, 5)) == 3
 
 
-def test_min_dwell_holds_k() -> None:
+def test_min_dwell_holds_k_after_a_change() -> None:
     policy = _policy(margin=0.0, min_dwell=3)
-    ks = [policy.choose_k(synthetic_view(b, 5)) for b in [4, 40, 40, 40, 40]]
-    assert ks == [3, 3, 3, 2, 2]  # K=3 held for 3 steps, then the switch
+    ks = [policy.choose_k(synthetic_view(b, 5)) for b in [40, 4, 40, 40, 40, 40]]
+    assert ks == [2, 3, 3, 3, 2, 2]  # the switch to K=3 is held for 3 steps, then K=2
+    assert policy.num_switches == 2
+
+
+def test_the_first_decision_is_not_held_by_the_dwell() -> None:
+    # A run's first decode step (B=4 here) is not a switch: when the batch fills (B=40) the
+    # wrapper follows the base at once instead of holding the ramp-up K for min_dwell steps.
+    policy = _policy(margin=0.15, min_dwell=4)
+    ks = [policy.choose_k(synthetic_view(b, 5)) for b in [4, 40, 40]]
+    assert ks == [3, 2, 2]
     assert policy.num_switches == 1
+
+
+def _prefill_only_view(batch_size: int) -> StepView:
+    """B prefill chunks and no decode row: nothing drafts whatever K is."""
+    view = synthetic_view(batch_size, 5)
+    empty = np.zeros(0, dtype=np.int64)
+    return dataclasses.replace(
+        view, num_decode_reqs=0, req_ids=empty, context_lens=empty, num_tokens=256 * batch_size
+    )
+
+
+def test_a_step_without_decode_rows_neither_sets_nor_holds_k() -> None:
+    # MT-Bench C=256 start: step 0 prefills a few requests only (B=4: the base says K=3); the
+    # first decode step is at B=40 (K=2). Without decode rows K does nothing, so the first real
+    # decision is the one at B=40 and no dwell from step 0 keeps K=3 there.
+    policy = _policy(margin=0.15, min_dwell=4)
+    assert policy.choose_k(_prefill_only_view(4)) == 3  # what the base says; not recorded
+    assert policy.current_k is None
+    assert [policy.choose_k(synthetic_view(40, 5)) for _ in range(2)] == [2, 2]
+    assert policy.num_switches == 0
+
+
+def test_steps_without_decode_rows_do_not_count_toward_the_dwell() -> None:
+    policy = _policy(margin=0.0, min_dwell=2)
+    assert [policy.choose_k(synthetic_view(b, 5)) for b in [40, 4]] == [2, 3]  # a switch
+    assert [policy.choose_k(_prefill_only_view(40)) for _ in range(5)] == [3] * 5
+    assert [policy.choose_k(synthetic_view(40, 5)) for _ in range(2)] == [3, 2]
 
 
 def test_clamps_to_view_k_max_at_once() -> None:
