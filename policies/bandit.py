@@ -1,39 +1,69 @@
-"""A Thompson-sampling bandit over K per batch-size bucket: learns online, needs no profile.
+"""Thompson-sampling K policies that learn online and need no profile.
 
-Arms are K = 0..k_max; contexts are log2 buckets of B (bucket b holds 2^b <= B < 2^(b+1)), so
-a policy for B up to 256 keeps 9 x (k_max + 1) arms. The reward of a step is its output tokens
-per ms per decode request, the per-request goodput the engine actually delivered:
+Two bandits share this module; SPEC `bandit` is the structured one.
 
-    reward = sum_j (a_j + 1) / D / duration_ms,
+**Structured bandit** (`StructuredBanditPolicy`, SPEC `bandit`, `bandit:model=linear`). It keeps
+a model of the two things the goodput rule needs and learns both from every step, at any K:
 
-credited to the bucket of the step's B and the arm of the K it drafted (max K of the step's
-requests, from the feedback itself, so async scheduling's one-step lag needs no bookkeeping).
+- *Acceptance*: one conditional acceptance rate per draft position, c_i = P(draft i accepted |
+  drafts 1..i-1 accepted), each with a Beta posterior. Every decode row that drafted position i
+  after accepting the i-1 before it is one trial of c_i. The unconditional rates the vocabulary
+  uses are r_i = c_1 * ... * c_i, so a sample is non-increasing in i by construction, and the
+  expected output tokens per row at K are AL(K) = 1 + sum_{i<=K} r_i. Counts decay by
+  `acceptance_discount` every observed step, so the posterior follows acceptance that drifts,
+  and a position that is no longer drafted slides back to its prior instead of reading 0 (the
+  collapse of vLLM's cumulative estimator, see `policies.online`, which also decays towards a
+  prior; this one is written as conditional Betas because Thompson sampling needs draws, not
+  only the posterior mean).
+- *Step time*: Bayesian linear regression of the step duration (ms) on
+  [hat_j(D), hat_j(D) * K, hat_j(D) * 1{K > 0}] per knot j, plus the step's prefill tokens.
+  D is the number of decode rows (the engine's decode cost is keyed on them), K the step's
+  largest K (a static-shape engine drafts max K passes for the whole batch), hat_j the
+  piecewise-linear "hat" weights on knots D = 1, 2, 4, ..., so duration is piecewise linear in
+  D between knots (as a profiled ITL table is), linear in K with a jump at K = 1 (the draft
+  model's fixed cost of being run at all). Gaussian prior, noise variance estimated from the
+  discounted residuals (floored at `min_relative_noise` of the mean duration, because a
+  simulated engine can be noiseless while the model is still only an approximation), a random
+  walk prior that ties the K-terms of neighbouring knots, and `latency_discount` forgetting.
 
-Posterior per arm: a Gaussian on the mean reward with a known-variance approximation: mean of
-the (discounted) rewards, standard error sqrt(var / n) with var the bucket's pooled reward
-variance (floored at `min_relative_std` of the bucket's mean, so early identical rewards do
-not freeze it). Each step samples every arm of the bucket and plays the best sample. Arms never
-played in the bucket are tried first, in K order. Counts are multiplied by `discount` on every
-update of the bucket, so old evidence fades and the bandit follows drift (acceptance that
-changes over time).
+Each step draws one acceptance model and one step-time model from the posteriors and plays
+argmax_K AL(K) / duration(D, K, prefill tokens) (smallest K on ties). Every step informs the K
+slope at its D and, through the shared knots and the smoothness prior, at neighbouring D;
+every drafted row informs acceptance for every D. So exploration ends after a handful of steps,
+where independent arms need every (bucket, K) pair tried.
 
-Warm start (optional). `prior_rewards` [buckets, K+1] gives each arm `prior_plays`
-pseudo-rewards of that mean before any real one; `profile_prior_rewards(profile, ...)` builds
-it as the profile's goodput per request, AL(k) / ITL(B, k) at the bucket's geometric-middle B.
-An arm with a prior counts as tried, so the bandit starts from the profile's best K instead of
-walking through every K in every bucket (the exploration that costs most at high B, where a
-large K is far worse than the best), and real rewards outweigh the prior after a few steps, so
-a profile that is wrong is corrected. Without a prior it works as before, profile-free.
+Priors. Without a profile the step-time prior is scaled by the shortest observed decode step
+(`scale_ms`): intercepts around it and wide, K-slopes around 10% of it with a standard deviation
+of `slope_prior_std` times it, and the acceptance prior is Beta(1, 1)-like with
+`acceptance_prior_rows` pseudo-rows of mean 0.5. With `prior=profile` the knots' intercepts,
+jumps and slopes start at the profile's ITL(2^j, K) with a relative standard deviation of
+`profile_latency_std`, and the conditional rates at the profile's with `profile_prior_rows`
+pseudo-rows; both are corrected by real steps (the prior does not decay, data does, so a wrong
+profile loses to a few hundred steps of evidence).
 
-Randomness comes only from the `numpy.random.Generator` made from the seed given to the
-constructor: the same seed and the same feedback give the same K sequence.
+Async scheduling: the feedback of a step carries its own K and rows, so the one-step lag needs
+no bookkeeping; the prefill tokens of a step come from the view `choose_k` saw for that step
+index (remembered for a few steps). Randomness comes only from the `numpy.random.Generator`
+made from the constructor's seed.
 
-It does not share real evidence between buckets or between K (no smoothness assumption), and does
-not choose K per request.
+**Independent-arm bandit** (`ThompsonBanditPolicy`, SPEC `bandit:model=arms`): the baseline it
+replaces. Arms are K = 0..k_max per log2 bucket of B (bucket b holds 2^b <= B < 2^(b+1)); the
+reward of a step is its output tokens per ms per decode request,
+sum_j (a_j + 1) / D / duration_ms, credited to the bucket of the step's B and the arm of its
+max K. Posterior per arm: a Gaussian on the mean reward (mean of the discounted rewards,
+standard error sqrt(var / n) with the bucket's pooled variance floored at `min_relative_std` of
+the bucket's mean). Untried arms are played first, in K order. Optional warm start:
+`prior_rewards` [buckets, K+1] from `profile_prior_rewards(profile, ...)`, the profile's
+AL(k) / ITL(B, k) at the bucket's geometric-middle B. It shares no evidence between buckets or
+between K, which is why it explores far longer than the structured bandit.
+
+Neither bandit chooses K per request, models context length, or reads the clock.
 """
 
 from __future__ import annotations
 
+import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,11 +75,398 @@ from policies.profile import Profile
 from policies.types import StepFeedback, StepView
 
 FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# Step-time features per knot: intercept, per-K slope, jump at K >= 1.
+FEATURES_PER_KNOT = 3
+# Prefill tokens enter the step-time regression in units of this many tokens (keeps the
+# feature's scale near the others, so the prior and the solve are well conditioned).
+PREFILL_TOKENS_UNIT = 1024.0
+# Steps whose view is remembered for the prefill tokens of their feedback (async lag is 1).
+MAX_PENDING_VIEWS = 8
+
+
+# --------------------------------------------------------------------------------------------
+# Structured (model-based) bandit
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StructuredBanditConfig:
+    """Knobs of the structured bandit (SPEC `bandit:key=value,...`)."""
+
+    # Per-step multiplier of the acceptance counts, in (0, 1]; memory ~ 1 / (1 - discount).
+    acceptance_discount: float = 0.99
+    # Per-step multiplier of the step-time regression's data, in (0, 1]; 1 never forgets.
+    latency_discount: float = 0.998
+    # Pseudo-rows per position of the profile-free acceptance prior (mean 0.5 each), > 0.
+    acceptance_prior_rows: float = 2.0
+    # Pseudo-rows per position of the profile's acceptance prior (prior=profile), > 0.
+    profile_prior_rows: float = 50.0
+    # Floor of the step-time noise standard deviation, as a fraction of the mean duration.
+    min_relative_noise: float = 0.02
+    # Prior standard deviation of each knot's K-slope and K>0 jump, as a fraction of scale_ms.
+    slope_prior_std: float = 0.5
+    # Random-walk standard deviation between neighbouring knots' K-terms, fraction of scale_ms.
+    smoothness_std: float = 0.5
+    # Relative standard deviation of the profile's step-time prior (prior=profile), > 0.
+    profile_latency_std: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("acceptance_discount", "latency_discount"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 < value <= 1.0):
+                raise InputError(f"bandit: {name} must be in (0, 1], got {value}")
+        for name in (
+            "acceptance_prior_rows",
+            "profile_prior_rows",
+            "min_relative_noise",
+            "slope_prior_std",
+            "smoothness_std",
+            "profile_latency_std",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(f"bandit: {name} must be finite and > 0, got {value}")
+
+
+def conditional_counts(
+    num_spec_tokens: IntArray, num_accepted: IntArray, k_max: int
+) -> tuple[IntArray, IntArray]:
+    """Per-position (trials, successes) of the conditional acceptance, each of length k_max.
+
+    trials[i-1] = rows that drafted position i with drafts 1..i-1 all accepted;
+    successes[i-1] = rows whose first i drafts were all accepted.
+    """
+    num_spec = np.minimum(np.asarray(num_spec_tokens, dtype=np.int64), k_max)  # [D]
+    num_acc = np.minimum(np.asarray(num_accepted, dtype=np.int64), num_spec)  # [D]
+    positions = np.arange(1, k_max + 1, dtype=np.int64)  # [k_max]
+    reached = num_acc[:, None] >= positions[None, :] - 1  # [D, k_max]
+    trials = ((num_spec[:, None] >= positions[None, :]) & reached).sum(axis=0)  # [k_max]
+    successes = (num_acc[:, None] >= positions[None, :]).sum(axis=0)  # [k_max]
+    return trials.astype(np.int64), successes.astype(np.int64)
+
+
+class AcceptancePosterior:
+    """Discounted Beta posteriors of the conditional acceptance rate per draft position."""
+
+    def __init__(self, prior_mean: FloatArray, prior_rows: float, discount: float) -> None:
+        mean = np.clip(np.asarray(prior_mean, dtype=np.float64), 1e-3, 1.0 - 1e-3)  # [k_max]
+        self.k_max = int(mean.size)
+        self.prior_alpha = prior_rows * mean  # [k_max] pseudo-successes
+        self.prior_beta = prior_rows * (1.0 - mean)  # [k_max] pseudo-failures
+        self.discount = discount
+        self.successes = np.zeros(self.k_max)  # [k_max] discounted runtime successes
+        self.failures = np.zeros(self.k_max)  # [k_max] discounted runtime failures
+
+    def observe(self, num_spec_tokens: IntArray, num_accepted: IntArray) -> None:
+        trials, successes = conditional_counts(num_spec_tokens, num_accepted, self.k_max)
+        self.successes *= self.discount
+        self.failures *= self.discount
+        self.successes += successes
+        self.failures += trials - successes
+
+    def mean_conditional(self) -> FloatArray:
+        """[k_max] posterior mean of each conditional rate c_i."""
+        alpha = self.prior_alpha + self.successes
+        return np.asarray(alpha / (alpha + self.prior_beta + self.failures), dtype=np.float64)
+
+    def mean_rates(self) -> FloatArray:
+        """[k_max] unconditional rates r_i = prod_{l<=i} E[c_l] (the c_l are independent)."""
+        return np.asarray(np.cumprod(self.mean_conditional()), dtype=np.float64)
+
+    def sample_rates(self, rng: np.random.Generator) -> FloatArray:
+        """[k_max] one posterior draw of the unconditional rates, non-increasing in i."""
+        if self.k_max == 0:
+            return np.zeros(0)
+        conditional = rng.beta(
+            self.prior_alpha + self.successes, self.prior_beta + self.failures
+        )  # [k_max]
+        return np.asarray(np.cumprod(conditional), dtype=np.float64)
+
+
+def knot_batch_sizes(max_num_seqs: int) -> FloatArray:
+    """[J+1] knots 1, 2, 4, ..., 2^J with 2^J >= max_num_seqs."""
+    num_knots = max(int(max_num_seqs) - 1, 0).bit_length() + 1
+    return np.asarray(2.0 ** np.arange(num_knots), dtype=np.float64)
+
+
+def hat_weights(num_decode_reqs: float, knots: FloatArray) -> FloatArray:
+    """[J+1] piecewise-linear interpolation weights of D on the knots (clamped at the ends)."""
+    weights = np.zeros(knots.size)
+    value = float(np.clip(num_decode_reqs, knots[0], knots[-1]))
+    high = int(np.searchsorted(knots, value, side="left"))
+    if knots[high] == value:
+        weights[high] = 1.0
+        return weights
+    low = high - 1
+    fraction = (value - knots[low]) / (knots[high] - knots[low])
+    weights[low] = 1.0 - fraction
+    weights[high] = fraction
+    return weights
+
+
+class StepTimePosterior:
+    """Bayesian linear regression of step duration (ms) on knot-hat x K features + prefill.
+
+    Data enter as discounted sufficient statistics (X'X, X'y, y'y, n); the Gaussian prior is
+    kept apart and added when the posterior is formed, so forgetting fades data, not the prior.
+    """
+
+    def __init__(
+        self,
+        max_num_seqs: int,
+        config: StructuredBanditConfig,
+        profile_itl: ItlTable | None = None,
+        k_max: int = 0,
+    ) -> None:
+        self.knots = knot_batch_sizes(max_num_seqs)  # [J+1]
+        self.config = config
+        self.num_features = FEATURES_PER_KNOT * self.knots.size + 1
+        size = self.num_features
+        self.gram = np.zeros((size, size))  # [P, P] discounted X'X
+        self.moment = np.zeros(size)  # [P] discounted X'y
+        self.sum_sq = 0.0  # discounted y'y, ms^2
+        self.sum_y = 0.0  # discounted sum of durations, ms
+        self.num_obs = 0.0  # discounted number of observed steps
+        # Reference duration of the profile-free prior, ms: the shortest observed decode step
+        # (a step with a large prefill chunk would make the prior far too wide).
+        self.scale_ms: float | None = None
+        self._profile_prior = (
+            None if profile_itl is None else self._profile_prior_terms(profile_itl, k_max)
+        )
+        self._cache: tuple[FloatArray, FloatArray] | None = None  # (mean [P], chol cov [P, P])
+
+    def features(
+        self, num_decode_reqs: float, num_spec_tokens: FloatArray, prefill_tokens: float
+    ) -> FloatArray:
+        """[n, P] feature rows, one per K in `num_spec_tokens` [n]."""
+        hats = hat_weights(num_decode_reqs, self.knots)  # [J+1]
+        ks = np.asarray(num_spec_tokens, dtype=np.float64)  # [n]
+        per_k = np.stack([np.ones_like(ks), ks, (ks > 0).astype(np.float64)], axis=1)  # [n, 3]
+        knot_part = (per_k[:, None, :] * hats[None, :, None]).reshape(ks.size, -1)  # [n, 3J+3]
+        prefill = np.full((ks.size, 1), prefill_tokens / PREFILL_TOKENS_UNIT)  # [n, 1]
+        return np.concatenate([knot_part, prefill], axis=1)  # [n, P]
+
+    def observe(self, features: FloatArray, duration_ms: float) -> None:
+        discount = self.config.latency_discount
+        self.gram *= discount
+        self.moment *= discount
+        self.sum_sq *= discount
+        self.sum_y *= discount
+        self.num_obs *= discount
+        self.gram += np.outer(features, features)
+        self.moment += features * duration_ms
+        self.sum_sq += duration_ms * duration_ms
+        self.sum_y += duration_ms
+        self.num_obs += 1.0
+        if self.scale_ms is None or duration_ms < self.scale_ms:
+            self.scale_ms = duration_ms
+        self._cache = None
+
+    def _profile_prior_terms(self, itl: ItlTable, k_max: int) -> tuple[FloatArray, FloatArray]:
+        """(mean [P], std [P]) of the per-knot terms read from a profiled ITL table."""
+        at_zero = itl.itl_ms_at(self.knots, 0.0)  # [J+1]
+        at_one = itl.itl_ms_at(self.knots, 1.0)  # [J+1]
+        if k_max >= 2:
+            slope = (itl.itl_ms_at(self.knots, float(k_max)) - at_one) / (k_max - 1)  # [J+1]
+        else:
+            slope = at_one - at_zero
+        jump = at_one - at_zero - slope  # [J+1]
+        mean = np.stack([at_zero, slope, jump], axis=1).reshape(-1)  # [3J+3]
+        relative = self.config.profile_latency_std
+        # Each term is trusted to `relative` of itself (floored at 1% of the knot's intercept,
+        # so a zero jump is not pinned at exactly 0).
+        floor = np.repeat(0.01 * at_zero, FEATURES_PER_KNOT)  # [3J+3]
+        std = np.maximum(relative * np.abs(mean), floor)  # [3J+3]
+        # Prefill cost per PREFILL_TOKENS_UNIT tokens: not in the ITL table; wide around 0.
+        prefill_mean, prefill_std = 0.0, 10.0 * float(at_zero.max())
+        return (
+            np.concatenate([mean, [prefill_mean]]).astype(np.float64),
+            np.concatenate([std, [prefill_std]]).astype(np.float64),
+        )
+
+    def prior(self) -> tuple[FloatArray, FloatArray]:
+        """(mean [P], precision [P, P]) of the Gaussian prior on the coefficients."""
+        if self._profile_prior is not None:
+            mean, std = self._profile_prior
+            return mean.copy(), np.diag(1.0 / std**2)
+        scale = self.scale_ms if self.scale_ms is not None else 1.0
+        num_knots = self.knots.size
+        per_knot_mean = np.array([scale, 0.1 * scale, 0.0])  # intercept, K-slope, jump
+        per_knot_std = np.array(
+            [10.0 * scale, self.config.slope_prior_std * scale, self.config.slope_prior_std * scale]
+        )
+        mean = np.concatenate([np.tile(per_knot_mean, num_knots), [0.0]])  # [P]
+        std = np.concatenate([np.tile(per_knot_std, num_knots), [10.0 * scale]])  # [P]
+        precision = np.diag(1.0 / std**2)  # [P, P]
+        # Random walk between neighbouring knots' K-slope and jump: (w_j - w_{j+1})^2 / tau^2.
+        tau_sq = (self.config.smoothness_std * scale) ** 2
+        for term in (1, 2):
+            for knot in range(num_knots - 1):
+                low = FEATURES_PER_KNOT * knot + term
+                high = low + FEATURES_PER_KNOT
+                precision[low, low] += 1.0 / tau_sq
+                precision[high, high] += 1.0 / tau_sq
+                precision[low, high] -= 1.0 / tau_sq
+                precision[high, low] -= 1.0 / tau_sq
+        return mean, precision
+
+    def noise_variance(self, coefficients: FloatArray) -> float:
+        """Discounted mean squared residual at `coefficients`, floored (ms^2)."""
+        residual_sq = (
+            self.sum_sq
+            - 2.0 * float(coefficients @ self.moment)
+            + float(coefficients @ self.gram @ coefficients)
+        )
+        mean_ms = self.sum_y / self.num_obs if self.num_obs > 0 else (self.scale_ms or 1.0)
+        floor = (self.config.min_relative_noise * mean_ms) ** 2
+        if self.num_obs <= 0:
+            return floor
+        return max(residual_sq / max(self.num_obs, 1.0), floor)
+
+    def posterior(self) -> tuple[FloatArray, FloatArray]:
+        """(mean [P], lower Cholesky factor of the covariance [P, P]); cached until new data."""
+        if self._cache is not None:
+            return self._cache
+        prior_mean, prior_precision = self.prior()
+        # Two passes: the noise variance at the first-pass mean weighs the data of the second.
+        variance = self.noise_variance(prior_mean) if self.num_obs > 0 else 1.0
+        mean = prior_mean
+        for _ in range(2):
+            precision = prior_precision + self.gram / variance  # [P, P]
+            mean = np.asarray(
+                np.linalg.solve(precision, prior_precision @ prior_mean + self.moment / variance),
+                dtype=np.float64,
+            )
+            variance = self.noise_variance(mean)
+        precision = prior_precision + self.gram / variance
+        mean = np.asarray(
+            np.linalg.solve(precision, prior_precision @ prior_mean + self.moment / variance),
+            dtype=np.float64,
+        )
+        covariance = np.linalg.inv(precision)  # [P, P]
+        covariance = 0.5 * (covariance + covariance.T)
+        chol = np.linalg.cholesky(covariance + 1e-12 * np.eye(self.num_features))  # [P, P]
+        self._cache = (np.asarray(mean, dtype=np.float64), np.asarray(chol, dtype=np.float64))
+        return self._cache
+
+    def sample_coefficients(self, rng: np.random.Generator) -> FloatArray:
+        mean, chol = self.posterior()
+        return np.asarray(mean + chol @ rng.standard_normal(mean.size), dtype=np.float64)
+
+
+class StructuredBanditPolicy:
+    """Thompson sampling over K with a shared acceptance model and a step-time regression."""
+
+    def __init__(
+        self,
+        k_max: int,
+        max_num_seqs: int,
+        seed: int | np.random.SeedSequence,
+        config: StructuredBanditConfig | None = None,
+        profile: Profile | None = None,
+    ) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
+            raise InputError(f"bandit: k_max must be an integer >= 0, got {k_max!r}")
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise InputError(f"bandit: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        self.k_max = k_max
+        self.max_num_seqs = max_num_seqs
+        self.config = config or StructuredBanditConfig()
+        self.rng = np.random.default_rng(seed)
+        if profile is None:
+            prior_conditional = np.full(k_max, 0.5)  # [k_max]
+            prior_rows = self.config.acceptance_prior_rows
+            itl = None
+        else:
+            rates = np.zeros(k_max)  # [k_max]; K past the profile's k_max: no evidence
+            known = min(k_max, len(profile.acceptance_rates))
+            rates[:known] = np.asarray(profile.acceptance_rates, dtype=np.float64)[:known]
+            previous = np.concatenate(([1.0], rates[:-1]))  # [k_max] r_{i-1}
+            prior_conditional = np.where(previous > 0, rates / np.maximum(previous, 1e-12), 0.0)
+            prior_rows = self.config.profile_prior_rows
+            itl = ItlTable.from_profile(profile)
+        self.acceptance = AcceptancePosterior(
+            prior_conditional, prior_rows, self.config.acceptance_discount
+        )
+        self.step_time = StepTimePosterior(max_num_seqs, self.config, itl, k_max)
+        # step_index -> prefill tokens of that step, from the view choose_k saw.
+        self._pending_prefill: OrderedDict[int, float] = OrderedDict()
+
+    def expected_goodput(
+        self,
+        num_decode_reqs: int,
+        prefill_tokens: float,
+        rates: FloatArray,
+        coefficients: FloatArray,
+        k_cap: int,
+    ) -> FloatArray:
+        """[k_cap + 1] AL(K) / duration(D, K, prefill) for one acceptance and step-time model."""
+        ks = np.arange(k_cap + 1, dtype=np.float64)  # [K+1]
+        al_by_k = np.concatenate(([1.0], 1.0 + np.cumsum(rates[:k_cap])))  # [K+1]
+        duration_ms = self.step_time.features(num_decode_reqs, ks, prefill_tokens) @ coefficients
+        # A draw can put a duration at or below 0 early on; floor it so the ratio stays finite.
+        floor_ms = 1e-3 * (self.step_time.scale_ms or 1.0)
+        return np.asarray(al_by_k / np.maximum(duration_ms, floor_ms), dtype=np.float64)
+
+    def mean_goodput(self, num_decode_reqs: int, prefill_tokens: float = 0.0) -> FloatArray:
+        """[k_max + 1] the posterior-mean objective at D (for tests and explain output)."""
+        mean, _ = self.step_time.posterior()
+        return self.expected_goodput(
+            num_decode_reqs, prefill_tokens, self.acceptance.mean_rates(), mean, self.k_max
+        )
+
+    def choose_k(self, view: StepView) -> int:
+        if view.batch_size > self.max_num_seqs:
+            raise InputError(
+                f"bandit: batch size {view.batch_size} exceeds max_num_seqs {self.max_num_seqs}"
+            )
+        num_decode = int(view.num_decode_reqs)
+        prefill_tokens = float(max(int(view.num_tokens) - num_decode, 0))
+        self._pending_prefill[int(view.step_index)] = prefill_tokens
+        while len(self._pending_prefill) > MAX_PENDING_VIEWS:
+            self._pending_prefill.popitem(last=False)
+        k_cap = min(self.k_max, max(view.k_max, 0))
+        if num_decode == 0 or k_cap == 0:
+            return 0  # no decode row drafts (prefill-only step), or nothing to choose
+        rates = self.acceptance.sample_rates(self.rng)  # [k_max]
+        coefficients = self.step_time.sample_coefficients(self.rng)  # [P]
+        # The prefill part of a step is paid whatever K is (a sunk cost): K is chosen by the
+        # decode part's rate AL(K) / duration(D, K, 0), the rate at which the engine turns
+        # time into output tokens in the long run (a ratio with the sunk cost in it would
+        # favour large K in prefill steps, spending more ms per extra token than K=0 steps).
+        goodput = self.expected_goodput(num_decode, 0.0, rates, coefficients, k_cap)
+        return int(np.argmax(goodput))
+
+    def observe(self, feedback: StepFeedback) -> None:
+        prefill_tokens = self._pending_prefill.pop(int(feedback.step_index), None)
+        num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [D]
+        num_decode = int(num_spec.size)
+        if num_decode == 0:
+            return  # a prefill-only step says nothing about K
+        num_accepted = np.asarray(feedback.num_accepted, dtype=np.int64)  # [D]
+        self.acceptance.observe(num_spec, num_accepted)
+        duration_ms = float(feedback.duration_s) * 1e3
+        if not (math.isfinite(duration_ms) and duration_ms > 0):
+            return  # no usable time (a zero or broken clock): acceptance only
+        if prefill_tokens is None:
+            if feedback.batch_size > num_decode:
+                return  # prefill chunks of unknown size: their cost would bias the K terms
+            prefill_tokens = 0.0
+        k = float(min(int(num_spec.max()), self.k_max))
+        features = self.step_time.features(num_decode, np.array([k]), prefill_tokens)[0]  # [P]
+        self.step_time.observe(features, duration_ms)
+
+
+# --------------------------------------------------------------------------------------------
+# Independent-arm bandit (baseline)
+# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class BanditConfig:
-    """Knobs of the bandit (SPEC `bandit:key=value,...`)."""
+    """Knobs of the independent-arm bandit (SPEC `bandit:model=arms,key=value,...`)."""
 
     # Per-update multiplier of a bucket's counts, in (0, 1]; 1 never forgets.
     discount: float = 0.995

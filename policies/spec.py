@@ -17,9 +17,12 @@ SPEC grammar: `NAME[:ARGUMENT]`.
 - `hysteresis:BASE[:margin=...,min_dwell=...,lookahead=...,trend_smoothing=...]`: wraps the
   batch-level policy BASE (itself a SPEC) against flapping; keys:
   `policies.switching.HysteresisConfig`.
-- `bandit[:seed=N,discount=...,min_relative_std=...,min_plays=...]`: Thompson sampling over K
-  per log2 B bucket, no profile; the seed is the SPEC's `seed`, else the caller's `seed`
-  (from the run's SeedSequence), else 0.
+- `bandit[:model=linear|arms,prior=none|profile,seed=N,key=value,...]`: Thompson sampling
+  over K that needs no profile. `model=linear` (default): shared acceptance posterior and a
+  step-time regression (`policies.bandit.StructuredBanditConfig` keys); `model=arms`:
+  independent arms per log2 B bucket (`policies.bandit.BanditConfig` keys). `prior=profile`
+  seeds either from the profile. The seed is the SPEC's `seed`, else the caller's `seed` (from
+  the run's SeedSequence), else 0.
 - `envelope:PATH`: the best static K per concurrency from a JSON sweep table
   (`policies.envelope`).
 
@@ -36,7 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from policies.bandit import BanditConfig, ThompsonBanditPolicy, profile_prior_rewards
+from policies.bandit import (
+    BanditConfig,
+    StructuredBanditConfig,
+    StructuredBanditPolicy,
+    ThompsonBanditPolicy,
+    profile_prior_rewards,
+)
 from policies.context_aware import (
     ContextGoodputPolicy,
     ContextLatencyFn,
@@ -191,15 +200,23 @@ def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
 
 
 def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
-    # `prior=profile` warm-starts every arm from the profile's AL/ITL; `prior=none` (default)
-    # needs no profile. The other keys are numeric and go through _parse_keys.
+    # `model=linear` (default): the structured bandit; `model=arms`: independent arms per
+    # bucket. `prior=profile` seeds either from the profile; `prior=none` (default) needs no
+    # profile. The other keys are numeric and go through _parse_keys against the model's config.
     items = [item for item in (argument or "").split(",") if item.strip()]
-    priors = [item for item in items if item.partition("=")[0].strip() == "prior"]
-    prior = priors[-1].partition("=")[2].strip() if priors else "none"
+    words: dict[str, str] = {"prior": "none", "model": "linear"}
+    for item in items:
+        key = item.partition("=")[0].strip()
+        if key in words:
+            words[key] = item.partition("=")[2].strip()
+    prior, model = words["prior"], words["model"]
     if prior not in ("none", "profile"):
         raise InputError(f"policy 'bandit': prior must be none or profile, got {prior!r}")
-    argument = ",".join(item for item in items if item not in priors)
-    values = _parse_keys("bandit", argument, BanditConfig, extra=("seed",))
+    if model not in ("linear", "arms"):
+        raise InputError(f"policy 'bandit': model must be linear or arms, got {model!r}")
+    argument = ",".join(item for item in items if item.partition("=")[0].strip() not in words)
+    config_type = BanditConfig if model == "arms" else StructuredBanditConfig
+    values = _parse_keys("bandit", argument, config_type, extra=("seed",))
     seed_value = values.pop("seed", None)
     seed: int | np.random.SeedSequence
     if seed_value is not None:
@@ -208,11 +225,18 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         seed = int(seed_value)
     else:
         seed = context.seed if context.seed is not None else 0
-    prior_rewards = None
-    if prior == "profile":
-        prior_rewards = profile_prior_rewards(
-            _needs_profile("bandit:prior=profile", context), context.k_max, context.max_num_seqs
+    profile = _needs_profile("bandit:prior=profile", context) if prior == "profile" else None
+    if model == "linear":
+        return StructuredBanditPolicy(
+            context.k_max,
+            context.max_num_seqs,
+            seed,
+            StructuredBanditConfig(**values),
+            profile=profile,
         )
+    prior_rewards = None
+    if profile is not None:
+        prior_rewards = profile_prior_rewards(profile, context.k_max, context.max_num_seqs)
     return ThompsonBanditPolicy(
         context.k_max,
         context.max_num_seqs,

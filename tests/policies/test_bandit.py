@@ -1,16 +1,24 @@
-"""Thompson bandit: converges to the best K on a synthetic environment, seeded, bounded."""
+"""Bandits: the structured bandit's posteriors and choices, then the independent-arm baseline."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 from policy_factories import h100_profile
 
 from policies.bandit import (
+    PREFILL_TOKENS_UNIT,
+    AcceptancePosterior,
     BanditConfig,
+    StepTimePosterior,
+    StructuredBanditConfig,
+    StructuredBanditPolicy,
     ThompsonBanditPolicy,
     batch_bucket,
     bucket_middle_batch_size,
+    conditional_counts,
     profile_prior_rewards,
 )
 from policies.errors import InputError
@@ -112,8 +120,8 @@ def test_respects_view_k_max() -> None:
 
 
 def test_spec_seed_sources() -> None:
-    by_spec = parse_policy("bandit:seed=5", profile=None, k_max=5, max_num_seqs=64)
-    by_context = parse_policy("bandit", profile=None, k_max=5, max_num_seqs=64, seed=5)
+    by_spec = parse_policy("bandit:model=arms,seed=5", profile=None, k_max=5, max_num_seqs=64)
+    by_context = parse_policy("bandit:model=arms", profile=None, k_max=5, max_num_seqs=64, seed=5)
     assert isinstance(by_spec, ThompsonBanditPolicy)
     assert isinstance(by_context, ThompsonBanditPolicy)
     assert by_spec.rng.random() == by_context.rng.random()
@@ -191,8 +199,10 @@ def test_bad_prior_is_input_error(prior: np.ndarray, plays: float) -> None:
 
 def test_spec_prior_profile_warm_starts_from_the_profile() -> None:
     profile = h100_profile()
-    warm = parse_policy("bandit:prior=profile,seed=1", profile=profile, k_max=5, max_num_seqs=64)
-    cold = parse_policy("bandit:seed=1", profile=profile, k_max=5, max_num_seqs=64)
+    warm = parse_policy(
+        "bandit:model=arms,prior=profile,seed=1", profile=profile, k_max=5, max_num_seqs=64
+    )
+    cold = parse_policy("bandit:model=arms,seed=1", profile=profile, k_max=5, max_num_seqs=64)
     view = synthetic_view(1, 5)
     prior = profile_prior_rewards(profile, 5, 64)[batch_bucket(1)]  # [K+1]
     near_best = {int(k) for k in np.flatnonzero(prior >= 0.99 * prior.max())}  # K=2, 3 at B=1
@@ -204,3 +214,306 @@ def test_spec_prior_profile_warm_starts_from_the_profile() -> None:
         parse_policy("bandit:prior=magic", profile=profile, k_max=5, max_num_seqs=64)
     with pytest.raises(InputError, match="needs a profile"):
         parse_policy("bandit:prior=profile", profile=None, k_max=5, max_num_seqs=64)
+
+
+# --------------------------------------------------------------------------------------------
+# Structured bandit
+# --------------------------------------------------------------------------------------------
+
+
+def _feedback(
+    step: int, num_rows: int, k: int, accepted: np.ndarray, duration_ms: float, batch_size: int = 0
+) -> StepFeedback:
+    return StepFeedback(
+        step,
+        0.0,
+        batch_size or num_rows,
+        np.arange(num_rows, dtype=np.int64),
+        np.full(num_rows, k, dtype=np.int64),
+        accepted.astype(np.int64),
+        duration_ms / 1e3,
+    )
+
+
+def _accepted_rows(
+    rng: np.random.Generator, rates: np.ndarray, num_rows: int, k: int
+) -> np.ndarray:
+    """[num_rows] accepted drafts with P(first i accepted) = rates[i-1] (unconditional)."""
+    if k == 0:
+        return np.zeros(num_rows, dtype=np.int64)
+    draws = rng.random((num_rows, 1))  # one uniform per row: nested events, monotone in i
+    return (draws < rates[None, :k]).sum(axis=1).astype(np.int64)
+
+
+def _drive(
+    policy: StructuredBanditPolicy,
+    num_rows: int,
+    steps: int,
+    seed: int,
+    rates: np.ndarray = RATES,
+    itl_ms=_itl_ms,  # type: ignore[no-untyped-def]
+    start_step: int = 0,
+) -> list[int]:
+    """Sync loop: choose_k, then observe that step's outcome from the synthetic engine."""
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for step in range(start_step, start_step + steps):
+        view = dataclasses.replace(synthetic_view(num_rows, 5), step_index=step)
+        k = policy.choose_k(view)
+        chosen.append(k)
+        accepted = _accepted_rows(rng, rates, num_rows, k)
+        policy.observe(_feedback(step, num_rows, k, accepted, itl_ms(num_rows, k)))
+    return chosen
+
+
+@pytest.mark.parametrize(
+    ("num_spec", "num_accepted", "trials", "successes"),
+    [
+        ([3], [3], [1, 1, 1], [1, 1, 1]),  # all accepted: a success at every drafted position
+        ([3], [1], [1, 1, 0], [1, 0, 0]),  # rejected at 2: position 3 was never reached
+        ([0, 2], [0, 0], [1, 0, 0], [0, 0, 0]),  # K=0 row counts nowhere
+        ([1, 3], [1, 2], [2, 1, 1], [2, 1, 0]),  # mixed K: the K=1 row stops at position 1
+    ],
+)
+def test_conditional_counts_count_reached_positions(
+    num_spec: list[int], num_accepted: list[int], trials: list[int], successes: list[int]
+) -> None:
+    got_trials, got_successes = conditional_counts(
+        np.array(num_spec), np.array(num_accepted), k_max=3
+    )
+    assert got_trials.tolist() == trials
+    assert got_successes.tolist() == successes
+
+
+def test_acceptance_posterior_concentrates_on_the_true_rates() -> None:
+    posterior = AcceptancePosterior(np.full(5, 0.5), prior_rows=2.0, discount=1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        posterior.observe(np.full(64, 5), _accepted_rows(rng, RATES, 64, 5))
+    np.testing.assert_allclose(posterior.mean_rates(), RATES, atol=0.02)
+    draws = np.array([posterior.sample_rates(rng) for _ in range(200)])  # [200, 5]
+    assert np.all(np.diff(draws, axis=1) <= 0)  # every draw is non-increasing in position
+    assert draws.std(axis=0).max() < 0.02
+
+
+def test_step_time_posterior_concentrates_on_the_true_slope() -> None:
+    # Durations from the synthetic ITL at two batch sizes, K spread over 0..5: the posterior
+    # mean reproduces ITL(D, K) for every K (the slope is identified) and is confident.
+    posterior = StepTimePosterior(256, StructuredBanditConfig(), None, 5)
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        num_rows, k = int(rng.choice([32, 64])), int(rng.integers(0, 6))
+        noisy = _itl_ms(num_rows, k) * rng.lognormal(0.0, 0.01)
+        posterior.observe(posterior.features(num_rows, np.array([k]), 0.0)[0], noisy)
+    mean, chol = posterior.posterior()
+    ks = np.arange(6.0)
+    for num_rows in (32, 48, 64):
+        features = posterior.features(num_rows, ks, 0.0)  # [6, P]
+        truth = np.array([_itl_ms(num_rows, int(k)) for k in ks])
+        np.testing.assert_allclose(features @ mean, truth, rtol=0.01)
+        predictive_std = np.linalg.norm(features @ chol, axis=1)  # [6]
+        assert np.all(predictive_std < 0.01 * truth)
+
+
+def test_step_time_posterior_learns_the_prefill_cost() -> None:
+    posterior = StepTimePosterior(64, StructuredBanditConfig(), None, 5)
+    rng = np.random.default_rng(2)
+    for _ in range(200):
+        k, prefill = int(rng.integers(0, 6)), float(rng.choice([0.0, 512.0, 2048.0]))
+        duration = _itl_ms(16, k) + 0.01 * prefill  # 10 ms per 1024 prompt tokens... x1.024
+        posterior.observe(posterior.features(16, np.array([k]), prefill)[0], duration)
+    mean, _ = posterior.posterior()
+    assert mean[-1] == pytest.approx(0.01 * PREFILL_TOKENS_UNIT, rel=0.02)
+
+
+def _best_k_for(rates: np.ndarray, itl_ms, num_rows: int) -> int:  # type: ignore[no-untyped-def]
+    al = 1.0 + np.concatenate(([0.0], np.cumsum(rates)))
+    return int(np.argmax([al[k] / itl_ms(num_rows, k) for k in range(6)]))
+
+
+def _cheap_drafts_ms(num_rows: int, k: int) -> float:
+    return 10.0 + 0.2 * k
+
+
+def _dear_drafts_ms(num_rows: int, k: int) -> float:
+    return 10.0 + 6.0 * k + 2.0 * (k > 0)
+
+
+HIGH_RATES = np.array([0.95, 0.9, 0.85, 0.8, 0.75])
+LOW_RATES = np.array([0.3, 0.08, 0.02, 0.005, 0.001])
+
+
+@pytest.mark.parametrize(
+    ("rates", "itl_ms", "num_rows"),
+    [
+        (HIGH_RATES, _cheap_drafts_ms, 8),  # drafts almost free and accepted: K = 5
+        (LOW_RATES, _dear_drafts_ms, 8),  # drafts dear and rejected: K = 0
+        (RATES, _itl_ms, 1),  # the synthetic engine at B = 1: a middle K
+        (RATES, _itl_ms, 256),  # ... and at B = 256, where verification is dear: K = 1
+    ],
+)
+def test_picks_the_best_k_when_the_model_makes_it_clear(
+    rates: np.ndarray,
+    itl_ms,
+    num_rows: int,  # type: ignore[no-untyped-def]
+) -> None:
+    policy = StructuredBanditPolicy(5, 256, seed=3)
+    chosen = np.array(_drive(policy, num_rows, 400, seed=4, rates=rates, itl_ms=itl_ms))
+    best = _best_k_for(rates, itl_ms, num_rows)
+    late = chosen[-150:]
+    truth = np.array(
+        [(1 + np.concatenate(([0.0], np.cumsum(rates)))[k]) / itl_ms(num_rows, k) for k in range(6)]
+    )
+    # Near-ties (B = 1: K = 3 and 4 within 1%) may share plays; regret must be tiny either way.
+    assert truth[late].mean() / truth.max() > 0.99, np.bincount(late, minlength=6)
+    if np.sort(truth)[-2] < 0.97 * truth.max():
+        assert np.mean(late == best) > 0.9, np.bincount(late, minlength=6)
+
+
+def test_exploration_ends_within_a_few_dozen_steps() -> None:
+    # At B = 256 the wrong K cost up to 40%: the structured bandit must stop playing them soon.
+    policy = StructuredBanditPolicy(5, 256, seed=5)
+    chosen = np.array(_drive(policy, 256, 300, seed=6))
+    best = _best_k(256)
+    assert np.sum(chosen[50:] != best) <= 5, chosen.tolist()
+
+
+def test_structured_bandit_same_seed_same_choices() -> None:
+    first = _drive(StructuredBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    second = _drive(StructuredBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    assert first == second
+
+
+def test_structured_bandit_follows_a_drop_in_acceptance() -> None:
+    # Easy phase (K = 5 best with cheap drafts), then the drafts stop being accepted: the
+    # discounted acceptance posterior moves and K falls to 0 within the phase.
+    policy = StructuredBanditPolicy(5, 64, seed=8)
+    easy = _drive(policy, 8, 300, seed=9, rates=HIGH_RATES, itl_ms=_dear_drafts_ms)
+    # K = 4 and 5 are within 0.5% of each other here: both count as right.
+    assert _best_k_for(HIGH_RATES, _dear_drafts_ms, 8) == 4
+    assert np.mean(np.array(easy[-100:]) >= 4) > 0.9, np.bincount(easy, minlength=6)
+    hard = _drive(policy, 8, 400, seed=10, rates=LOW_RATES, itl_ms=_dear_drafts_ms, start_step=300)
+    assert np.mean(np.array(hard[-100:]) == 0) > 0.9, np.bincount(hard, minlength=6)
+
+
+def test_async_feedback_one_step_late_uses_its_own_k_and_prefill() -> None:
+    # Async order: choose_k(t+1) comes before observe(t). The feedback's own K is used, and the
+    # prefill tokens of step t come from the view of step t (not t+1).
+    policy = StructuredBanditPolicy(5, 64, seed=9)
+    rng = np.random.default_rng(10)
+    pending: list[tuple[int, int, float]] = []
+    for step in range(300):
+        prefill = float(rng.choice([0, 1024]))
+        view = dataclasses.replace(
+            synthetic_view(16, 5),
+            step_index=step,
+            num_tokens=16 + int(prefill),
+            batch_size=17 if prefill else 16,
+            scheduling="async",
+        )
+        pending.append((step, policy.choose_k(view), prefill))
+        if len(pending) == 2:
+            done, k, done_prefill = pending.pop(0)
+            accepted = _accepted_rows(rng, RATES, 16, k)
+            duration = _itl_ms(16, k) + 0.02 * done_prefill
+            policy.observe(_feedback(done, 16, k, accepted, duration, batch_size=17))
+    mean, _ = policy.step_time.posterior()
+    assert mean[-1] == pytest.approx(0.02 * PREFILL_TOKENS_UNIT, rel=0.05)
+    np.testing.assert_allclose(
+        policy.step_time.features(16, np.arange(6.0), 0.0) @ mean,
+        [_itl_ms(16, k) for k in range(6)],
+        rtol=0.02,
+    )
+
+
+def test_zero_duration_and_empty_steps_leave_everything_finite() -> None:
+    policy = StructuredBanditPolicy(5, 64, seed=11)
+    empty = np.zeros(0, dtype=np.int64)
+    policy.observe(StepFeedback(0, 0.0, 3, empty, empty, empty, 0.01))  # prefill only
+    policy.observe(_feedback(1, 4, 2, np.array([2, 1, 0, 2]), 0.0))  # zero duration
+    policy.observe(_feedback(2, 4, 2, np.array([2, 1, 0, 2]), float("nan")))  # broken clock
+    policy.observe(_feedback(3, 4, 2, np.array([2, 1, 0, 2]), float("inf")))
+    mean, chol = policy.step_time.posterior()
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(chol))
+    assert np.all(np.isfinite(policy.acceptance.mean_rates()))
+    assert policy.step_time.num_obs == 0  # no duration was usable
+    for batch_size in (0, 1, 64):
+        k = policy.choose_k(synthetic_view(batch_size, 5))
+        assert 0 <= k <= 5
+    assert np.all(np.isfinite(policy.mean_goodput(8)))
+    _drive(policy, 8, 20, seed=12)
+    assert np.all(np.isfinite(policy.mean_goodput(8)))
+
+
+def test_structured_bandit_respects_view_k_max_and_max_num_seqs() -> None:
+    policy = StructuredBanditPolicy(5, 64, seed=0)
+    assert all(policy.choose_k(synthetic_view(4, 2)) <= 2 for _ in range(20))
+    assert policy.choose_k(synthetic_view(4, 0)) == 0
+    with pytest.raises(InputError, match="exceeds max_num_seqs"):
+        policy.choose_k(synthetic_view(65, 5))
+
+
+def test_profile_prior_starts_on_the_profiles_goodput_k() -> None:
+    profile = h100_profile()
+    policy = StructuredBanditPolicy(5, 64, seed=1, profile=profile)
+    goodput = acceptance_lengths(profile.acceptance_rates, 5) / ItlTable.from_profile(
+        profile
+    ).itl_ms_at(1.0, np.arange(6.0))
+    near_best = {int(k) for k in np.flatnonzero(goodput >= 0.99 * goodput.max())}
+    assert {policy.choose_k(synthetic_view(1, 5)) for _ in range(10)} <= near_best
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"acceptance_discount": 0.0},  # forgets everything
+        {"latency_discount": 1.5},  # grows old data
+        {"acceptance_prior_rows": 0.0},  # a prior worth nothing
+        {"min_relative_noise": float("nan")},  # not finite
+        {"slope_prior_std": -1.0},  # negative spread
+    ],
+)
+def test_bad_structured_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InputError, match="bandit: "):
+        StructuredBanditConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ("bandit", StructuredBanditPolicy),  # default: the structured bandit
+        ("bandit:model=linear,seed=3", StructuredBanditPolicy),  # named explicitly
+        ("bandit:model=arms", ThompsonBanditPolicy),  # the independent-arm baseline
+        ("bandit:acceptance_discount=0.95,latency_discount=1", StructuredBanditPolicy),  # keys
+        ("bandit:model=arms,discount=0.9,min_plays=2", ThompsonBanditPolicy),  # arms keys
+        ("bandit:prior=profile", StructuredBanditPolicy),  # profile-seeded priors
+    ],
+)
+def test_spec_builds_the_named_bandit(spec: str, kind: type) -> None:
+    policy = parse_policy(spec, profile=h100_profile(), k_max=5, max_num_seqs=64)
+    assert isinstance(policy, kind)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("bandit:model=tree", "model must be linear or arms"),  # unknown model
+        ("bandit:prior=magic", "prior must be none or profile"),  # unknown prior
+        ("bandit:discount=0.9", "expected key=value with key in"),  # an arms key on linear
+        ("bandit:acceptance_discount=fast", "acceptance_discount must be a number"),  # not a number
+        ("bandit:acceptance_discount=2", "acceptance_discount must be in"),  # out of range
+        ("bandit:seed=-1", "seed must be >= 0"),  # negative seed
+    ],
+)
+def test_spec_errors_are_one_line_input_errors(spec: str, message: str) -> None:
+    with pytest.raises(InputError, match=message) as error:
+        parse_policy(spec, profile=None, k_max=5, max_num_seqs=64)
+    assert "\n" not in str(error.value)
+
+
+def test_structured_spec_seed_sources() -> None:
+    by_spec = parse_policy("bandit:seed=5", profile=None, k_max=5, max_num_seqs=64)
+    by_context = parse_policy("bandit", profile=None, k_max=5, max_num_seqs=64, seed=5)
+    assert isinstance(by_spec, StructuredBanditPolicy)
+    assert isinstance(by_context, StructuredBanditPolicy)
+    assert by_spec.rng.random() == by_context.rng.random()
