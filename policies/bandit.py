@@ -27,10 +27,11 @@ a model of the two things the goodput rule needs and learns both from every step
   walk prior that ties the K-terms of neighbouring knots, and `latency_discount` forgetting.
 
 Each step draws one acceptance model and one step-time model from the posteriors and plays
-argmax_K AL(K) / duration(D, K, prefill tokens) (smallest K on ties). Every step informs the K
-slope at its D and, through the shared knots and the smoothness prior, at neighbouring D;
-every drafted row informs acceptance for every D. So exploration ends after a handful of steps,
-where independent arms need every (bucket, K) pair tried.
+argmax_K AL(K) / duration(D, K, 0) (smallest K on ties): the prefill part of a step is paid
+whatever K is, so it is learnt (it would bias the K terms otherwise) but left out of the choice.
+Every step informs the K slope at its D and, through the shared knots and the smoothness prior,
+at neighbouring D; every drafted row informs acceptance for every D. So exploration ends after a
+handful of steps, where independent arms need every (bucket, K) pair tried.
 
 Priors. Without a profile the step-time prior is scaled by the shortest observed decode step
 (`scale_ms`): intercepts around it and wide, K-slopes around 10% of it with a standard deviation
