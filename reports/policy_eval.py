@@ -6,21 +6,27 @@ passes cost):
 
 - `mt-bench`: MT-Bench closed loop at C = 1..256, num_prompts = max(4C, 64), heterogeneous
   per-request acceptance;
-- `azure-conv`: the Azure conversation trace's lengths, open loop, Poisson at 4 and 12 req/s,
-  300 requests;
+- `azure-conv`: the Azure 2023 conversation trace replayed open loop on its own timestamps
+  and lengths: its first AZURE_WINDOW_S seconds (the same requests at both points), at 1x and
+  time-compressed AZURE_TIME_SCALES (arrival times divided by the factor);
 - `rl-rollout`: a batch submitted at t=0 that drains (lognormal outputs, median 256), 64 and 256
   requests;
 - `phased`: a tagged workload (written beside the report) whose send order runs in phases of
-  "easy" (high acceptance) then "hard" (low) then "easy" requests, so the running population's
-  acceptance moves over time and no static K is right throughout; closed loop at C = 16, 64.
+  "easy" then "hard" then "easy" requests, so the running population's acceptance moves over
+  time and no static K is right throughout; closed loop at C = 16, 64. The two categories'
+  per-position rates are measured, not chosen: the MT-Bench categories with the highest and
+  the lowest acceptance length in the bundled early-exit recording
+  (sim/data/earlyexit_acceptance_mtbench.json, exit layer sim.acceptance.DEFAULT_EXIT_LAYER),
+  each category's rates counted by replaying greedy chain SD at K = K_MAX along its recorded
+  match sequences (sim.acceptance.per_position_rates_from_recording). The phases are tagged
+  with those category names.
 
 Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
 with the lowest seed-mean TPOT, and each policy's gap is measured per seed against that K's
 TPOT at the same seed (same requests, same acceptance stream). Seeds: SEEDS. A gap whose
 seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
 assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
-bandit with and without the profile prior (the prior variant is built here, since the SPEC
-grammar has no way to hand the bandit a profile yet).
+bandit with and without the profile prior (`bandit:prior=profile`).
 
 Writes report.md, results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
 per workload under --out; 2 worker processes by default.
@@ -42,18 +48,24 @@ from typing import Any
 import numpy as np
 
 from policies.atomic import atomic_write_bytes, atomic_write_text
-from policies.bandit import ThompsonBanditPolicy, profile_prior_rewards
 from reports.png import figure_png_bytes
-from sim.runner import SimulationConfig, build_engine, resolve, sim_seed_streams
+from sim.acceptance import (
+    DEFAULT_EXIT_LAYER,
+    load_replay_recording,
+    per_position_rates_from_recording,
+)
+from sim.runner import SimulationConfig, build_engine, resolve
+from traces.loaders import TraceOptions
+from traces.registry import build_workload
 from traces.rollout import RolloutConfig
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5
 SEEDS = (0, 1, 2)
 MT_BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# Per-position rates of the phased workload's two categories (profile's are ~0.8, 0.6, ...).
-EASY_RATES = (0.92, 0.85, 0.78, 0.7, 0.62)
-HARD_RATES = (0.45, 0.2, 0.08, 0.03, 0.01)
+# Azure conv: trace seconds replayed (from the first row), and the time-compression factors.
+AZURE_WINDOW_S = 90.0
+AZURE_TIME_SCALES = (1.0, 3.0)
 PHASE_ORDER = ("easy", "hard", "easy")
 REQUESTS_PER_PHASE = 384
 
@@ -65,7 +77,6 @@ class PolicyRow:
     label: str  # row name in the report
     spec: str  # SPEC for parse_policy ({sweep} is the MT-Bench static sweep path)
     engine_mixed_k: str = "padded"  # the engine's mixed-K costing for this row
-    bandit_prior: bool = False  # replace the policy by the bandit warm-started from the profile
 
 
 STATIC_ROWS = tuple(PolicyRow(f"static:{k}", f"static:{k}") for k in range(K_MAX + 1))
@@ -82,7 +93,7 @@ DYNAMIC_ROWS = (
     PolicyRow("hysteresis:goodput", "hysteresis:goodput"),
     PolicyRow("context", "context"),
     PolicyRow("bandit", "bandit"),
-    PolicyRow("bandit + profile prior", "bandit", bandit_prior=True),
+    PolicyRow("bandit:prior=profile", "bandit:prior=profile"),
     PolicyRow("envelope policy (MT-Bench sweep)", "envelope:{sweep}"),
 )
 # Rows that are not "dynamic policies" for the goals (investigation only).
@@ -99,10 +110,46 @@ class Workload:
     points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, SimulationConfig kwargs)
 
 
+@dataclass(frozen=True)
+class MeasuredCategory:
+    """One MT-Bench category's acceptance, measured from the bundled early-exit recording."""
+
+    name: str  # MT-Bench category (the phased workload's tag)
+    rates: tuple[float, ...]  # [K_MAX] per-position rates r_1..r_K of a chain-SD replay at K_MAX
+    acceptance_length: float  # output tokens per decode step of that replay
+    num_prompts: int  # recorded prompts of the category
+
+
+def measured_categories() -> tuple[MeasuredCategory, MeasuredCategory]:
+    """(easy, hard): the recording's categories with the highest and lowest acceptance length."""
+    recording = load_replay_recording(layer=DEFAULT_EXIT_LAYER)
+    measured = []
+    for name in sorted({c for c in recording.categories if c is not None}):
+        members = [i for i, c in enumerate(recording.categories) if c == name]
+        subset = dataclasses.replace(
+            recording,
+            sequences=tuple(recording.sequences[i] for i in members),
+            categories=tuple(name for _ in members),
+        )
+        counted = per_position_rates_from_recording(subset, K_MAX)
+        measured.append(
+            MeasuredCategory(name, tuple(counted.rates), counted.acceptance_length, len(members))
+        )
+    measured.sort(key=lambda m: m.acceptance_length)
+    return measured[-1], measured[0]
+
+
+def _rates_text(rates: tuple[float, ...]) -> str:
+    return "(" + ", ".join(f"{r:.3f}" for r in rates) + ")"
+
+
 def workloads(out: Path) -> tuple[Workload, ...]:
     phased = str(out / "phased_workload.csv")
     rollout = RolloutConfig(num_requests=64, output_median=256.0, max_output_len=2048)
-    categories = (("easy", EASY_RATES), ("hard", HARD_RATES))
+    easy, hard = measured_categories()
+    categories = ((easy.name, easy.rates), (hard.name, hard.rates))
+    azure = build_workload("azure-conv", trace_options=TraceOptions(end_s=AZURE_WINDOW_S))
+    phase_names = "/".join(easy.name if p == "easy" else hard.name for p in PHASE_ORDER)
     return (
         Workload(
             "mt-bench",
@@ -118,14 +165,20 @@ def workloads(out: Path) -> tuple[Workload, ...]:
         ),
         Workload(
             "azure-conv",
-            "Azure conversation trace lengths, open loop Poisson, 300 requests",
-            "request rate",
+            f"Azure 2023 conversation trace, open loop on its own timestamps and lengths: the "
+            f"first {AZURE_WINDOW_S:g} s of the trace ({len(azure.requests)} requests), at 1x "
+            f"and time-compressed {', '.join(f'{s:g}x' for s in AZURE_TIME_SCALES if s != 1.0)}"
+            " (arrival times divided by the factor; the same requests at every point)",
+            "time scale",
             tuple(
                 (
-                    f"{rate:g} req/s",
-                    {"dataset": "azure-conv", "num_prompts": 300, "request_rate": rate},
+                    f"{scale:g}x ({len(azure.requests) * scale / AZURE_WINDOW_S:.1f} req/s)",
+                    {
+                        "dataset": "azure-conv",
+                        "trace_options": TraceOptions(end_s=AZURE_WINDOW_S, time_scale=scale),
+                    },
                 )
-                for rate in (4.0, 12.0)
+                for scale in AZURE_TIME_SCALES
             ),
         ),
         Workload(
@@ -145,8 +198,13 @@ def workloads(out: Path) -> tuple[Workload, ...]:
         ),
         Workload(
             "phased",
-            f"phases {'/'.join(PHASE_ORDER)} of {REQUESTS_PER_PHASE} requests (prompt 256, "
-            f"output 128-384), easy rates {EASY_RATES}, hard rates {HARD_RATES}, closed loop",
+            f"phases {phase_names} of {REQUESTS_PER_PHASE} requests (prompt 256, output "
+            f"128-384), closed loop; per-position rates measured per MT-Bench category from "
+            f"the bundled early-exit recording (exit layer {DEFAULT_EXIT_LAYER}, chain-SD replay "
+            f"at K={K_MAX}): highest-acceptance category {easy.name} {_rates_text(easy.rates)} "
+            f"(AL {easy.acceptance_length:.2f}, {easy.num_prompts} prompts), lowest "
+            f"{hard.name} {_rates_text(hard.rates)} (AL {hard.acceptance_length:.2f}, "
+            f"{hard.num_prompts} prompts)",
             "concurrency C",
             tuple(
                 (
@@ -164,10 +222,15 @@ def workloads(out: Path) -> tuple[Workload, ...]:
 
 
 def write_phased_workload(path: Path) -> None:
-    """The phased CSV: fixed lengths from a fixed generator (the file is part of the report)."""
+    """The phased CSV: fixed lengths from a fixed generator (the file is part of the report).
+
+    Rows are tagged with the measured easy / hard categories' names (see `measured_categories`).
+    """
+    easy, hard = measured_categories()
     rng = np.random.default_rng(20240909)
     lines = ["prompt_len,output_len,tag"]
-    for tag in PHASE_ORDER:
+    for phase in PHASE_ORDER:
+        tag = easy.name if phase == "easy" else hard.name
         outputs = rng.integers(128, 385, size=REQUESTS_PER_PHASE)  # [n]
         lines += [f"256,{int(n)},{tag}" for n in outputs]
     atomic_write_text(path, "\n".join(lines) + "\n")
@@ -183,18 +246,7 @@ def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
         mixed_k=row.engine_mixed_k,  # type: ignore[arg-type]
         **kwargs,
     )
-    resolved = resolve(config)
-    engine = build_engine(resolved)
-    if row.bandit_prior:
-        engine.policy = ThompsonBanditPolicy(
-            resolved.k_max,
-            resolved.max_num_seqs,
-            sim_seed_streams(seed)["policy"],
-            prior_rewards=profile_prior_rewards(
-                resolved.profile, resolved.k_max, resolved.max_num_seqs
-            ),
-        )
-    return float(engine.run().metrics["mean_tpot_ms"])
+    return float(build_engine(resolve(config)).run().metrics["mean_tpot_ms"])
 
 
 Results = dict[str, dict[str, dict[str, list[float]]]]  # workload -> row -> point -> [seed]

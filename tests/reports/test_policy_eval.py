@@ -1,0 +1,98 @@
+"""reports.policy_eval: measured phased categories, trace-timed Azure points, gap arithmetic."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reports import policy_eval
+from reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
+from sim.acceptance import (
+    DEFAULT_EXIT_LAYER,
+    load_replay_recording,
+    per_position_rates_from_recording,
+)
+from traces.registry import build_workload
+
+
+def test_phased_categories_are_the_recordings_extremes() -> None:
+    recording = load_replay_recording(layer=DEFAULT_EXIT_LAYER)
+    by_category = {}
+    for name in {c for c in recording.categories if c is not None}:
+        members = [i for i, c in enumerate(recording.categories) if c == name]
+        subset = dataclasses.replace(
+            recording,
+            sequences=tuple(recording.sequences[i] for i in members),
+            categories=tuple(name for _ in members),
+        )
+        by_category[name] = per_position_rates_from_recording(subset, policy_eval.K_MAX)
+    easy, hard = measured_categories()
+    lengths = {name: counted.acceptance_length for name, counted in by_category.items()}
+    assert easy.name == max(lengths, key=lengths.__getitem__)
+    assert hard.name == min(lengths, key=lengths.__getitem__)
+    assert easy.rates == tuple(by_category[easy.name].rates)
+    assert hard.rates == tuple(by_category[hard.name].rates)
+    for category in (easy, hard):
+        rates = np.array(category.rates)
+        assert len(rates) == policy_eval.K_MAX
+        assert np.all((rates >= 0) & (rates <= 1)) and np.all(np.diff(rates) <= 0)
+    assert easy.acceptance_length > hard.acceptance_length
+
+
+def test_phased_workload_is_tagged_with_the_measured_categories(tmp_path: Path) -> None:
+    path = tmp_path / "phased.csv"
+    policy_eval.write_phased_workload(path)
+    easy, hard = measured_categories()
+    tags = [line.split(",")[2] for line in path.read_text().splitlines()[1:]]
+    per_phase = policy_eval.REQUESTS_PER_PHASE
+    assert tags == [easy.name] * per_phase + [hard.name] * per_phase + [easy.name] * per_phase
+    workload = {w.name: w for w in policy_eval.workloads(tmp_path)}["phased"]
+    for _label, kwargs in workload.points:
+        assert dict(kwargs["category_acceptance"]) == {easy.name: easy.rates, hard.name: hard.rates}
+
+
+def test_azure_points_replay_the_trace_timestamps_compressed(tmp_path: Path) -> None:
+    workload = {w.name: w for w in policy_eval.workloads(tmp_path)}["azure-conv"]
+    arrivals = []
+    for _label, kwargs in workload.points:
+        assert "request_rate" not in kwargs  # the trace's own times, not Poisson
+        built = build_workload(kwargs["dataset"], trace_options=kwargs["trace_options"])
+        arrivals.append(np.array([r.arrival_s for r in built.requests]))  # [n]
+    one_x, *compressed = arrivals
+    assert one_x[-1] > 0.5 * policy_eval.AZURE_WINDOW_S  # real spread-out times
+    for scale, times in zip(policy_eval.AZURE_TIME_SCALES[1:], compressed, strict=True):
+        np.testing.assert_allclose(times, one_x / scale)  # same requests, compressed
+
+
+def _table(
+    static: dict[int, list[float]], **rows: list[float]
+) -> dict[str, dict[str, list[float]]]:
+    table = {f"static:{k}": {"p": v} for k, v in static.items()}
+    table.update({label: {"p": v} for label, v in rows.items()})
+    return table
+
+
+STATIC = {k: [10.0 + abs(k - 2), 10.0 + abs(k - 2)] for k in range(policy_eval.K_MAX + 1)}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected", "mean"),
+    [
+        ([9.0, 9.5], "better", -0.075),  # every seed below the envelope
+        ([9.0, 10.5], "tie", -0.025),  # the seed range straddles 0
+        ([10.0, 10.0], "tie", 0.0),  # exactly the envelope
+        ([10.2, 10.1], "worse", 0.015),  # every seed above
+    ],
+)
+def test_gap_is_per_seed_against_the_envelope_k(
+    values: list[float], expected: str, mean: float
+) -> None:
+    table = _table(STATIC, policy=values)
+    assert envelope_k(table, "p") == 2
+    g = gap(table, "policy", "p")
+    assert isinstance(g, Gap)
+    assert g.mean == pytest.approx(mean)
+    assert verdict(g) == expected
