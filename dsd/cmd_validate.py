@@ -38,6 +38,14 @@ def _int_list(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     return values
 
 
+def _check_fast_path(fast_path: str) -> None:
+    """--fast-path names a known kind (checked before any model is built)."""
+    from backend.fast_path import FAST_PATH_KINDS
+
+    if fast_path not in FAST_PATH_KINDS:
+        raise InputError(f"--fast-path: choose {', '.join(FAST_PATH_KINDS)}, got {fast_path!r}")
+
+
 def _command_line() -> str:
     return invocation.command_line()
 
@@ -257,6 +265,7 @@ def run_validate_cells(
     if not merged:
         raise InputError("--policies: give at least one policy SPEC")
     concurrencies = _int_list(max_concurrency, "--max-concurrency", 1)
+    _check_fast_path(fast_path)
     if num_prompts_per_concurrency < 1:
         raise InputError(
             f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
@@ -282,6 +291,9 @@ def run_validate_cells(
             acceptance_model=acceptance_model,  # type: ignore[arg-type]
             host_overhead_ms=host_overhead_ms,
             seed=seed,
+            # No draft: both sides run the target alone (K = 0), so a SPEC asking for K > 0 is
+            # refused by the policy check instead of reaching the engine.
+            k_max=0 if draft_obj is None else None,
         )
         base = resolve(config)
         resolved = workload_resolved(config, _real_workload(base.workload, tokenize))

@@ -11,6 +11,9 @@ fails (a flag value that makes a command hang is a bug too).
 
 from __future__ import annotations
 
+import atexit
+import json
+import shutil
 import signal
 import tempfile
 from collections.abc import Callable, Iterator
@@ -81,17 +84,124 @@ _BASES: dict[tuple[str, ...], tuple[list[str], set[str], float]] = {
         {"--device", "--max-minutes"},
         0.02,
     ),
+    # A tiny random pair (early exit after layer 1), one B, K in {0, 1}, one prompt, one step.
+    ("profile",): (
+        ["--target", "tiny", "--draft", "early-exit:1", "--out", "{out}", "--batch-sizes", "1",
+         "--k", "0,1", "--context-lens", "16", "--prefill-tokens", "8", "--num-prompts", "1",
+         "--output-len", "4", "--warmup", "0", "--iters", "1"],
+        {"--device"},
+        0.05,
+    ),
+    # Real backend cells on the tiny pair against the shipped profile: one policy, C = 1, one
+    # prompt of 4 tokens. (--measured FILE is fuzzed with mutated files in
+    # test_fuzz_vllm_result.py; here its pool values are bad paths.)
+    ("validate",): (
+        ["--profile", str(H100_PROFILE), "--target", "tiny", "--draft", "early-exit:1",
+         "--policies", "static:1", "--max-concurrency", "1", "--num-prompts-per-concurrency",
+         "1", "--output-len", "4", "--out", "{folder_out}"],
+        {"--device"},
+        0.05,
+    ),
+    # A finished two-cell sweep folder, copied per case (and possibly damaged: see
+    # _POSITIONAL_POOLS).
+    ("report",): (["{sweep}"], set(), 0.05),
 }  # fmt: skip
-# Not fuzzed here: generate and distill-draft need real model files, which tests do not ship;
-# profile, validate and report landed after this suite was written (a base command line is
-# owed; report also needs a finished sweep folder).
+# Flags whose values are bounded by the work they ask for rather than by validation: a huge
+# count is a valid request for a long run, not a malformed input, so these draw from pools
+# without the huge values. (Their parsing of "", "abc", "-1", "1.5" is still fuzzed.)
+_SMALL_INT_VALUES = ("0", "1", "2", "-1", "", "abc", "1.5", "nan")
+# Choice flags of the backend commands: the valid choices as often as the broken ones, so that
+# cases reach the run as well as the checks.
+_BACKEND_CHOICES: dict[str, tuple[str, ...]] = {
+    "--draft": ("early-exit:1", "none", "tiny-draft", "early-exit:0", "early-exit:9", "x", ""),
+    "--dataset-name": ("mt-bench", "gsm8k", "random", "nope", "", "{missing}", "{bad_json}"),
+    "--dtype": ("auto", "float32", "bfloat16", "float16", "int8", ""),
+    "--fast-path": ("off", "eager", "cuda-graphs", "", "fast"),
+    "--scheduling": ("sync", "async", "", "x"),
+    "--latency-model": ("auto", "table", "parametric", "", "x"),
+    "--acceptance-model": ("heterogeneous", "per-position", "replay", "", "x"),
+    "--policies": ("static:0", "static:1,goodput", "static:0,static:1", "nope", "", "static:99",
+                   "online:warmup_steps=5,decay=0.9", ","),
+}  # fmt: skip
+_POOL_OVERRIDES: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {
+    ("profile",): {
+        **_BACKEND_CHOICES,
+        "--iters": _SMALL_INT_VALUES,
+        "--warmup": _SMALL_INT_VALUES,
+        "--num-prompts": _SMALL_INT_VALUES,
+        "--output-len": _SMALL_INT_VALUES,
+        "--batch-sizes": ("1", "1,2", "2", "0", "1,1", "", "x", "-1", "1,a", "1e3", "²"),
+        "--k": ("0,1", "0,1,2", "1", "0", "0,0,1", "", "x", "-1,0,1", "0,1,²"),
+        "--context-lens": ("16", "8,16", "0", "", "x", "-4", "1.5"),
+        "--prefill-tokens": ("8", "4,8", "0", "", "x", "-4", "1,1"),
+    },
+    ("validate",): {
+        **_BACKEND_CHOICES,
+        "--num-prompts-per-concurrency": _SMALL_INT_VALUES,
+        "--output-len": _SMALL_INT_VALUES,
+        "--max-concurrency": ("1", "1,2", "0", "", "x", "-1", "1,a", "²"),
+        "--max-num-seqs": _SMALL_INT_VALUES,
+    },
+}
+# Positional arguments replaced now and then: command path -> (index in the base, values).
+_POSITIONAL_POOLS: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {
+    ("report",): (
+        0,
+        ("{sweep}", "{sweep_bad_grid_json}", "{sweep_no_cells}", "{sweep_bad_cell}",
+         "{sweep_bad_ktrace}", "{sweep_cells_not_list}", "{folder}", "{missing}", "{bad_json}"),
+    ),
+}  # fmt: skip
+# Not fuzzed here: generate and distill-draft need real model files, which tests do not ship.
 _NOT_FUZZED = {
     ("generate",),
     ("zoo", "distill-draft"),
-    ("profile",),
-    ("validate",),
-    ("report",),
 }
+
+_SWEEP_GRID = f"""
+profile = "{H100_PROFILE}"
+policies = ["static:1", "goodput"]
+max_concurrency = [1]
+num_prompts_per_concurrency = 2
+[[workloads]]
+dataset = "random"
+random_lengths = {{ input_len = 16, output_len = 8 }}
+"""
+_PRISTINE_SWEEP: list[Path] = []  # the finished sweep folder, built once per process
+
+
+def _pristine_sweep() -> Path:
+    """A finished two-cell sweep folder (built on first use, removed at exit)."""
+    if not _PRISTINE_SWEEP:
+        root = Path(tempfile.mkdtemp(prefix="dsd_fuzz_sweep_"))
+        atexit.register(shutil.rmtree, root, True)
+        (root / "grid.toml").write_text(_SWEEP_GRID, encoding="utf-8")
+        argv = ["sweep", "--grid", str(root / "grid.toml"), "--out", str(root / "sweep"),
+                "--workers", "1"]  # fmt: skip
+        result = run_cli(argv)
+        assert result.exit_code == 0, result.stderr
+        _PRISTINE_SWEEP.append(root / "sweep")
+    return _PRISTINE_SWEEP[0]
+
+
+def _sweep_copy(work: Path, damage: str) -> Path:
+    """A copy of the pristine sweep under work/, damaged as named."""
+    folder = work / f"sweep_{damage}"
+    shutil.copytree(_pristine_sweep(), folder)
+    cells = sorted(p for p in (folder / "cells").glob("*.parquet") if ".ktrace." not in p.name)
+    if damage == "bad_grid_json":
+        (folder / "grid.resolved.json").write_text('{"cells": [', encoding="utf-8")
+    elif damage == "no_cells":
+        shutil.rmtree(folder / "cells")
+    elif damage == "bad_cell":
+        cells[0].write_bytes(b"PAR1 not really")
+    elif damage == "bad_ktrace":
+        for trace in (folder / "cells").glob("*.ktrace.parquet"):
+            trace.write_bytes(b"\x00" * 16)
+    elif damage == "cells_not_list":
+        grid = json.loads((folder / "grid.resolved.json").read_text(encoding="utf-8"))
+        grid["cells"] = [1, "x", None, {"cell_id": 7}]
+        (folder / "grid.resolved.json").write_text(json.dumps(grid), encoding="utf-8")
+    return folder
 
 
 def _command(path: tuple[str, ...]) -> typer.main.click.Command:
@@ -102,13 +212,15 @@ def _command(path: tuple[str, ...]) -> typer.main.click.Command:
 
 
 def _flag_pools(path: tuple[str, ...], untouched: set[str]) -> dict[str, tuple[str, ...]]:
-    """flag -> values to try, from each option's declared type."""
-    pools: dict[str, tuple[str, ...]] = {}
+    """flag -> values to try, from each option's declared type (or _POOL_OVERRIDES)."""
+    declared = {param.opts[0] for param in _command(path).params if param.opts}
+    overrides = _POOL_OVERRIDES.get(path, {})
+    pools = {flag: values for flag, values in overrides.items() if flag in declared}
     for param in _command(path).params:
         if not param.opts or not param.opts[0].startswith("--") or param.name == "help":
             continue
         flag = param.opts[0]
-        if flag in untouched:
+        if flag in untouched or flag in pools:
             continue
         if param.is_flag:  # type: ignore[attr-defined]
             pools[flag] = ("<flag>",)
@@ -159,6 +271,9 @@ def _materialize(argv: list[str], work: Path) -> list[str]:
     }
     materialized = []
     for arg in argv:
+        if arg.startswith("{sweep"):  # a (damaged) copy of the finished sweep folder
+            damage = arg.strip("{}").removeprefix("sweep").lstrip("_") or "none"
+            arg = str(_sweep_copy(work, damage))
         for key, value in names.items():
             arg = arg.replace(key, value)
         materialized.append(arg)
@@ -170,7 +285,12 @@ def _command_lines(draw: st.DrawFn, path: tuple[str, ...]) -> list[str]:
     base, untouched, _ = _BASES[path]
     pools = _flag_pools(path, untouched)
     argv = list(base)
-    for flag in draw(st.lists(st.sampled_from(sorted(pools)), min_size=1, max_size=4, unique=True)):
+    if path in _POSITIONAL_POOLS:
+        index, values = _POSITIONAL_POOLS[path]
+        argv[index] = draw(st.sampled_from(values))
+    minimum = 0 if path in _POSITIONAL_POOLS else 1
+    flags = st.lists(st.sampled_from(sorted(pools)), min_size=minimum, max_size=4, unique=True)
+    for flag in draw(flags):
         value = draw(st.sampled_from(pools[flag]))
         if flag in argv:  # override the base value
             index = argv.index(flag)
@@ -183,11 +303,12 @@ def _check_one(path: tuple[str, ...], argv_template: list[str]) -> None:
     with tempfile.TemporaryDirectory() as folder:
         work = Path(folder)
         argv = _materialize(argv_template, work)
+        before = leftover_files(work)
         with _time_limit(CASE_LIMIT_S):
             result = run_cli(argv)
         outcome = assert_cli_contract(result, argv)
-        if outcome == "error":
-            assert leftover_files(work / "out") == [], (argv, leftover_files(work / "out"))
+        if outcome == "error":  # nothing new anywhere (an input folder such as a sweep too)
+            assert leftover_files(work) == before, (argv, set(leftover_files(work)) - set(before))
         else:  # no temp files beside successful outputs either
             assert not [p for p in leftover_files(work) if p.name.endswith(".tmp")], argv
     count_case("cli: dsd " + " ".join(path), outcome)
@@ -220,3 +341,26 @@ def test_every_command_is_fuzzed_or_listed_as_not_fuzzed() -> None:
 
     missing = set(leaves(_COMMANDS, ())) - set(_BASES) - _NOT_FUZZED
     assert not missing, f"commands without a fuzz base: {sorted(missing)}"
+
+
+# Command lines the fuzzer found that broke the contract, kept as regressions.
+_FOUND = [
+    # --fast-path "" reached the executor: ValueError traceback, exit 1 (now checked up front)
+    ["validate", "--profile", str(H100_PROFILE), "--target", "tiny", "--draft", "early-exit:1",
+     "--policies", "static:1", "--max-concurrency", "1", "--num-prompts-per-concurrency", "1",
+     "--output-len", "4", "--out", "{folder_out}", "--fast-path", ""],
+    # --draft none (the default) with a K > 0 policy reached the engine: "k_max > 0 needs a
+    # draft" traceback (now: no draft means k_max 0, and the policy check refuses static:1)
+    ["validate", "--profile", str(H100_PROFILE), "--target", "tiny", "--policies", "static:1",
+     "--max-concurrency", "1", "--num-prompts-per-concurrency", "1", "--output-len", "4",
+     "--out", "{folder_out}", "--draft", "none"],
+]  # fmt: skip
+
+
+def test_command_lines_found_by_the_fuzzer_exit_2_with_one_line() -> None:
+    for argv_template in _FOUND:
+        with tempfile.TemporaryDirectory() as folder:
+            argv = _materialize(argv_template, Path(folder))
+            result = run_cli(argv)
+            assert assert_cli_contract(result, argv) == "error", argv
+            assert leftover_files(Path(folder) / "out") == [], argv
