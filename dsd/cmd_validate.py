@@ -38,12 +38,14 @@ def _int_list(text: str, flag: str, minimum: int) -> tuple[int, ...]:
     return values
 
 
-def _check_fast_path(fast_path: str) -> None:
-    """--fast-path names a known kind (checked before any model is built)."""
+def _check_fast_path(fast_path: str, device: str) -> None:
+    """--fast-path names a known kind that the device can run (checked before any model)."""
     from backend.fast_path import FAST_PATH_KINDS
 
     if fast_path not in FAST_PATH_KINDS:
         raise InputError(f"--fast-path: choose {', '.join(FAST_PATH_KINDS)}, got {fast_path!r}")
+    if fast_path == "cuda-graphs" and not device.startswith("cuda"):
+        raise InputError(f"--fast-path cuda-graphs: needs --device cuda, got {device!r}")
 
 
 def _command_line() -> str:
@@ -149,6 +151,7 @@ def run_profile(
 
     if file_format not in PROFILE_FORMATS:
         raise InputError(f"--format: choose {' or '.join(PROFILE_FORMATS)}, got {file_format!r}")
+    _check_fast_path(fast_path, device)
     target_model, draft_obj, tokenizer_name, _dtype = _load_pair(
         target, draft, device, dtype_name, seed
     )
@@ -265,7 +268,7 @@ def run_validate_cells(
     if not merged:
         raise InputError("--policies: give at least one policy SPEC")
     concurrencies = _int_list(max_concurrency, "--max-concurrency", 1)
-    _check_fast_path(fast_path)
+    _check_fast_path(fast_path, device)
     if num_prompts_per_concurrency < 1:
         raise InputError(
             f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"

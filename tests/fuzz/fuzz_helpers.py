@@ -131,7 +131,10 @@ def apply_mutation(document: Any, mutation: Mutation) -> Any:
         and isinstance(parent[key], int | float)
         and not isinstance(parent[key], bool)
     ):
-        parent[key] = parent[key] * mutation.value
+        try:
+            parent[key] = parent[key] * mutation.value
+        except OverflowError:  # an integer past float range times a float
+            parent[key] = math.copysign(math.inf, parent[key] * math.copysign(1, mutation.value))
     return document
 
 

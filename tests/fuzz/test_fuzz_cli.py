@@ -354,6 +354,13 @@ _FOUND = [
     ["validate", "--profile", str(H100_PROFILE), "--target", "tiny", "--policies", "static:1",
      "--max-concurrency", "1", "--num-prompts-per-concurrency", "1", "--output-len", "4",
      "--out", "{folder_out}", "--draft", "none"],
+    # --fast-path cuda-graphs on the CPU: "CUDA graphs need a CUDA device" ValueError traceback
+    ["validate", "--profile", str(H100_PROFILE), "--target", "tiny", "--draft", "early-exit:1",
+     "--policies", "static:1", "--max-concurrency", "1", "--num-prompts-per-concurrency", "1",
+     "--output-len", "4", "--out", "{folder_out}", "--fast-path", "cuda-graphs"],
+    ["profile", "--target", "tiny", "--draft", "early-exit:1", "--out", "{out}",
+     "--batch-sizes", "1", "--k", "0,1", "--num-prompts", "1", "--output-len", "4",
+     "--warmup", "0", "--iters", "1", "--fast-path", "cuda-graphs"],
 ]  # fmt: skip
 
 
