@@ -23,7 +23,10 @@ passes cost):
 
 Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
 with the lowest seed-mean TPOT, and each policy's gap is measured per seed against that K's
-TPOT at the same seed (same requests, same acceptance stream). Seeds: SEEDS. A gap whose
+TPOT at the same seed (same requests, same acceptance stream). Seeds 0..n-1 per point, n =
+`point_seeds`: at least MIN_SEEDS and enough for MIN_REQUESTS_PER_POINT requests over all seeds
+(a 1% goal needs that power: with 3 seeds of 64 MT-Bench requests the seed spread of a gap is
+about +-2%, and 3-seed gaps of +1.5% at C=8 read +-0.1% over 12 seeds). A gap whose
 seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
 assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
 bandit with and without the profile prior (`bandit:prior=profile`).
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -61,12 +65,15 @@ from traces.rollout import RolloutConfig
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5
-SEEDS = (0, 1, 2)
+MIN_SEEDS = 3
+MIN_REQUESTS_PER_POINT = 512
 MT_BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Azure conv: trace seconds replayed (from the first row), and the time-compression factors.
-AZURE_WINDOW_S = 90.0
+AZURE_WINDOW_S = 180.0
 AZURE_TIME_SCALES = (1.0, 3.0)
 PHASE_ORDER = ("easy", "hard", "easy")
+PHASED_CONCURRENCIES = (16, 64)
+ROLLOUT_SIZES = (64, 256)
 REQUESTS_PER_PHASE = 384
 
 
@@ -108,6 +115,12 @@ class Workload:
     description: str  # one line for the report
     axis: str  # x-axis label
     points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, SimulationConfig kwargs)
+    requests_per_run: tuple[int, ...]  # requests one run of each point sends (sets its seeds)
+
+
+def point_seeds(requests_per_run: int) -> tuple[int, ...]:
+    """Seeds 0..n-1 of a point: n >= MIN_SEEDS and n * requests >= MIN_REQUESTS_PER_POINT."""
+    return tuple(range(max(MIN_SEEDS, math.ceil(MIN_REQUESTS_PER_POINT / requests_per_run))))
 
 
 @dataclass(frozen=True)
@@ -162,6 +175,7 @@ def workloads(out: Path) -> tuple[Workload, ...]:
                 )
                 for c in MT_BENCH_CONCURRENCIES
             ),
+            tuple(max(4 * c, 64) for c in MT_BENCH_CONCURRENCIES),
         ),
         Workload(
             "azure-conv",
@@ -180,6 +194,7 @@ def workloads(out: Path) -> tuple[Workload, ...]:
                 )
                 for scale in AZURE_TIME_SCALES
             ),
+            tuple(len(azure.requests) for _ in AZURE_TIME_SCALES),
         ),
         Workload(
             "rl-rollout",
@@ -193,8 +208,9 @@ def workloads(out: Path) -> tuple[Workload, ...]:
                         "rollout": dataclasses.replace(rollout, num_requests=n),
                     },
                 )
-                for n in (64, 256)
+                for n in ROLLOUT_SIZES
             ),
+            ROLLOUT_SIZES,
         ),
         Workload(
             "phased",
@@ -215,8 +231,9 @@ def workloads(out: Path) -> tuple[Workload, ...]:
                         "category_acceptance": categories,
                     },
                 )
-                for c in (16, 64)
+                for c in PHASED_CONCURRENCIES
             ),
+            tuple(len(PHASE_ORDER) * REQUESTS_PER_PHASE for _ in PHASED_CONCURRENCIES),
         ),
     )
 
@@ -274,8 +291,8 @@ def evaluate(out: Path, num_workers: int) -> Results:
             (w.name, row.label, point, (kwargs, row, seed, sweep_path))
             for w in all_workloads
             for row in rows
-            for point, kwargs in w.points
-            for seed in SEEDS
+            for (point, kwargs), num_requests in zip(w.points, w.requests_per_run, strict=True)
+            for seed in point_seeds(num_requests)
         ]
 
     _run_all(tasks_for(STATIC_ROWS), results, num_workers)
@@ -324,8 +341,10 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
     lines = [
         "# K policies vs the static-K envelope (simulated, PR #32374 H100 profile)",
         "",
-        f"Command: `python -m reports.policy_eval --out reports/policies` (seeds {list(SEEDS)}, "
-        f"{num_workers} worker processes, took {seconds:.0f} s). Engine: sync scheduling, latency "
+        "Command: `python -m reports.policy_eval --out reports/policies` (seeds 0..n-1 per point, "
+        f"n >= {MIN_SEEDS} and enough for {MIN_REQUESTS_PER_POINT} requests over the seeds, n in "
+        f"each column header; {num_workers} worker processes, took {seconds:.0f} s). "
+        "Engine: sync scheduling, latency "
         "model auto (the profile's table), mixed K charged padded ITL(D, max K) unless a row "
         "says otherwise.",
         "",
@@ -340,7 +359,11 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         table = results[w.name]
         points = [p for p, _ in w.points]
         lines += [f"## {w.name}: {w.description}", "", f"![plot](tpot_{w.name}.png)", ""]
-        header = [f"{p} (K*={envelope_k(table, p)})" for p in points]
+        seeds = [len(point_seeds(n)) for n in w.requests_per_run]
+        header = [
+            f"{p} (K*={envelope_k(table, p)}, {n} seeds)"
+            for p, n in zip(points, seeds, strict=True)
+        ]
         lines.append("| policy | " + " | ".join(header) + " |")
         lines.append("|---" * (len(points) + 1) + "|")
         for label, row in table.items():

@@ -96,3 +96,25 @@ def test_gap_is_per_seed_against_the_envelope_k(
     assert isinstance(g, Gap)
     assert g.mean == pytest.approx(mean)
     assert verdict(g) == expected
+
+
+@pytest.mark.parametrize(
+    ("requests_per_run", "num_seeds"),
+    [
+        (64, 8),  # MT-Bench C <= 16: 8 x 64 = 512 requests over the seeds
+        (128, 4),  # C = 32
+        (256, 3),  # never fewer than MIN_SEEDS
+        (1152, 3),  # the phased workload
+        (1, 512),  # one request a run
+    ],
+)
+def test_point_seeds_give_enough_requests(requests_per_run: int, num_seeds: int) -> None:
+    seeds = policy_eval.point_seeds(requests_per_run)
+    assert seeds == tuple(range(num_seeds))
+    assert len(seeds) * requests_per_run >= policy_eval.MIN_REQUESTS_PER_POINT
+
+
+def test_every_point_states_how_many_requests_a_run_sends(tmp_path: Path) -> None:
+    for workload in policy_eval.workloads(tmp_path):
+        assert len(workload.requests_per_run) == len(workload.points)
+        assert all(n >= 1 for n in workload.requests_per_run)
