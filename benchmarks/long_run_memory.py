@@ -4,9 +4,9 @@ Simulates the Azure 2023 conversation trace (open loop, its own timestamps, full
 H100 PR #32374 profile and the goodput policy for 1/8, 1/4, 1/2 and all of the trace (~58 min
 of simulated time, 19,365 requests), each in a fresh subprocess, and reports peak RSS, the
 RSS the run added over the loaded interpreter, the number of requests in flight at the peak,
-and the bytes added per request and per output token. Memory that grows with the trace rather
-than with the requests in flight comes from per-request / per-step records (the metrics
-tables), which a run keeps until it returns its RunResult.
+and the bytes added per request and per output token. Each run is what `dsd simulate --out`
+does: step rows stream to steps.parquet, ITLs are pooled per finished request, so what is left
+to grow with the trace is per request (the trace itself and one result row each).
 
     /work/venv/bin/python benchmarks/long_run_memory.py [--fractions 0.125,0.25,0.5,1]
 
@@ -33,10 +33,17 @@ def _peak_rss_bytes() -> int:
 
 
 def measure(fraction: float) -> dict[str, float]:
-    """One run over the first `fraction` of the trace's time span (call in a fresh process)."""
+    """One run over the first `fraction` of the trace's time span (call in a fresh process).
+
+    Runs what `dsd simulate --out DIR` runs: step rows stream to steps.parquet, requests.csv
+    and result.json are written at the end (into a temporary folder, removed afterwards)."""
+    import tempfile
+
     import numpy as np
 
-    from sim.runner import SimulationConfig, run_simulation
+    from reports.run_outputs import bench_result, step_parquet_sink, write_run_outputs
+    from sim.engine import EngineConfig
+    from sim.runner import SimulationConfig, build_engine, resolve
     from traces.loaders import TraceOptions
 
     config = SimulationConfig(
@@ -48,7 +55,11 @@ def measure(fraction: float) -> dict[str, float]:
     )
     baseline_rss = _peak_rss_bytes()
     start = time.perf_counter()
-    result = run_simulation(config)
+    with tempfile.TemporaryDirectory() as folder, step_parquet_sink(Path(folder) / "run") as sink:
+        resolved = resolve(config)
+        result = build_engine(resolved, EngineConfig(step_sink=sink)).run()
+        metrics = bench_result(result, resolved)
+        write_run_outputs(Path(folder) / "run", result, resolved, metrics, {}, sink)
     wall_s = time.perf_counter() - start
     peak_rss = _peak_rss_bytes()
     requests = result.requests
@@ -57,12 +68,12 @@ def measure(fraction: float) -> dict[str, float]:
     deltas = np.concatenate([np.ones(len(requests)), -np.ones(len(requests))])
     order = np.lexsort((deltas, times))  # finishes before arrivals at equal times
     in_flight = np.cumsum(deltas[order])
-    num_output_tokens = int(result.metrics["total_output_tokens"])
+    num_output_tokens = int(metrics["total_output_tokens"])
     added = peak_rss - baseline_rss
     return {
         "fraction": fraction,
         "num_requests": len(requests),
-        "num_steps": len(result.steps),
+        "num_steps": int(metrics["num_steps"]),
         "num_output_tokens": num_output_tokens,
         "max_in_flight": int(in_flight.max()),
         "peak_rss_mib": peak_rss / 2**20,
@@ -70,7 +81,6 @@ def measure(fraction: float) -> dict[str, float]:
         "bytes_per_request": added / max(1, len(requests)),
         "bytes_per_output_token": added / max(1, num_output_tokens),
         "requests_frame_mib": requests.memory_usage(deep=True).sum() / 2**20,
-        "steps_frame_mib": result.steps.memory_usage(deep=True).sum() / 2**20,
         "wall_s": wall_s,
     }
 
@@ -100,8 +110,7 @@ def main() -> None:
             f"peak RSS {row['peak_rss_mib']:7.1f} MiB (+{row['added_rss_mib']:6.1f} MiB by the "
             f"run: {row['bytes_per_request']:6.0f} B/request, "
             f"{row['bytes_per_output_token']:5.1f} B/output token; requests frame "
-            f"{row['requests_frame_mib']:.1f} MiB, steps frame {row['steps_frame_mib']:.1f} MiB), "
-            f"{row['wall_s']:.1f} s",
+            f"{row['requests_frame_mib']:.1f} MiB), {row['wall_s']:.1f} s",
             flush=True,
         )
     print(json.dumps(rows, indent=2))

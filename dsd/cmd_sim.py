@@ -14,6 +14,7 @@ output folders are written only after the runs succeed, so a bad input prints on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -265,6 +266,10 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _discard_steps(steps: Any) -> None:
+    """The step sink of a run whose step rows nobody reads (`dsd simulate` without --out)."""
+
+
 def _command_line() -> str:
     return invocation.command_line()
 
@@ -362,7 +367,13 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Simulate one serving run (like `vllm bench serve`) from a profile and a K policy."""
-        from reports.run_outputs import bench_result, result_json_text, write_run_outputs
+        from reports.run_outputs import (
+            bench_result,
+            result_json_text,
+            step_parquet_sink,
+            write_run_outputs,
+        )
+        from sim.engine import EngineConfig
         from sim.runner import build_engine, latency_description, resolve, resolved_config_dict
 
         options = dict(locals())
@@ -389,13 +400,17 @@ def register(app: typer.Typer) -> None:
             options=options,
         )
         resolved = resolve(config)
-        run = build_engine(resolved).run()
-        result = bench_result(run, resolved)
-        if out is not None:
-            config_dict = resolved_config_dict(config, resolved)
-            config_dict["command_line"] = _command_line()
-            config_dict["speculative_config"] = speculative_config
-            write_run_outputs(out, run, resolved, result, config_dict)
+        # Step rows stream to steps.parquet (or nowhere) as the run goes: flat memory.
+        with contextlib.ExitStack() as stack:
+            sink = None if out is None else stack.enter_context(step_parquet_sink(out))
+            engine_config = EngineConfig(step_sink=_discard_steps if sink is None else sink)
+            run = build_engine(resolved, engine_config).run()
+            result = bench_result(run, resolved)
+            if out is not None:
+                config_dict = resolved_config_dict(config, resolved)
+                config_dict["command_line"] = _command_line()
+                config_dict["speculative_config"] = speculative_config
+                write_run_outputs(out, run, resolved, result, config_dict, streamed_steps=sink)
         if json_output:
             typer.echo(result_json_text(result))
         else:

@@ -9,27 +9,32 @@
   byte-identical text in any process.
 - `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
   steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
-  line). Everything is serialised in memory first; a new folder is filled under a temporary
-  name and renamed into place, an existing folder gets each file by atomic replace. So a
-  failure leaves no partial output.
+  line). Everything is serialised in memory first, except steps.parquet when it was streamed
+  during the run (`step_parquet_sink`: one row group per block of steps, into a hidden temp
+  file beside the output folder, so a long run keeps flat memory); a new folder is filled under
+  a temporary name and renamed into place, an existing folder gets each file by atomic
+  replace. So a failure leaves no partial output.
 
 What this module does not do: run anything, print, or decide what a result means.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
 import os
 import secrets
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from policies.atomic import atomic_write_bytes
 from sim.engine import RunResult
@@ -95,11 +100,62 @@ def request_frame(run: RunResult, resolved: ResolvedSimulation) -> pd.DataFrame:
     return frame
 
 
-def step_frame(run: RunResult) -> pd.DataFrame:
+def step_frame(steps: pd.DataFrame) -> pd.DataFrame:
     """Per-step table: B, decode rows, tokens, K (sum/mean/min/max), accepted, output, time."""
-    frame = run.steps.copy()
+    frame = steps.copy()
     frame["duration_ms"] = frame["duration_s"] * 1000.0
     return frame
+
+
+class StepParquetSink:
+    """An `EngineConfig.step_sink` that appends each block of step rows to a parquet file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer: pq.ParquetWriter | None = None
+
+    def __call__(self, steps: pd.DataFrame) -> None:
+        table = pa.Table.from_pandas(step_frame(steps), preserve_index=False)
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self.path, table.schema)
+        self._writer.write_table(table)
+
+    def finish(self, empty_steps: pd.DataFrame) -> Path:
+        """Close the file (with `empty_steps`' columns if no step came) and return its path."""
+        if self._writer is None:
+            self(empty_steps)
+        assert self._writer is not None
+        self._writer.close()
+        return self.path
+
+    def discard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def step_parquet_sink(out_dir: str | os.PathLike[str]) -> Iterator[StepParquetSink]:
+    """A step sink writing a hidden temp file beside `out_dir`, removed unless it was moved in.
+
+    Creates `out_dir`'s parent folders if needed (and removes them again if the run fails)."""
+    target = Path(out_dir)
+    parent = target.parent
+    first_missing = None  # the outermost folder this call creates, removed on failure
+    for folder in (parent, *parent.parents):
+        if folder.exists():
+            break
+        first_missing = folder
+    parent.mkdir(parents=True, exist_ok=True)
+    sink = StepParquetSink(parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.steps")
+    try:
+        yield sink
+    except BaseException:
+        sink.discard()
+        if first_missing is not None:
+            shutil.rmtree(first_missing, ignore_errors=True)
+        raise
+    sink.discard()  # a no-op once write_files moved it in
 
 
 def _parquet_bytes(frame: pd.DataFrame) -> bytes:
@@ -111,26 +167,31 @@ def _parquet_bytes(frame: pd.DataFrame) -> bytes:
 def serialise_run(
     result: Mapping[str, Any],
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
+    steps: pd.DataFrame | Path,
     config: Mapping[str, Any],
-) -> dict[str, bytes]:
-    """File name -> bytes for every run file (nothing touches the disk here)."""
+) -> dict[str, bytes | Path]:
+    """File name -> bytes for every run file (or the path of the streamed steps file)."""
     return {
         RESULT_FILE: (result_json_text(result) + "\n").encode("utf-8"),
         REQUESTS_FILE: requests.to_csv(index=False).encode("utf-8"),
-        STEPS_FILE: _parquet_bytes(steps),
+        STEPS_FILE: steps if isinstance(steps, Path) else _parquet_bytes(step_frame(steps)),
         CONFIG_FILE: (result_json_text(config) + "\n").encode("utf-8"),
     }
 
 
-def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
-    """Write `files` into `out_dir`: all or nothing for a new folder, file by file otherwise."""
+def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Path]) -> Path:
+    """Write `files` into `out_dir`: all or nothing for a new folder, file by file otherwise.
+
+    A `Path` value is a finished file on the same file system, moved in by rename."""
     target = Path(out_dir)
     if target.exists() and not target.is_dir():
         raise FileExistsError(f"{target}: exists and is not a folder")
     if target.is_dir():
         for name, data in files.items():
-            atomic_write_bytes(target / name, data)
+            if isinstance(data, Path):
+                os.replace(data, target / name)
+            else:
+                atomic_write_bytes(target / name, data)
         return target
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +200,10 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes]) -> 
     staging.mkdir()
     try:
         for name, data in files.items():
-            (staging / name).write_bytes(data)
+            if isinstance(data, Path):
+                os.replace(data, staging / name)
+            else:
+                (staging / name).write_bytes(data)
         os.rename(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -153,7 +217,11 @@ def write_run_outputs(
     resolved: ResolvedSimulation,
     result: Mapping[str, Any],
     config: Mapping[str, Any],
+    streamed_steps: StepParquetSink | None = None,
 ) -> Path:
-    """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc)."""
-    files = serialise_run(result, request_frame(run, resolved), step_frame(run), config)
+    """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc).
+
+    `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty)."""
+    steps = run.steps if streamed_steps is None else streamed_steps.finish(run.steps)
+    files = serialise_run(result, request_frame(run, resolved), steps, config)
     return write_files(out_dir, files)

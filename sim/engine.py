@@ -38,7 +38,7 @@ import pandas as pd
 import simpy
 
 from policies.types import KPolicy, StepFeedback
-from sim.metrics import MetricsRecorder
+from sim.metrics import MetricsRecorder, StepSink
 from sim.scheduler import Scheduler, SpecDecodeStats, StepPlan
 from sim.types import Executor, ScheduledBatch, StepOutcome
 from traces.workload import Workload
@@ -58,6 +58,10 @@ class EngineConfig:
     check_invariants: bool = False
     # Percentiles reported as pNN_*_ms, like `--metric-percentiles`.
     percentiles: tuple[float, ...] = (99.0,)
+    # None: keep every step row on RunResult.steps. A callable: receives the step rows as
+    # DataFrames in blocks (sim.metrics.STEP_BLOCK_ROWS) during the run and RunResult.steps is
+    # empty, so long runs keep flat memory (e.g. a parquet writer, or `lambda rows: None`).
+    step_sink: StepSink | None = None
 
     def __post_init__(self) -> None:
         if self.clock not in ("model", "wall"):
@@ -83,7 +87,7 @@ class RunResult:
 
     metrics: dict[str, Any]  # `vllm bench serve` keys plus ours (see sim.metrics)
     requests: pd.DataFrame  # one row per request
-    steps: pd.DataFrame  # one row per step
+    steps: pd.DataFrame  # one row per step (empty when EngineConfig.step_sink took them)
     spec_stats: SpecDecodeStats  # spec-decode counters of the run
     events: tuple[EngineEvent, ...]  # empty unless EngineConfig.record_events
     num_preemptions: int  # preemptions by recompute during the run
@@ -158,7 +162,9 @@ class Engine:
         self.config = config or EngineConfig()
         self._env = simpy.Environment()
         self._client = _Client(self, workload)
-        self._metrics = MetricsRecorder(len(workload.requests), scheduler.config.k_max)
+        self._metrics = MetricsRecorder(
+            len(workload.requests), scheduler.config.k_max, step_sink=self.config.step_sink
+        )
         self._events: list[EngineEvent] = []
         self._wake: simpy.Event | None = None
         self._wall_mark_s = 0.0
@@ -185,14 +191,18 @@ class Engine:
         engine = env.process(self._engine_process())
         env.run(until=engine)
         scheduler = self.scheduler
-        return RunResult(
-            metrics=self._metrics.bench_metrics(scheduler.spec_stats, self.config.percentiles),
-            requests=self._metrics.request_table(),
-            steps=self._metrics.step_table(),
+        metrics = self._metrics
+        result = RunResult(
+            metrics=metrics.bench_metrics(scheduler.spec_stats, self.config.percentiles),
+            requests=metrics.request_table(),
+            steps=metrics.step_table(),
             spec_stats=scheduler.spec_stats,
             events=tuple(self._events),
             num_preemptions=scheduler.num_preemptions,
         )
+        metrics.flush_steps()
+        metrics.close()
+        return result
 
     # -- the engine process
     def _engine_process(self) -> Generator[simpy.Event, Any, None]:

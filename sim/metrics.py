@@ -5,6 +5,12 @@ per step. It streams into numpy buffers (one row per step; per step one referenc
 emitting request ids, no Python object per token or per row). At the end `bench_metrics` turns
 them into the result dict, `request_table` / `step_table` into DataFrames for the CLI to write.
 
+Memory grows with the number of requests (a few numbers each), not with tokens or steps: the
+chunks of finished requests are folded into a pooled ITL multiset (`sim.pooled.PooledValues`:
+exact statistics, spilling sorted runs to a temporary folder past 2^18 values), and step rows
+can go to a `step_sink` in blocks instead of being kept. A simulated hour of a busy trace thus
+runs in flat memory (`python benchmarks/long_run_memory.py`).
+
 Definitions (as `vllm bench serve` computes them; times in ms in the result):
 - TTFT = first output chunk time - send time. E2EL = last chunk time - send time.
 - TPOT = (E2EL - TTFT) / (output_tokens - 1), only for requests with more than one output token.
@@ -19,17 +25,20 @@ Definitions (as `vllm bench serve` computes them; times in ms in the result):
   step that drafted); per-position rates = accepted_at_pos / drafted_at_pos (ours; vLLM's logged
   rate divides by num_drafts, which reads low when K varies).
 
-What this module deliberately does not do: decide anything, know about SimPy, or write files.
+What this module deliberately does not do: decide anything, know about SimPy, or write output
+files (the step sink decides where step rows go; ITL spill files are private and temporary).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
+from sim.pooled import DEFAULT_MAX_IN_MEMORY, PooledValues
 from sim.scheduler import SpecDecodeStats, StepResult
 from sim.types import ScheduledBatch
 
@@ -37,13 +46,26 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
+StepSink = Callable[[pd.DataFrame], None]
+
+STEP_BLOCK_ROWS = 1 << 16  # step rows per block handed to a step sink
+COMPACT_MIN_CHUNKS = 1 << 18  # pending chunks that trigger turning finished requests into ITLs
+COMPACT_MAX_STEPS = 1 << 13  # ... or pending steps (each holds a small array object)
+
+
 class MetricsRecorder:
-    """Collects per-request token times and per-step records of one run.
+    """Collects per-request token times and per-step records of one run, in bounded memory.
 
     Hot path: `record_step` runs every step, so it writes one row of a 2-D int array and one
     of a float array per step, and keeps the emitting rows' request ids as a reference (the
-    batch's arrays are read-only by contract) instead of copying them; the per-chunk arrays are
-    assembled once, when a result is asked for.
+    batch's arrays are read-only by contract) instead of copying them.
+
+    Memory: what grows with the run is per request (a few numbers each), not per token or per
+    step. Chunks are turned into ITLs in batches ("compaction") once their request finished;
+    only the chunks of requests still in flight are kept. The pooled ITLs live in a
+    `PooledValues` (exact statistics, sorted runs spilled to a temporary folder past its cap).
+    Step rows are kept for `step_table()` unless a `step_sink` is given: then they are handed
+    to it in blocks of `STEP_BLOCK_ROWS` and not kept.
     """
 
     _STEP_INT_FIELDS = (
@@ -59,23 +81,41 @@ class MetricsRecorder:
     )
     _STEP_FLOAT_FIELDS = ("start_s", "duration_s", "mean_k")
 
-    def __init__(self, num_requests: int, k_max: int) -> None:
+    def __init__(
+        self,
+        num_requests: int,
+        k_max: int,
+        *,
+        step_sink: StepSink | None = None,
+        max_itl_in_memory: int | None = None,
+    ) -> None:
         self.k_max = k_max
         self.prompt_len = np.zeros(num_requests, dtype=np.int64)  # [N] tokens
         self.send_s = np.full(num_requests, np.nan)  # [N] time the client sent it
         self.first_token_s = np.full(num_requests, np.nan)  # [N] first chunk time
         self.finish_s = np.full(num_requests, np.nan)  # [N] last chunk time
         self.num_output_tokens = np.zeros(num_requests, dtype=np.int64)  # [N]
-        # One chunk per (request, step that emitted tokens for it), in time order: per step
-        # the emitting request ids [E], the step's end time and E; joined by `_chunks`.
+        self._num_chunks = np.zeros(num_requests, dtype=np.int64)  # [N] counted at compaction
+        # Chunks (request, step that emitted tokens for it) not yet turned into ITLs: per
+        # pending step the emitting request ids [E], the step's end time and E; plus the
+        # chunks of requests that were unfinished at the last compaction, in time order.
         self._chunk_req_parts: list[IntArray] = []
         self._chunk_time_parts: list[float] = []
         self._chunk_count_parts: list[int] = []
-        self._chunk_req = np.zeros(0, dtype=np.int64)  # [C] joined so far
-        self._chunk_time_s = np.zeros(0, dtype=np.float64)  # [C] joined so far
-        # [steps, len(_STEP_INT_FIELDS)] and [steps, len(_STEP_FLOAT_FIELDS)], grown by doubling
+        self._num_pending_chunks = 0
+        self._retained_req = np.zeros(0, dtype=np.int64)  # [R]
+        self._retained_time_s = np.zeros(0, dtype=np.float64)  # [R]
+        self._compact_at_chunks = COMPACT_MIN_CHUNKS
+        self._itl_ms = PooledValues(
+            DEFAULT_MAX_IN_MEMORY if max_itl_in_memory is None else max_itl_in_memory
+        )
+        # Step rows: the current block [rows, len(_STEP_INT_FIELDS)] / [rows, len(_FLOAT_)],
+        # grown by doubling up to STEP_BLOCK_ROWS; full blocks are kept or go to the sink.
+        self._step_sink = step_sink
         self._step_ints = np.zeros((256, len(self._STEP_INT_FIELDS)), dtype=np.int64)
         self._step_floats = np.zeros((256, len(self._STEP_FLOAT_FIELDS)), dtype=np.float64)
+        self._block_rows = 0
+        self._kept_blocks: list[tuple[IntArray, FloatArray]] = []
         self._num_steps = 0
         self.k_histogram = np.zeros(k_max + 1, dtype=np.int64)  # [k_max+1] decode rows per K
 
@@ -96,12 +136,10 @@ class MetricsRecorder:
         end_s = start_s + duration_s
         num_decode = batch.num_decode_reqs
         emitted = result.num_output_tokens  # [B]
-        index = self._num_steps
+        index = self._block_rows
         if index == self._step_ints.shape[0]:
-            self._step_ints = np.concatenate([self._step_ints, np.zeros_like(self._step_ints)])
-            self._step_floats = np.concatenate(
-                [self._step_floats, np.zeros_like(self._step_floats)]
-            )
+            self._grow_or_close_block()
+            index = self._block_rows
         if num_decode:
             # The K histogram of the step gives its sum, min and max too (K is small).
             k_counts = np.bincount(batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1)
@@ -125,7 +163,8 @@ class MetricsRecorder:
             k_max,
         )
         self._step_floats[index] = (start_s, duration_s, mean_k)
-        self._num_steps = index + 1
+        self._block_rows = index + 1
+        self._num_steps += 1
 
         num_chunks = int(np.count_nonzero(emitted))
         if num_chunks:
@@ -137,12 +176,18 @@ class MetricsRecorder:
             self._chunk_req_parts.append(req_ids)
             self._chunk_time_parts.append(end_s)
             self._chunk_count_parts.append(num_chunks)
+            self._num_pending_chunks += num_chunks
             self.num_output_tokens[req_ids] += chunk_tokens
             first = np.isnan(self.first_token_s[req_ids])  # [E]
             if np.count_nonzero(first):
                 self.first_token_s[req_ids[first]] = end_s
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s
+        if (
+            self._num_pending_chunks >= self._compact_at_chunks
+            or len(self._chunk_req_parts) >= COMPACT_MAX_STEPS
+        ):
+            self._compact()
         return num_emitted
 
     @property
@@ -152,28 +197,44 @@ class MetricsRecorder:
     @property
     def num_chunks(self) -> IntArray:
         """[N] steps that emitted tokens for each request."""
-        chunk_req, _ = self._chunks()
-        counts: IntArray = np.bincount(chunk_req, minlength=self.prompt_len.shape[0])
-        return counts
+        self._compact()
+        return self._num_chunks
 
-    def _chunks(self) -> tuple[IntArray, FloatArray]:
-        """([C] request id, [C] time) of every chunk so far, in time order."""
+    def _compact(self) -> None:
+        """Count pending chunks; pool the ITLs of finished requests; keep the others' chunks."""
         if self._chunk_req_parts:
-            times = np.repeat(
+            new_times = np.repeat(
                 np.asarray(self._chunk_time_parts, dtype=np.float64),
                 np.asarray(self._chunk_count_parts, dtype=np.int64),
-            )  # [C_new]
-            self._chunk_req = np.concatenate([self._chunk_req, *self._chunk_req_parts])
-            self._chunk_time_s = np.concatenate([self._chunk_time_s, times])
+            )  # [P]
+            new_req = np.concatenate(self._chunk_req_parts)  # [P]
             self._chunk_req_parts.clear()
             self._chunk_time_parts.clear()
             self._chunk_count_parts.clear()
-        return self._chunk_req, self._chunk_time_s
+            self._num_pending_chunks = 0
+            self._num_chunks += np.bincount(new_req, minlength=self._num_chunks.shape[0])
+            req = np.concatenate([self._retained_req, new_req])  # [R+P] time order per request
+            times = np.concatenate([self._retained_time_s, new_times])  # [R+P]
+        else:
+            req, times = self._retained_req, self._retained_time_s
+        finished = ~np.isnan(self.finish_s[req])  # [R+P]
+        if finished.any():
+            gaps_s = request_gaps(req[finished], times[finished], self._num_chunks.shape[0])
+            self._itl_ms.add(gaps_s * 1000.0)
+            unfinished = ~finished
+            req, times = req[unfinished], times[unfinished]
+        self._retained_req, self._retained_time_s = req, times
+        # Re-compact after new chunks at least as many as kept ones: linear total cost.
+        self._compact_at_chunks = max(COMPACT_MIN_CHUNKS, req.shape[0])
 
-    def itls_s(self) -> FloatArray:
-        """All gaps between successive chunks of the same request, pooled, seconds."""
-        chunk_req, _ = self._chunks()
-        return self._itls_of(np.ones(chunk_req.shape[0], dtype=np.bool_))
+    def itl_ms(self) -> PooledValues:
+        """The pooled ITLs (ms) of every finished request (requests finished so far)."""
+        self._compact()
+        return self._itl_ms
+
+    def close(self) -> None:
+        """Free the pooled ITLs' spill files (after the last `bench_metrics`)."""
+        self._itl_ms.close()
 
     def request_table(self) -> pd.DataFrame:
         """One row per request (NaN times for requests that were not sent or did not finish)."""
@@ -190,7 +251,7 @@ class MetricsRecorder:
                 "req_id": np.arange(self.prompt_len.shape[0]),
                 "prompt_len": self.prompt_len,
                 "num_output_tokens": self.num_output_tokens,
-                "num_chunks": self.num_chunks,
+                "num_chunks": self.num_chunks.copy(),
                 "send_s": self.send_s,
                 "first_token_s": self.first_token_s,
                 "finish_s": self.finish_s,
@@ -200,18 +261,52 @@ class MetricsRecorder:
             }
         )
 
+    def _grow_or_close_block(self) -> None:
+        rows = self._step_ints.shape[0]
+        if rows < STEP_BLOCK_ROWS:
+            self._step_ints = np.concatenate([self._step_ints, np.zeros_like(self._step_ints)])
+            self._step_floats = np.concatenate(
+                [self._step_floats, np.zeros_like(self._step_floats)]
+            )
+            return
+        self._close_block()
+
+    def _close_block(self) -> None:
+        """Hand the current block's rows to the sink, or keep them; start an empty block."""
+        rows = self._block_rows
+        if rows == 0:
+            return
+        if self._step_sink is not None:
+            self._step_sink(self._step_frame(self._step_ints[:rows], self._step_floats[:rows]))
+        else:
+            self._kept_blocks.append((self._step_ints[:rows], self._step_floats[:rows]))
+            self._step_ints = np.zeros_like(self._step_ints)
+            self._step_floats = np.zeros_like(self._step_floats)
+        self._block_rows = 0
+
+    def flush_steps(self) -> None:
+        """With a step sink: hand it the rows not yet handed over (call once, at the end)."""
+        if self._step_sink is not None:
+            self._close_block()
+
     def step_table(self) -> pd.DataFrame:
-        """One row per step."""
-        ints = self._step_ints[: self._num_steps]  # [steps, fields]
-        floats = self._step_floats[: self._num_steps]  # [steps, fields]
-        int_column = {name: i for i, name in enumerate(self._STEP_INT_FIELDS)}
-        float_column = {name: i for i, name in enumerate(self._STEP_FLOAT_FIELDS)}
+        """One row per step; empty when a step sink took the rows (see `flush_steps`)."""
+        rows = 0 if self._step_sink is not None else self._block_rows
+        blocks = [*self._kept_blocks, (self._step_ints[:rows], self._step_floats[:rows])]
+        ints = np.concatenate([block[0] for block in blocks])  # [steps, fields]
+        floats = np.concatenate([block[1] for block in blocks])  # [steps, fields]
+        return self._step_frame(ints, floats)
+
+    @classmethod
+    def _step_frame(cls, ints: IntArray, floats: FloatArray) -> pd.DataFrame:
+        int_column = {name: i for i, name in enumerate(cls._STEP_INT_FIELDS)}
+        float_column = {name: i for i, name in enumerate(cls._STEP_FLOAT_FIELDS)}
         columns: dict[str, npt.NDArray[Any]] = {
             "step_index": ints[:, int_column["step_index"]].copy(),
             "start_s": floats[:, float_column["start_s"]].copy(),
             "duration_s": floats[:, float_column["duration_s"]].copy(),
         }
-        for name in self._STEP_INT_FIELDS[1:]:
+        for name in cls._STEP_INT_FIELDS[1:]:
             columns[name] = ints[:, int_column[name]].copy()
         columns["mean_k"] = floats[:, float_column["mean_k"]].copy()
         return pd.DataFrame(columns)
@@ -226,14 +321,12 @@ class MetricsRecorder:
         num_output = self.num_output_tokens[completed]
         multi = num_output > 1
         tpot_s = (e2el_s[multi] - ttft_s[multi]) / (num_output[multi] - 1)
-        chunk_req, _ = self._chunks()
-        itl_s = self._itls_of(completed[chunk_req])
         return bench_metrics_from(
             prompt_len=self.prompt_len[completed],
             num_output_tokens=num_output,
             ttft_s=ttft_s,
             tpot_s=tpot_s,
-            itl_s=itl_s,
+            itl_ms=self.itl_ms(),
             e2el_s=e2el_s,
             duration_s=float(self.finish_s[completed].max()) if completed.any() else 0.0,
             spec_stats=spec_stats,
@@ -242,26 +335,23 @@ class MetricsRecorder:
             percentiles=percentiles,
         )
 
-    def _itls_of(self, chunk_mask: npt.NDArray[np.bool_]) -> FloatArray:
-        """Gaps between successive chunks of each request, requests in id order."""
-        chunk_req, chunk_time_s = self._chunks()
-        if chunk_mask.all():
-            req, times = chunk_req, chunk_time_s  # [C] (every request completed)
-        else:
-            req, times = chunk_req[chunk_mask], chunk_time_s[chunk_mask]  # [C']
-        if req.shape[0] < 2:
-            return np.zeros(0, dtype=np.float64)
-        num_requests = self.prompt_len.shape[0]
-        # Chunks grouped by request, time order kept within a request (a stable sort).
-        times_sorted = times[_stable_order(req, num_requests)]  # [C']
-        gaps: FloatArray = times_sorted[1:] - times_sorted[:-1]  # [C'-1]
-        # Drop the gaps that span two requests: they end where a request's chunks end.
-        chunks_per_request = np.bincount(req, minlength=num_requests)  # [N]
-        group_ends = np.cumsum(chunks_per_request[chunks_per_request > 0])[:-1] - 1  # [G-1]
-        within = np.ones(gaps.shape[0], dtype=np.bool_)  # [C'-1]
-        within[group_ends] = False
-        kept: FloatArray = gaps[within]
-        return kept
+
+def request_gaps(req: IntArray, times_s: FloatArray, num_requests: int) -> FloatArray:
+    """Gaps between successive chunks of each request, requests in id order.
+
+    `req` [C] and `times_s` [C] are chunks in time order within each request."""
+    if req.shape[0] < 2:
+        return np.zeros(0, dtype=np.float64)
+    # Chunks grouped by request, time order kept within a request (a stable sort).
+    times_sorted = times_s[_stable_order(req, num_requests)]  # [C]
+    gaps: FloatArray = times_sorted[1:] - times_sorted[:-1]  # [C-1]
+    # Drop the gaps that span two requests: they end where a request's chunks end.
+    chunks_per_request = np.bincount(req, minlength=num_requests)  # [N]
+    group_ends = np.cumsum(chunks_per_request[chunks_per_request > 0])[:-1] - 1  # [G-1]
+    within = np.ones(gaps.shape[0], dtype=np.bool_)  # [C-1]
+    within[group_ends] = False
+    kept: FloatArray = gaps[within]
+    return kept
 
 
 def _stable_order(keys: IntArray, key_bound: int) -> IntArray:
@@ -293,7 +383,7 @@ def bench_metrics_from(
     num_output_tokens: IntArray,
     ttft_s: FloatArray,
     tpot_s: FloatArray,
-    itl_s: FloatArray,
+    itl_ms: PooledValues,
     e2el_s: FloatArray,
     duration_s: float,
     spec_stats: SpecDecodeStats,
@@ -301,7 +391,8 @@ def bench_metrics_from(
     num_steps: int,
     percentiles: tuple[float, ...] = (99.0,),
 ) -> dict[str, Any]:
-    """The result dict from per-request values of the completed requests (seconds in)."""
+    """The result dict from per-request values of the completed requests (seconds in) and the
+    pooled ITLs (ms) of the same requests."""
     total_input = int(prompt_len.sum())
     total_output = int(num_output_tokens.sum())
     completed = int(num_output_tokens.shape[0])
@@ -318,14 +409,20 @@ def bench_metrics_from(
         "output_throughput": per_s(total_output),
         "total_token_throughput": per_s(total_input + total_output),
     }
-    for name, values_s in (("ttft", ttft_s), ("tpot", tpot_s), ("itl", itl_s), ("e2el", e2el_s)):
-        values_ms = values_s * 1000.0 if values_s.shape[0] else np.zeros(1)
-        result[f"mean_{name}_ms"] = float(np.mean(values_ms))
-        result[f"median_{name}_ms"] = float(np.median(values_ms))
-        result[f"std_{name}_ms"] = float(np.std(values_ms))
+    pooled_ms = {
+        "ttft": PooledValues.of(ttft_s * 1000.0),
+        "tpot": PooledValues.of(tpot_s * 1000.0),
+        "itl": itl_ms,
+        "e2el": PooledValues.of(e2el_s * 1000.0),
+    }
+    for name, values_ms in pooled_ms.items():
+        stats = values_ms.summary(percentiles)
+        result[f"mean_{name}_ms"] = stats["mean"]
+        result[f"median_{name}_ms"] = stats["median"]
+        result[f"std_{name}_ms"] = stats["std"]
         for percentile in percentiles:
             key = f"p{_percentile_key(percentile)}_{name}_ms"
-            result[key] = float(np.percentile(values_ms, percentile))
+            result[key] = stats[f"p{percentile}"]
     with np.errstate(invalid="ignore", divide="ignore"):
         per_position = spec_stats.accepted_at_pos / spec_stats.drafted_at_pos
     result["spec_decode_num_drafts"] = spec_stats.num_drafts

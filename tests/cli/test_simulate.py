@@ -151,6 +151,48 @@ def test_out_writes_readable_run_files(tmp_path: Path, capsys: pytest.CaptureFix
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
+def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    import sim.metrics
+    from sim.runner import SimulationConfig, run_simulation
+
+    monkeypatch.setattr(sim.metrics, "STEP_BLOCK_ROWS", 256)  # several row groups
+    out_dir = tmp_path / "run"
+    argv = ["simulate", *GOODPUT, "--max-concurrency", "8", "--num-prompts", "40"]
+    code, _, _ = run_cli([*argv, "--out", str(out_dir)], capsys)
+    assert code == 0
+    kept = run_simulation(
+        SimulationConfig(
+            profile=str(H100),
+            policy="goodput",
+            dataset="mt-bench",
+            num_prompts=40,
+            max_concurrency=8,
+        )
+    ).steps
+    kept["duration_ms"] = kept["duration_s"] * 1000.0
+    assert pq.ParquetFile(out_dir / "steps.parquet").num_row_groups > 1
+    pd.testing.assert_frame_equal(pd.read_parquet(out_dir / "steps.parquet"), kept)
+
+
+def test_a_run_failing_after_streaming_steps_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import reports.run_outputs
+
+    def fail(*args: object) -> None:
+        raise PermissionError("requests.csv: permission denied")
+
+    monkeypatch.setattr(reports.run_outputs, "request_frame", fail)
+    parent = tmp_path / "new" / "parent"
+    code, _, err = run_cli(["simulate", *GOODPUT, *SMALL, "--out", str(parent / "run")], capsys)
+    assert code == 2 and "permission denied" in err
+    assert list(tmp_path.iterdir()) == []  # no temp steps file, no folders made for it
+
+
 def test_speculative_config_becomes_a_table_policy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -23,7 +23,7 @@ from sim.acceptance import _sample_leading_successes, _widen, count_leading
 from sim.engine import Engine, EngineConfig, RunResult
 from sim.executor import build_fitted_executor
 from sim.kv import KVBlockPool
-from sim.metrics import MetricsRecorder, _stable_order
+from sim.metrics import _stable_order, request_gaps
 from sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats
 from traces.workload import RequestSpec, Workload
 
@@ -109,22 +109,15 @@ def test_stable_order_equals_numpy_stable_argsort(key_bound):
     assert np.array_equal(_stable_order(keys, key_bound), np.argsort(keys, kind="stable"))
 
 
-def test_itls_equal_gaps_of_each_requests_chunks_in_time_order():
+def test_request_gaps_equal_gaps_of_each_requests_chunks_in_time_order():
     rng = np.random.default_rng(1)
     for _ in range(50):
         num_requests = int(rng.integers(1, 30))
-        recorder = MetricsRecorder(num_requests, k_max=2)
         num_chunks = int(rng.integers(0, 120))
         req = rng.integers(0, num_requests, num_chunks).astype(np.int64)
         times = np.sort(rng.random(num_chunks))
-        recorder._chunk_req, recorder._chunk_time_s = req, times
-        mask = rng.random(num_chunks) < 0.7
-        expected = [
-            gap for r in range(num_requests) for gap in np.diff(times[mask & (req == r)]).tolist()
-        ]
-        assert recorder._itls_of(mask).tolist() == expected
-        full = [gap for r in range(num_requests) for gap in np.diff(times[req == r]).tolist()]
-        assert recorder.itls_s().tolist() == full
+        expected = [gap for r in range(num_requests) for gap in np.diff(times[req == r]).tolist()]
+        assert request_gaps(req, times, num_requests).tolist() == expected
 
 
 def test_goodput_choose_k_equals_the_table_lookup():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sim.metrics import bench_metrics_from
+from sim.pooled import PooledValues
 from sim.scheduler import SpecDecodeStats
 
 
@@ -23,6 +24,7 @@ def metrics(**overrides):
         "num_steps": 6,
     }
     params.update(overrides)
+    params["itl_ms"] = PooledValues.of(params.pop("itl_s") * 1000.0)
     return bench_metrics_from(**params)
 
 

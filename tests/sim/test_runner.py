@@ -277,3 +277,33 @@ def test_resolved_config_dict_is_json_and_names_versions_and_seeds() -> None:
     assert data["seeds"]["acceptance"]["spawn_key"] == [3, 0]
     assert data["resolved"]["latency_model"]["prefill_source"] == "estimated-from-decode-slope"
     assert dataclasses.asdict(config)["policy"] == data["config"]["policy"]
+
+
+def test_streamed_metrics_equal_kept_metrics(monkeypatch):
+    """Tiny compaction, spill and block sizes change memory use, not results."""
+    import sim.metrics as metrics_module
+    from sim.engine import EngineConfig
+    from sim.runner import build_engine, resolve
+
+    config = _config(num_prompts=40, max_concurrency=8, request_rate=20.0)
+    kept = run_simulation(config)
+    monkeypatch.setattr(metrics_module, "COMPACT_MIN_CHUNKS", 5)
+    monkeypatch.setattr(metrics_module, "COMPACT_MAX_STEPS", 3)
+    monkeypatch.setattr(metrics_module, "DEFAULT_MAX_IN_MEMORY", 7)
+    monkeypatch.setattr(metrics_module, "STEP_BLOCK_ROWS", 512)
+    blocks: list[pd.DataFrame] = []
+    streamed = build_engine(resolve(config), EngineConfig(step_sink=blocks.append)).run()
+
+    assert streamed.steps.empty and list(streamed.steps.columns) == list(kept.steps.columns)
+    assert len(blocks) > 1 and all(len(block) <= 512 for block in blocks)
+    pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), kept.steps)
+    pd.testing.assert_frame_equal(streamed.requests, kept.requests)
+    approximate = {"mean_itl_ms", "std_itl_ms"}  # summed in another order once spilled
+    for key in approximate:
+        assert streamed.metrics[key] == pytest.approx(kept.metrics[key], rel=1e-12), key
+
+    def exact(metrics: dict[str, Any]) -> str:
+        rest = {key: value for key, value in metrics.items() if key not in approximate}
+        return json.dumps(rest, sort_keys=True, default=str)
+
+    assert exact(streamed.metrics) == exact(kept.metrics)
