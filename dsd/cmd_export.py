@@ -22,7 +22,7 @@ from backend.vllm import profile_to_pr32374, speculative_config
 from policies.errors import InputError
 from policies.profile_io import atomic_write_text, load_profile
 from policies.range_table import compile_range_table, evaluate_policy
-from policies.spec import parse_policy
+from policies.spec import MAX_NUM_SEQS, parse_policy
 
 export_app = typer.Typer(
     help="Export profiles and policies to vLLM's formats.", no_args_is_help=True
@@ -36,8 +36,8 @@ class ExportFormat(StrEnum):
 
 
 def _check_max_num_seqs(max_num_seqs: int) -> None:
-    if max_num_seqs < 1:
-        raise InputError(f"--max-num-seqs must be >= 1, got {max_num_seqs}")
+    if not 1 <= max_num_seqs <= MAX_NUM_SEQS:
+        raise InputError(f"--max-num-seqs must be in [1, {MAX_NUM_SEQS}], got {max_num_seqs}")
 
 
 def _emit(text: str, out: Path | None) -> None:

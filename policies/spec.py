@@ -64,6 +64,10 @@ from policies.static import StaticPolicy
 from policies.switching import HysteresisConfig, HysteresisPolicy
 from policies.types import KPolicy
 
+# Largest max_num_seqs a policy is built for: tables are dense over B = 1..max_num_seqs, and
+# no serving engine runs a million sequences in one batch.
+MAX_NUM_SEQS = 1 << 20
+
 
 @dataclass(frozen=True)
 class PolicyContext:
@@ -280,8 +284,14 @@ def parse_policy(
     """
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
         raise InputError(f"k_max must be an integer >= 0, got {k_max!r}")
-    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-        raise InputError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+    if (
+        isinstance(max_num_seqs, bool)
+        or not isinstance(max_num_seqs, int)
+        or not 1 <= max_num_seqs <= MAX_NUM_SEQS
+    ):
+        raise InputError(
+            f"max_num_seqs must be an integer in [1, {MAX_NUM_SEQS}], got {max_num_seqs!r}"
+        )
     context = PolicyContext(
         profile=profile,
         k_max=k_max,

@@ -47,7 +47,7 @@ import simpy
 from policies.errors import InputError
 from policies.profile import Profile
 from policies.profile_io import load_profile
-from policies.spec import parse_policy
+from policies.spec import MAX_NUM_SEQS, parse_policy
 from policies.types import IntArray, KPolicy, SchedulingMode, StepFeedback, StepView
 from sim.acceptance import (
     CategoryAcceptance,
@@ -229,6 +229,8 @@ class SimulationConfig:
         if self.scheduling not in ("sync", "async"):
             raise InputError(f"scheduling: must be sync or async, got {self.scheduling!r}")
         _check_int("max_num_seqs", self.max_num_seqs, 1, optional=True)
+        if self.max_num_seqs is not None and int(self.max_num_seqs) > MAX_NUM_SEQS:
+            raise InputError(f"max_num_seqs: must be <= {MAX_NUM_SEQS}, got {self.max_num_seqs!r}")
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         _check_int("max_model_len", self.max_model_len, 2, optional=True)
         _check_int("num_kv_blocks", self.num_kv_blocks, 1, optional=True)

@@ -134,7 +134,8 @@ def apply_mutation(document: Any, mutation: Mutation) -> Any:
         try:
             parent[key] = parent[key] * mutation.value
         except OverflowError:  # an integer past float range times a float
-            parent[key] = math.copysign(math.inf, parent[key] * math.copysign(1, mutation.value))
+            negative = (parent[key] < 0) != (math.copysign(1, mutation.value) < 0)
+            parent[key] = -math.inf if negative else math.inf
     return document
 
 

@@ -73,6 +73,7 @@ def _config(**overrides: Any) -> SimulationConfig:
     ("field", "value", "message"),
     [
         ("num_prompts", 0, "num_prompts: must be an integer >= 1"),  # no requests
+        ("max_num_seqs", 10**11, "max_num_seqs: must be <= 1048576"),  # dense tables over B
         ("max_concurrency", -1, "max_concurrency: must be an integer >= 1"),  # negative cap
         ("request_rate", 0.0, "request_rate: must be > 0"),  # nothing would arrive
         ("request_rate", math.nan, "request_rate: must be"),  # NaN rate
