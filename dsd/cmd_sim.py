@@ -47,6 +47,7 @@ from dsd.cmd_traces import (
     TimeScale,
 )
 from policies.errors import InputError
+from policies.user_files import read_user_text
 from traces.datasets import RandomLengths
 from traces.loaders import TraceOptions
 from traces.registry import KNOWN_NAMES
@@ -622,7 +623,7 @@ def register(app: typer.Typer) -> None:
                 "--grid: --seed cannot be combined with a grid file (use seeds = [...])"
             )
         parsed = load_grid(grid_file)
-        raw = Path(grid_file).read_text(encoding="utf-8")
+        raw = read_user_text(grid_file)  # as load_grid read it (BOM dropped)
         record = {"grid_file": str(Path(grid_file).resolve()), "grid_toml": raw}
         title = f"{Path(grid_file).name}"
         return expand_grid(parsed), record, title
