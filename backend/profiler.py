@@ -12,8 +12,17 @@ Three measurements, all on the real SD engine (`backend.engine` or its fast path
   the count of steps that drafted >= i tokens and that accepted >= i, for the whole set and per
   request (each request's own unconditional rates).
 
-The step timing covers the engine step only (draft, verify, accept, the one host sync), not the
-scheduler or policy work of a serving loop; `dsd validate` reports how much that host work adds.
+- **host overhead of the engine loop**: the real loop `dsd validate` runs (`sim.engine.Engine`
+  with the wall clock, `sim.scheduler`, a static policy, `backend.executor.TorchExecutor`) on
+  short closed-loop workloads at C = B for every profiled B, once at K = 0 and once at K_max.
+  Per iteration: loop wall time minus the time inside the model forwards (`engine.step` and
+  `engine.prefill`, timed by thin wrappers). That difference (scheduler plan/commit/update,
+  policy choose_k/observe, metrics, the executor's Python bookkeeping, SimPy) is what the
+  step timing above does not see. `fit_host_overhead` fits intercept + per_row x B by least
+  squares (non-negative) on the per-B medians, separately for steps without and with drafts.
+
+The decode ITL covers the engine step only (draft, verify, accept, the one host sync); the loop's
+host work is the separate host-overhead model, which the simulator adds per step.
 This module does not parse flags, build models, tokenize or write files (`dsd profile` does).
 """
 
@@ -29,13 +38,22 @@ from importlib import metadata as importlib_metadata
 from typing import Any
 
 import numpy as np
+import scipy.optimize
 import torch
 
-from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine
+from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine, StepResult
+from backend.executor import TorchExecutor
 from backend.fast_path import FAST_PATH_KINDS, build_engine
 from backend.model import Transformer
 from policies.errors import InputError
-from policies.profile import LatencyPoint, PrefillPoint, Profile
+from policies.profile import HostOverhead, HostOverheadLine, LatencyPoint, PrefillPoint, Profile
+from policies.static import StaticPolicy
+from policies.types import KPolicy
+from sim.engine import Engine
+from sim.engine import EngineConfig as LoopConfig
+from sim.scheduler import Scheduler, SchedulerConfig
+from sim.types import Executor, ScheduledBatch, StepOutcome
+from traces.workload import RequestSpec, Workload
 
 ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
 
@@ -55,6 +73,9 @@ class ProfileConfig:
     seed: int = 0  # synthetic prompt ids and the engine's sampling stream
     fast_path: str = "off"  # "off", "eager", "cuda-graphs" (backend.fast_path)
     eos_token_ids: tuple[int, ...] = ()  # acceptance runs stop a request at these ids
+    # Output tokens per request of the host-overhead loop runs (2 x B requests at C = B per
+    # profiled B, K = 0 and K = K_max); 0: do not measure the host overhead.
+    host_overhead_output_len: int = 32
 
     def __post_init__(self) -> None:
         def ints(name: str, values: tuple[int, ...], minimum: int) -> None:
@@ -93,6 +114,16 @@ class ProfileConfig:
         if self.fast_path not in FAST_PATH_KINDS:
             raise InputError(
                 f"fast_path: choose from {', '.join(FAST_PATH_KINDS)}, got {self.fast_path!r}"
+            )
+        if (
+            isinstance(self.host_overhead_output_len, bool)
+            or not isinstance(self.host_overhead_output_len, int)
+            or self.host_overhead_output_len < 0
+            or self.host_overhead_output_len == 1
+        ):
+            raise InputError(
+                "host_overhead_output_len: must be 0 (off) or an integer >= 2, got "
+                f"{self.host_overhead_output_len!r}"
             )
         if self.fast_path != "off" and self.temperature != 0:
             raise InputError(
@@ -310,6 +341,236 @@ def measure_acceptance(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class HostOverheadSample:
+    """One iteration of the engine loop, split into model forwards and the rest."""
+
+    batch_size: int  # B of the step (decode rows + prefill chunks)
+    has_spec: bool  # some decode row drafted K > 0
+    iteration_ms: float  # wall time of the whole loop iteration (what the wall clock advanced)
+    forward_ms: float  # time inside the model forwards of the step (engine.step + prefill)
+
+    @property
+    def overhead_ms(self) -> float:
+        return self.iteration_ms - self.forward_ms
+
+
+class ForwardTimer:
+    """Wraps one SpecDecodeEngine's `step` and `prefill` with a clock and sums their time.
+
+    The wrappers are instance attributes that shadow the methods, so the engine and the
+    executor are unchanged. On CUDA the device is synchronized before each clock read.
+    """
+
+    def __init__(self, engine: SpecDecodeEngine, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._device = engine.device
+        self._total_s = 0.0
+        inner_step = engine.step
+        inner_prefill = engine.prefill
+
+        def timed_step(slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
+            start_s = self._start()
+            result = inner_step(slot_ids, num_spec_tokens)
+            self._stop(start_s)
+            return result
+
+        def timed_prefill(slot_ids: IntArray, num_chunk_tokens: IntArray) -> IntArray:
+            start_s = self._start()
+            first_tokens = inner_prefill(slot_ids, num_chunk_tokens)
+            self._stop(start_s)
+            return first_tokens
+
+        engine.step = timed_step  # type: ignore[method-assign]
+        engine.prefill = timed_prefill  # type: ignore[method-assign]
+
+    def _start(self) -> float:
+        _device_sync(self._device)
+        return self._clock()
+
+    def _stop(self, start_s: float) -> None:
+        _device_sync(self._device)
+        self._total_s += self._clock() - start_s
+
+    def take_ms(self) -> float:
+        """Forward ms summed since the last call (and reset)."""
+        total_ms, self._total_s = self._total_s * 1000.0, 0.0
+        return total_ms
+
+
+class _ForwardTimedExecutor:
+    """An `Executor` that records, per step, B, whether it drafts, and its forward ms."""
+
+    def __init__(self, inner: Executor, take_forward_ms: Callable[[], float]) -> None:
+        self.inner = inner
+        self.take_forward_ms = take_forward_ms
+        # step_index -> (B, has_spec, forward ms)
+        self.records: dict[int, tuple[int, bool, float]] = {}
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        self.inner.add_request(req_id, spec)
+
+    def execute(self, batch: ScheduledBatch) -> StepOutcome:
+        self.take_forward_ms()  # drop anything timed outside a step
+        outcome = self.inner.execute(batch)
+        num_decode = batch.num_decode_reqs
+        has_spec = num_decode > 0 and int(batch.num_spec_tokens[:num_decode].max()) > 0
+        self.records[batch.step_index] = (batch.batch_size, has_spec, self.take_forward_ms())
+        return outcome
+
+
+def loop_host_samples(
+    executor: Executor,
+    take_forward_ms: Callable[[], float],
+    policy: KPolicy,
+    workload: Workload,
+    scheduler_config: SchedulerConfig,
+) -> list[HostOverheadSample]:
+    """Run `workload` through the engine loop with the wall clock; one sample per iteration.
+
+    `take_forward_ms()` returns the model-forward ms since its last call (a `ForwardTimer`'s
+    `take_ms`); iteration time is the wall time the loop advanced for the step.
+    """
+    timed = _ForwardTimedExecutor(executor, take_forward_ms)
+    capacity = max(64, 2 * min(scheduler_config.max_num_seqs, len(workload.requests)))
+    engine = Engine(
+        Scheduler(scheduler_config, capacity=capacity),
+        timed,
+        policy,
+        workload,
+        LoopConfig(clock="wall"),
+    )
+    steps = engine.run().steps
+    samples = []
+    for step_index, duration_s in zip(
+        steps["step_index"].tolist(), steps["duration_s"].tolist(), strict=True
+    ):
+        batch_size, has_spec, forward_ms = timed.records[int(step_index)]
+        samples.append(
+            HostOverheadSample(
+                batch_size=batch_size,
+                has_spec=has_spec,
+                iteration_ms=float(duration_s) * 1000.0,
+                forward_ms=forward_ms,
+            )
+        )
+    return samples
+
+
+def _fit_line(
+    batch_sizes: np.ndarray, medians_ms: np.ndarray, counts: np.ndarray
+) -> tuple[HostOverheadLine, np.ndarray]:
+    """Non-negative least squares of medians ~ intercept + per_row x B, weighted by sqrt(count).
+
+    One distinct B: no slope can be seen, so per_row is 0 and the intercept the weighted mean.
+    Returns the line and the residuals [groups].
+    """
+    weights = np.sqrt(counts.astype(np.float64))  # [G]
+    if np.unique(batch_sizes).size >= 2:
+        design = np.stack([np.ones_like(medians_ms), batch_sizes.astype(np.float64)], axis=1)
+    else:
+        design = np.ones((medians_ms.size, 1))  # [G, 1]
+    coef, _ = scipy.optimize.nnls(design * weights[:, None], medians_ms * weights)
+    fitted = design @ coef  # [G]
+    per_row = float(coef[1]) if coef.size > 1 else 0.0
+    return HostOverheadLine(intercept_ms=float(coef[0]), per_row_ms=per_row), medians_ms - fitted
+
+
+def fit_host_overhead(samples: Sequence[HostOverheadSample]) -> HostOverhead:
+    """Fit intercept + per_row x B per class (steps without / with drafts) -> HostOverhead.
+
+    Each (class, B) group is summarised by its median overhead (one slow iteration, e.g. a
+    garbage collection, must not tilt the line); the groups are fitted by non-negative least
+    squares weighted by their sample counts. A class with no samples takes the other's line.
+    `residual_ms` is the RMS of the group medians about their line.
+    """
+    if not samples:
+        raise ValueError("host overhead: no loop iterations to fit")
+    batch = np.array([s.batch_size for s in samples], dtype=np.int64)  # [S]
+    spec = np.array([s.has_spec for s in samples], dtype=bool)  # [S]
+    overhead = np.array([s.overhead_ms for s in samples], dtype=np.float64)  # [S]
+    if not np.all(np.isfinite(overhead)):
+        raise ValueError("host overhead: a sample is not finite")
+    lines: dict[bool, HostOverheadLine] = {}
+    residuals: list[np.ndarray] = []
+    for has_spec in (False, True):
+        mask = spec == has_spec
+        if not mask.any():
+            continue
+        group_b = np.unique(batch[mask])  # [G]
+        medians = np.array([np.median(overhead[mask & (batch == b)]) for b in group_b])  # [G]
+        counts = np.array([int((mask & (batch == b)).sum()) for b in group_b])  # [G]
+        lines[has_spec], group_residuals = _fit_line(group_b, medians, counts)
+        residuals.append(group_residuals)
+    plain = lines.get(False, lines.get(True))
+    drafting = lines.get(True, lines.get(False))
+    assert plain is not None and drafting is not None  # samples is non-empty
+    all_residuals = np.concatenate(residuals)  # [groups]
+    return HostOverhead(
+        plain=plain,
+        spec=drafting,
+        residual_ms=float(np.sqrt(np.mean(all_residuals**2))),
+        num_steps=len(samples),
+        max_batch_size=int(batch.max()),
+    )
+
+
+def measure_host_overhead(
+    target: Transformer,
+    draft: Draft | None,
+    config: ProfileConfig,
+    on_progress: ProgressCallback | None = None,
+) -> tuple[HostOverhead, list[HostOverheadSample]]:
+    """The loop runs of the module docstring -> (fitted model, raw samples).
+
+    Per profiled B and K in (0, K_max): 2 x B synthetic requests of min(context_lens) prompt
+    tokens and `host_overhead_output_len` output tokens (EOS ignored), closed loop at C = B,
+    max_num_seqs = B, a fresh TorchExecutor (the same fast path as the profile) each run.
+    """
+    output_len = config.host_overhead_output_len
+    prompt_len = min(config.context_lens)
+    k_max = config.k_max
+    max_model_len = prompt_len + output_len + k_max + 1
+    block_size = 16
+    samples: list[HostOverheadSample] = []
+    for batch_size in sorted(config.batch_sizes):
+        for k in (0, k_max):
+            workload = Workload(
+                name=f"host-overhead-B{batch_size}",
+                requests=tuple(
+                    RequestSpec(prompt_len=prompt_len, output_len=output_len)
+                    for _ in range(2 * batch_size)
+                ),
+                max_concurrency=batch_size,
+            )
+            scheduler_config = SchedulerConfig(
+                max_model_len=max_model_len,
+                num_kv_blocks=batch_size * -(-max_model_len // block_size),
+                k_max=k_max,
+                max_num_seqs=batch_size,
+                block_size=block_size,
+            )
+            executor = TorchExecutor(
+                target,
+                draft,
+                max_num_seqs=batch_size,
+                max_model_len=max_model_len,
+                k_max=k_max,
+                temperature=config.temperature,
+                seed=config.seed,
+                ignore_eos=True,
+                fast_path=config.fast_path,
+            )
+            timer = ForwardTimer(executor.engine, time.perf_counter)
+            samples += loop_host_samples(
+                executor, timer.take_ms, StaticPolicy(k), workload, scheduler_config
+            )
+            del executor, timer
+            if on_progress is not None:
+                on_progress(f"host overhead B={batch_size} K={k}")
+    return fit_host_overhead(samples), samples
+
+
 def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Device name, dtype, versions and date, for a profile's or report's metadata."""
     if device.type == "cuda":
@@ -379,6 +640,16 @@ def profile_pair(
         )
     rates = tuple(a / d for a, d in zip(counts.accepted_at_pos, counts.drafted_at_pos, strict=True))
     info = environment_metadata(engine.device, engine.dtype)
+    del engine  # free its KV cache before the loop runs build their own
+    host_overhead: HostOverhead | None = None
+    if config.host_overhead_output_len > 0:
+        host_overhead, _samples = measure_host_overhead(target, draft, config, on_progress)
+        info["host_overhead"] = {
+            "prompt_len": min(config.context_lens),
+            "output_len": config.host_overhead_output_len,
+            "requests_per_run": "2 x B",
+            "policies": ["static:0", f"static:{k_max}"],
+        }
     info.update(
         {
             "fast_path": config.fast_path,
@@ -406,5 +677,6 @@ def profile_pair(
         prefill=tuple(prefill),
         per_request_rates=counts.per_request_rates,
         temperature=config.temperature,
+        host_overhead=host_overhead,
         metadata=info,
     )

@@ -2,8 +2,10 @@
 
 A `Profile` holds what was measured of one (target, draft, device) setup: step latency points
 ITL(B, K, context), prefill points, per-position acceptance counts, per-request acceptance
-samples and metadata. It is data only: loading/validation is in `policies.profile_io`, fitting
-latency models is in `sim.latency`, the PR #32374 file format is in `backend.vllm`.
+samples, an optional measured host-overhead model of the engine loop, and metadata. It is data
+only: loading/validation is in `policies.profile_io`, fitting latency models is in `sim.latency`,
+fitting the host overhead is in `backend.profiler`, the PR #32374 file format is in
+`backend.vllm`.
 """
 
 from __future__ import annotations
@@ -41,6 +43,37 @@ class PrefillPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class HostOverheadLine:
+    """Host ms of one engine-loop iteration as a line in the step's batch size B."""
+
+    intercept_ms: float  # ms at B = 0 (the line's constant part); finite, >= 0
+    per_row_ms: float  # ms per scheduled request (per-row numpy work); finite, >= 0
+
+    def at(self, batch_size: int) -> float:
+        return self.intercept_ms + self.per_row_ms * batch_size
+
+
+@dataclass(frozen=True, slots=True)
+class HostOverhead:
+    """Measured host time per step of the real engine loop that the step timing does not see.
+
+    Per iteration: loop wall time minus the model forwards' time (scheduler plan/commit/update,
+    policy choose_k/observe, metrics, the executor's Python bookkeeping, SimPy). Fitted per
+    class of step by `backend.profiler`; `docs/formats.md` has the JSON form.
+    """
+
+    plain: HostOverheadLine  # steps where no row drafts (every K = 0, prefill-only steps)
+    spec: HostOverheadLine  # steps where some decode row drafts (K > 0)
+    residual_ms: float  # RMS of the per-(class, B) medians about their line, ms; >= 0
+    num_steps: int  # loop iterations behind the fit, >= 1
+    max_batch_size: int  # largest B measured, >= 1 (beyond it the line extrapolates)
+
+    def overhead_ms(self, batch_size: int, has_spec: bool) -> float:
+        """Host ms of one step of `batch_size` rows; `has_spec`: some row drafts K > 0."""
+        return (self.spec if has_spec else self.plain).at(batch_size)
+
+
+@dataclass(frozen=True, slots=True)
 class Profile:
     """Everything dsd knows about one (target, draft, device) setup."""
 
@@ -53,6 +86,9 @@ class Profile:
     # per-request samples: each request's own unconditional per-position rates (len <= k_max)
     per_request_rates: tuple[tuple[float, ...], ...] = ()
     temperature: float = 0.0
+    # measured host time per step of the real engine loop; None: not measured (older profiles,
+    # PR #32374 files)
+    host_overhead: HostOverhead | None = None
     metadata: dict[str, Any] = field(default_factory=dict)  # models, device, versions, command...
 
     def batch_sizes(self) -> list[int]:

@@ -10,11 +10,13 @@ Every problem is an `InputError` with one line naming the file and the field
 (`profile.json: batch_stats['4']['1']: ITL must be finite and > 0, got -1`). The checks are
 what the table latency model and the goodput policy need: finite positive ITL; integer B >= 1
 and K >= 0; B = 1 profiled; K = 0, 1 and K_max profiled at every profiled B; K_max rates in
-[0, 1], non-increasing (they are unconditional); accepted <= drafted counts.
+[0, 1], non-increasing (they are unconditional); accepted <= drafted counts; the optional
+`host_overhead` model (native only): finite ms >= 0, integer counts >= 1.
 
 `save_profile` writes the native form atomically (temp file + os.replace);
 `profile_to_pr32374` / `save_pr32374` write the PR's form (ITL averaged over context lengths,
-per-request samples and prefill points dropped, since that format has no place for them).
+per-request samples, prefill points and the host overhead dropped, since that format has no
+place for them).
 
 This module does not fit or interpolate anything (see `policies.goodput`, `sim`).
 """
@@ -30,7 +32,13 @@ from typing import Any
 
 from policies.atomic import atomic_write_text
 from policies.errors import InputError
-from policies.profile import LatencyPoint, PrefillPoint, Profile
+from policies.profile import (
+    HostOverhead,
+    HostOverheadLine,
+    LatencyPoint,
+    PrefillPoint,
+    Profile,
+)
 from policies.user_files import parse_user_json, read_user_text
 
 NATIVE_FORMAT = "dsd-profile"
@@ -321,6 +329,9 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
             raise reader.fail(path, f"has {len(sample)} positions, more than k_max={k_max}")
         per_request.append(sample)
 
+    raw_overhead = data.get("host_overhead")
+    host_overhead = None if raw_overhead is None else _parse_host_overhead(reader, raw_overhead)
+
     return Profile(
         k_max=k_max,
         latency=latency,
@@ -330,8 +341,55 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         prefill=tuple(prefill),
         per_request_rates=tuple(per_request),
         temperature=temperature,
+        host_overhead=host_overhead,
         metadata=metadata,
     )
+
+
+def _nonnegative_ms(reader: _Reader, entry: Mapping[str, Any], key: str, field_path: str) -> float:
+    path = f"{field_path}.{key}"
+    value = reader.require(entry, key, field_path)
+    number = reader.number(value, path)
+    if not math.isfinite(number) or number < 0:
+        raise reader.fail(path, f"must be finite and >= 0 ms, got {_short(value)}")
+    return number
+
+
+def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
+    """The optional measured host-overhead model (see docs/formats.md)."""
+    entry = reader.obj(raw, "host_overhead")
+    lines: dict[str, HostOverheadLine] = {}
+    for kind in ("plain", "spec"):
+        path = f"host_overhead.{kind}"
+        line = reader.obj(reader.require(entry, kind, "host_overhead"), path)
+        lines[kind] = HostOverheadLine(
+            intercept_ms=_nonnegative_ms(reader, line, "intercept_ms", path),
+            per_row_ms=_nonnegative_ms(reader, line, "per_row_ms", path),
+        )
+    return HostOverhead(
+        plain=lines["plain"],
+        spec=lines["spec"],
+        residual_ms=_nonnegative_ms(reader, entry, "residual_ms", "host_overhead"),
+        num_steps=reader.integer(
+            reader.require(entry, "num_steps", "host_overhead"), "host_overhead.num_steps", 1
+        ),
+        max_batch_size=reader.integer(
+            reader.require(entry, "max_batch_size", "host_overhead"),
+            "host_overhead.max_batch_size",
+            1,
+        ),
+    )
+
+
+def host_overhead_to_native(model: HostOverhead) -> dict[str, Any]:
+    """The native JSON object of a host-overhead model (inverse of reading it)."""
+    return {
+        "plain": {"intercept_ms": model.plain.intercept_ms, "per_row_ms": model.plain.per_row_ms},
+        "spec": {"intercept_ms": model.spec.intercept_ms, "per_row_ms": model.spec.per_row_ms},
+        "residual_ms": model.residual_ms,
+        "num_steps": model.num_steps,
+        "max_batch_size": model.max_batch_size,
+    }
 
 
 def _parse_counts(
@@ -409,7 +467,7 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
         if prefill_point.n is not None:
             prefill_entry["n"] = prefill_point.n
         prefill.append(prefill_entry)
-    return {
+    native: dict[str, Any] = {
         "format": NATIVE_FORMAT,
         "version": NATIVE_VERSION,
         "metadata": dict(profile.metadata),
@@ -420,6 +478,10 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
         "acceptance": acceptance,
         "per_request_rates": [list(sample) for sample in profile.per_request_rates],
     }
+    # Written only when measured, so a profile without it stays byte-identical to before.
+    if profile.host_overhead is not None:
+        native["host_overhead"] = host_overhead_to_native(profile.host_overhead)
+    return native
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:

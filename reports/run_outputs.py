@@ -69,6 +69,8 @@ def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]
             "prefill_source": latency.prefill_source,
             "acceptance_model": config.acceptance_model,
             "host_overhead_ms": config.host_overhead_ms,
+            # "measured" (the profile's model), "flag" (the constant above) or "none"
+            "host_overhead_source": resolved.host_overhead_source,
             "num_preemptions": run.num_preemptions,
             "seed": config.seed,
         }

@@ -5,11 +5,12 @@ and an `AcceptanceModel` (how many drafts each decode row accepts). Per step it 
 acceptance state of finished requests, samples accepted counts for the decode rows at their
 output positions and K, and returns `StepOutcome(duration_s, num_accepted)`.
 
-Duration = latency_model.step_ms(batch) + host_overhead_ms, times an optional multiplicative
+Duration = latency_model.step_ms(batch) + host overhead, times an optional multiplicative
 lognormal noise exp(sigma * Z) with its own generator (off by default). The noise has median 1,
-because profiles record median step latency. `host_overhead_ms` is host time the profile did not
-see (e.g. an engine loop slower than the profiler's); profiled ITL already includes the
-profiler's own host work, so the default is 0.
+because profiles record median step latency. The host overhead is host time of the engine loop
+that the profiled step timing does not see (scheduler, policy, metrics, bookkeeping): either a
+constant `host_overhead_ms` or a measured `policies.profile.HostOverhead` model, which charges
+intercept + per_row x B by whether any decode row drafts (K > 0). Default: none (0).
 
 What this does not do: decide anything about scheduling (the scheduler), stop early on EOS
 (simulated requests run to max_tokens; `stop_index` stays None), or touch torch.
@@ -23,7 +24,7 @@ from typing import Literal
 
 import numpy as np
 
-from policies.profile import Profile
+from policies.profile import HostOverhead, Profile
 from sim.acceptance import (
     HeterogeneousAcceptance,
     PerPositionAcceptance,
@@ -56,12 +57,18 @@ class FittedExecutor:
         acceptance: AcceptanceModel,
         host_overhead_ms: float = 0.0,
         jitter: LatencyJitter | None = None,
+        host_overhead_model: HostOverhead | None = None,
     ) -> None:
+        """`host_overhead_ms`: a constant added to every step; `host_overhead_model`: the
+        measured model instead (giving both is an error: which one applies would be a guess)."""
         if not (math.isfinite(host_overhead_ms) and host_overhead_ms >= 0):
             raise ValueError(f"host_overhead_ms must be finite and >= 0, got {host_overhead_ms}")
+        if host_overhead_model is not None and host_overhead_ms != 0:
+            raise ValueError("give host_overhead_ms or host_overhead_model, not both")
         self.latency = latency
         self.acceptance = acceptance
         self.host_overhead_ms = float(host_overhead_ms)
+        self.host_overhead_model = host_overhead_model
         self.jitter_sigma = jitter.sigma if jitter is not None else 0.0
         self._jitter_rng = np.random.default_rng(jitter.seed) if jitter is not None else None
 
@@ -87,7 +94,7 @@ class FittedExecutor:
                 f"step {batch.step_index}: acceptance model returned accepted counts outside "
                 f"[0, K]: {num_accepted.tolist()} for K {decode_ks.tolist()}"
             )
-        step_ms = self.latency.step_ms(batch) + self.host_overhead_ms
+        step_ms = self.latency.step_ms(batch) + self._host_ms(batch)
         if self._jitter_rng is not None and self.jitter_sigma > 0:
             step_ms *= math.exp(self.jitter_sigma * float(self._jitter_rng.standard_normal()))
         if not (math.isfinite(step_ms) and step_ms > 0):
@@ -95,6 +102,14 @@ class FittedExecutor:
         return StepOutcome(
             duration_s=step_ms / 1000.0, num_accepted=num_accepted.astype(np.int64, copy=False)
         )
+
+    def _host_ms(self, batch: ScheduledBatch) -> float:
+        model = self.host_overhead_model
+        if model is None:
+            return self.host_overhead_ms
+        num_decode = batch.num_decode_reqs
+        has_spec = num_decode > 0 and int(batch.num_spec_tokens[:num_decode].max()) > 0
+        return model.overhead_ms(batch.batch_size, has_spec)
 
 
 AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]
@@ -108,6 +123,7 @@ def build_fitted_executor(
     k_max: int | None = None,
     host_overhead_ms: float = 0.0,
     jitter_sigma: float = 0.0,
+    host_overhead_model: HostOverhead | None = None,
 ) -> FittedExecutor:
     """The usual wiring: latency from `fit_latency_model`, acceptance from the profile's rates
     ("replay": the bundled recording at its default exit layer). `seed` is split into one stream
@@ -124,4 +140,10 @@ def build_fitted_executor(
     else:
         raise ValueError(f"unknown acceptance kind {acceptance_kind!r}")
     jitter = LatencyJitter(jitter_sigma, jitter_seed) if jitter_sigma > 0 else None
-    return FittedExecutor(latency, acceptance, host_overhead_ms=host_overhead_ms, jitter=jitter)
+    return FittedExecutor(
+        latency,
+        acceptance,
+        host_overhead_ms=host_overhead_ms,
+        jitter=jitter,
+        host_overhead_model=host_overhead_model,
+    )

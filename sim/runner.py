@@ -20,6 +20,10 @@ Speed for many calls (sweeps, validation): profiles, fitted latency models and t
 recording are cached per process, keyed by the file's resolved path, size and mtime (a
 parametric fit is tens of milliseconds; a sweep runs hundreds of cells).
 
+Host overhead per step (`host_overhead_ms`): a number is a constant added to every step (source
+"flag"); None (the default) uses the profile's measured `HostOverhead` model when it has one
+(source "measured"), else nothing (source "none"). The source goes into the resolved config.
+
 Ablation switches (for the fidelity report, docs/fidelity.md) are ordinary fields:
 `prefill_cost="free"` charges nothing for prompt tokens; `fixed_batch_size=C` charges every
 decode step and shows the policy B = C whatever the real batch is (no closed-loop fluctuation).
@@ -45,8 +49,8 @@ import numpy.typing as npt
 import simpy
 
 from policies.errors import InputError
-from policies.profile import Profile
-from policies.profile_io import load_profile
+from policies.profile import HostOverhead, Profile
+from policies.profile_io import host_overhead_to_native, load_profile
 from policies.spec import MAX_NUM_SEQS, parse_policy
 from policies.types import IntArray, KPolicy, SchedulingMode, StepFeedback, StepView
 from sim.acceptance import (
@@ -77,6 +81,7 @@ from traces.rollout import RolloutConfig
 from traces.workload import Workload
 
 PrefillCostMode = Literal["profile", "free"]
+HostOverheadSource = Literal["measured", "flag", "none"]
 FloatArray = npt.NDArray[np.float64]
 
 LATENCY_MODEL_KINDS: tuple[str, ...] = ("auto", "table", "parametric")
@@ -187,8 +192,9 @@ class SimulationConfig:
     # Acceptance model: "heterogeneous" (requests differ), "per-position" (all alike), "replay"
     # (the bundled recorded match sequences).
     acceptance_model: AcceptanceKind = "heterogeneous"
-    # Host time per step that the profile did not see, ms, >= 0 (added to every step).
-    host_overhead_ms: float = 0.0
+    # Host time per step that the profile's step timing did not see, ms, >= 0, added to every
+    # step; None: the profile's measured host-overhead model if it has one, else 0.
+    host_overhead_ms: float | None = None
     # Lognormal step-latency noise sigma (0: none); duration *= exp(sigma * Z).
     jitter_sigma: float = 0.0
     # Ablation: "profile" charges prompt tokens from the profile; "free" charges nothing for them.
@@ -245,7 +251,8 @@ class SimulationConfig:
                 f"acceptance_model: choose from {', '.join(ACCEPTANCE_MODEL_KINDS)}, "
                 f"got {self.acceptance_model!r}"
             )
-        _check_float("host_overhead_ms", self.host_overhead_ms, minimum=0.0)
+        if self.host_overhead_ms is not None:
+            _check_float("host_overhead_ms", self.host_overhead_ms, minimum=0.0)
         _check_float("jitter_sigma", self.jitter_sigma, minimum=0.0)
         if self.prefill_cost not in PREFILL_COST_MODES:
             raise InputError(
@@ -388,6 +395,11 @@ class ResolvedSimulation:
     block_size: int  # tokens per KV block
     latency: TableLatencyModel | ParametricLatencyModel  # the fitted decode + prefill model
     latency_kind: str  # "table" or "parametric": what "auto" chose
+    # Where the per-step host overhead comes from: "flag" (config.host_overhead_ms, a
+    # constant), "measured" (the profile's model), "none" (neither: 0).
+    host_overhead_source: HostOverheadSource = "none"
+    host_overhead_ms: float = 0.0  # the constant when the source is "flag", else 0
+    host_overhead_model: HostOverhead | None = None  # the model when the source is "measured"
 
 
 def resolve(config: SimulationConfig) -> ResolvedSimulation:
@@ -444,6 +456,7 @@ def resolve(config: SimulationConfig) -> ResolvedSimulation:
         context_latency=context_latency_fn(latency),
     )
     latency_kind = "table" if isinstance(latency, TableLatencyModel) else "parametric"
+    host_source, host_ms, host_model = resolve_host_overhead(config, profile)
     return ResolvedSimulation(
         config=config,
         profile=profile,
@@ -455,7 +468,21 @@ def resolve(config: SimulationConfig) -> ResolvedSimulation:
         block_size=block_size,
         latency=latency,
         latency_kind=latency_kind,
+        host_overhead_source=host_source,
+        host_overhead_ms=host_ms,
+        host_overhead_model=host_model,
     )
+
+
+def resolve_host_overhead(
+    config: SimulationConfig, profile: Profile
+) -> tuple[HostOverheadSource, float, HostOverhead | None]:
+    """(source, constant ms, measured model): the flag wins, then the profile's model."""
+    if config.host_overhead_ms is not None:
+        return "flag", float(config.host_overhead_ms), None
+    if profile.host_overhead is not None:
+        return "measured", 0.0, profile.host_overhead
+    return "none", 0.0, None
 
 
 def sim_seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
@@ -579,8 +606,9 @@ def build_engine(resolved: ResolvedSimulation, engine_config: EngineConfig | Non
             streams["acceptance"],
             config.category_acceptance,
         ),
-        host_overhead_ms=float(config.host_overhead_ms),
+        host_overhead_ms=resolved.host_overhead_ms,
         jitter=jitter,
+        host_overhead_model=resolved.host_overhead_model,
     )
     return Engine(scheduler, executor, policy, resolved.workload, engine_config)
 
@@ -636,6 +664,17 @@ def latency_description(resolved: ResolvedSimulation) -> dict[str, Any]:
     return info
 
 
+def host_overhead_description(resolved: ResolvedSimulation) -> dict[str, Any]:
+    """Which host overhead a run charged per step: its source and the constant or the model."""
+    info: dict[str, Any] = {"source": resolved.host_overhead_source}
+    model = resolved.host_overhead_model
+    if model is not None:
+        info["model"] = host_overhead_to_native(model)
+    else:
+        info["ms"] = resolved.host_overhead_ms
+    return info
+
+
 def resolved_config_dict(
     config: SimulationConfig, resolved: ResolvedSimulation | None = None
 ) -> dict[str, Any]:
@@ -666,6 +705,7 @@ def resolved_config_dict(
             "num_requests": len(resolved.workload.requests),
             "workload_name": resolved.workload.name,
             "latency_model": latency_description(resolved),
+            "host_overhead": host_overhead_description(resolved),
         },
         "seeds": {
             "seed": config.seed,

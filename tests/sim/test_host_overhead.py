@@ -1,0 +1,121 @@
+"""Host overhead per step in the simulator: the measured model, the flag, and their record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_executor import RecordingAcceptance, h100_profile, make_batch
+from test_runner import write_flat_profile, write_workload_file
+
+from policies.profile import HostOverhead, HostOverheadLine
+from reports.run_outputs import bench_result
+from sim.executor import FittedExecutor
+from sim.latency import TableLatencyModel
+from sim.runner import SimulationConfig, build_engine, resolve, resolved_config_dict
+
+MODEL = HostOverhead(
+    plain=HostOverheadLine(intercept_ms=1.0, per_row_ms=0.5),
+    spec=HostOverheadLine(intercept_ms=2.0, per_row_ms=0.25),
+    residual_ms=0.01,
+    num_steps=100,
+    max_batch_size=8,
+)
+
+
+@pytest.mark.parametrize(
+    ("decode_ks", "num_prefill", "expected_host_ms"),
+    [
+        ([2, 2, 2], 0, 2.0 + 0.25 * 3),  # every row drafts: the spec line at B = 3
+        ([0, 0], 0, 1.0 + 0.5 * 2),  # plain decoding: the plain line at B = 2
+        ([0, 3], 0, 2.0 + 0.25 * 2),  # one row drafts: the step is a drafting step
+        ([], 2, 1.0 + 0.5 * 2),  # prefill only: plain, B counts the prefill rows
+        ([1], 3, 2.0 + 0.25 * 4),  # decode + prefill chunks: B = 4 rows in all
+    ],
+)
+def test_measured_model_adds_its_line_at_the_step_batch_size(
+    decode_ks: list[int], num_prefill: int, expected_host_ms: float
+) -> None:
+    latency = TableLatencyModel(h100_profile())
+    bare = FittedExecutor(latency, RecordingAcceptance())
+    measured = FittedExecutor(latency, RecordingAcceptance(), host_overhead_model=MODEL)
+    batch = make_batch(
+        0, list(range(len(decode_ks))), decode_ks, prefill_ids=list(range(10, 10 + num_prefill))
+    )
+    delta_ms = (measured.execute(batch).duration_s - bare.execute(batch).duration_s) * 1000.0
+    assert delta_ms == pytest.approx(expected_host_ms)
+
+
+def test_constant_and_model_together_are_refused() -> None:
+    latency = TableLatencyModel(h100_profile())
+    with pytest.raises(ValueError, match="not both"):
+        FittedExecutor(
+            latency, RecordingAcceptance(), host_overhead_ms=0.5, host_overhead_model=MODEL
+        )
+
+
+def write_measured_profile(path: Path, itl_ms: float) -> Path:
+    """A native profile with flat ITL `itl_ms` (every B, K) and the MODEL's host overhead."""
+    data: dict[str, Any] = {
+        "format": "dsd-profile",
+        "version": 1,
+        "k_max": 2,
+        "latency": [
+            {"batch_size": b, "num_spec_tokens": k, "median_ms": itl_ms}
+            for b in (1, 4)
+            for k in (0, 1, 2)
+        ],
+        "acceptance": {"rates": [0.5, 0.25]},
+        "host_overhead": {
+            "plain": {"intercept_ms": 1.0, "per_row_ms": 0.5},
+            "spec": {"intercept_ms": 2.0, "per_row_ms": 0.25},
+            "residual_ms": 0.01,
+            "num_steps": 100,
+            "max_batch_size": 8,
+        },
+    }
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("measured", "flag_ms", "source", "tpot_ms"),
+    [
+        (True, None, "measured", 10.0 + 1.0 + 0.5),  # the profile's plain line at B = 1
+        (True, 2.5, "flag", 12.5),  # the flag overrides the measured model
+        (True, 0.0, "flag", 10.0),  # an explicit 0 is a flag too, not "use the model"
+        (False, None, "none", 10.0),  # nothing measured, nothing asked: no overhead
+        (False, 2.5, "flag", 12.5),  # the flag on a profile without a model
+    ],
+)
+def test_runner_resolves_the_host_overhead_source(
+    tmp_path: Path, measured: bool, flag_ms: float | None, source: str, tpot_ms: float
+) -> None:
+    profile = (
+        write_measured_profile(tmp_path / "p.json", itl_ms=10.0)
+        if measured
+        else write_flat_profile(tmp_path / "p.json", itl_ms=10.0)
+    )
+    workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
+    config = SimulationConfig(
+        profile=str(profile),
+        policy="static:0",
+        dataset=str(workload),
+        max_concurrency=1,
+        host_overhead_ms=flag_ms,
+    )
+    resolved = resolve(config)
+    assert resolved.host_overhead_source == source
+    run = build_engine(resolved).run()
+    # C = 1, K = 0: every step is a plain step of B = 1, prefill included (flat 10 ms).
+    assert run.metrics["mean_tpot_ms"] == pytest.approx(tpot_ms)
+    assert run.metrics["mean_ttft_ms"] == pytest.approx(tpot_ms)
+    record = resolved_config_dict(config, resolved)["resolved"]["host_overhead"]
+    assert record["source"] == source
+    if source == "measured":
+        assert record["model"]["plain"] == {"intercept_ms": 1.0, "per_row_ms": 0.5}
+    else:
+        assert record["ms"] == (flag_ms or 0.0)
+    assert bench_result(run, resolved)["host_overhead_source"] == source
