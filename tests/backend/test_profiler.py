@@ -114,3 +114,185 @@ def test_profile_config_rejects_bad_values(overrides, message: str) -> None:
 def test_profile_needs_a_draft(target) -> None:
     with pytest.raises(InputError, match="draft"):
         profile_pair(target, None, small_config(), prompts(), [10] * 5)
+
+
+# ---------------------------------------------------------------- host overhead of the loop
+
+
+class FakeClock:
+    """A clock that moves only when told to: makes loop timings exact."""
+
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance_ms(self, ms: float) -> None:
+        self.now_s += ms / 1000.0
+
+
+def true_host_ms(batch_size: int, has_spec: bool) -> float:
+    """The known overhead the fit must recover: plain 0.3 + 0.05 B, drafting 0.5 + 0.125 B."""
+    return 0.5 + 0.125 * batch_size if has_spec else 0.3 + 0.05 * batch_size
+
+
+class ClockedPolicy:
+    """static:k that spends the known host time of the step on the fake clock (in choose_k)."""
+
+    def __init__(self, k: int, clock: FakeClock) -> None:
+        self.k = k
+        self.clock = clock
+
+    def choose_k(self, view) -> int:
+        has_spec = self.k > 0 and view.num_decode_reqs > 0
+        self.clock.advance_ms(true_host_ms(view.batch_size, has_spec))
+        return self.k
+
+    def observe(self, feedback) -> None:
+        pass
+
+
+class ClockedExecutor:
+    """Accepts nothing; its 'forward' costs 1 + 0.5 B + 0.25 K ms on the fake clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.forward_ms = 0.0
+
+    def add_request(self, req_id, spec) -> None:
+        pass
+
+    def execute(self, batch):
+        from sim.types import StepOutcome
+
+        num_decode = batch.num_decode_reqs
+        cost_ms = 1.0 + 0.5 * batch.batch_size + 0.25 * int(batch.num_spec_tokens.max(initial=0))
+        self.clock.advance_ms(cost_ms)
+        self.forward_ms += cost_ms
+        return StepOutcome(duration_s=cost_ms / 1000.0, num_accepted=np.zeros(num_decode, np.int64))
+
+    def take_forward_ms(self) -> float:
+        value, self.forward_ms = self.forward_ms, 0.0
+        return value
+
+
+def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
+    import types
+
+    import sim.engine
+    from backend.profiler import fit_host_overhead, loop_host_samples
+    from sim.scheduler import SchedulerConfig
+    from traces.workload import RequestSpec, Workload
+
+    clock = FakeClock()
+    # The loop's wall clock reads the fake clock: iteration time = host + forward, exactly.
+    monkeypatch.setattr(sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    samples = []
+    for batch_size in (1, 3, 6):
+        for k in (0, 2):
+            executor = ClockedExecutor(clock)
+            workload = Workload(
+                name="w",
+                requests=tuple(
+                    RequestSpec(prompt_len=8, output_len=6) for _ in range(2 * batch_size)
+                ),
+                max_concurrency=batch_size,
+            )
+            config = SchedulerConfig(
+                max_model_len=32, num_kv_blocks=batch_size * 2, k_max=2, max_num_seqs=batch_size
+            )
+            samples += loop_host_samples(
+                executor, executor.take_forward_ms, ClockedPolicy(k, clock), workload, config
+            )
+    for sample in samples:
+        assert sample.overhead_ms == pytest.approx(true_host_ms(sample.batch_size, sample.has_spec))
+    model = fit_host_overhead(samples)
+    assert model.plain.intercept_ms == pytest.approx(0.3)
+    assert model.plain.per_row_ms == pytest.approx(0.05)
+    assert model.spec.intercept_ms == pytest.approx(0.5)
+    assert model.spec.per_row_ms == pytest.approx(0.125)
+    assert model.residual_ms == pytest.approx(0.0, abs=1e-9)
+    assert model.num_steps == len(samples)
+    assert model.max_batch_size == 6
+
+
+def _sample(batch_size: int, has_spec: bool, overhead_ms: float):
+    from backend.profiler import HostOverheadSample
+
+    return HostOverheadSample(batch_size, has_spec, iteration_ms=5.0 + overhead_ms, forward_ms=5.0)
+
+
+def test_fit_ignores_a_slow_outlier_iteration_per_batch_size() -> None:
+    from backend.profiler import fit_host_overhead
+
+    samples = []
+    for batch_size in (1, 2, 4, 8):
+        samples += [_sample(batch_size, False, 0.2 + 0.1 * batch_size)] * 4
+        samples.append(_sample(batch_size, False, 50.0))  # e.g. a garbage collection
+        samples += [_sample(batch_size, True, 0.4 + 0.2 * batch_size)] * 4
+    model = fit_host_overhead(samples)
+    assert (model.plain.intercept_ms, model.plain.per_row_ms) == pytest.approx((0.2, 0.1))
+    assert (model.spec.intercept_ms, model.spec.per_row_ms) == pytest.approx((0.4, 0.2))
+
+
+@pytest.mark.parametrize(
+    ("points", "expected_plain", "expected_spec"),
+    [
+        # one B only: no slope can be seen, intercept = the median
+        ([(4, False, 0.7), (4, True, 0.9)], (0.7, 0.0), (0.9, 0.0)),
+        # only plain steps: the drafting line copies the plain one
+        ([(1, False, 0.3), (3, False, 0.5)], (0.2, 0.1), (0.2, 0.1)),
+        # overhead falling with B: the least-squares slope would be < 0, clipped to 0
+        ([(1, False, 0.5), (4, False, 0.2)], None, None),
+    ],
+)
+def test_fit_edge_cases(points, expected_plain, expected_spec) -> None:
+    from backend.profiler import fit_host_overhead
+
+    model = fit_host_overhead([_sample(b, s, ms) for b, s, ms in points])
+    if expected_plain is None:
+        assert model.plain.per_row_ms == 0.0 and model.plain.intercept_ms > 0
+        return
+    assert (model.plain.intercept_ms, model.plain.per_row_ms) == pytest.approx(expected_plain)
+    assert (model.spec.intercept_ms, model.spec.per_row_ms) == pytest.approx(expected_spec)
+
+
+def test_fit_refuses_no_samples() -> None:
+    from backend.profiler import fit_host_overhead
+
+    with pytest.raises(ValueError, match="no loop iterations"):
+        fit_host_overhead([])
+
+
+def test_real_loop_samples_cover_both_classes_and_are_positive(target) -> None:
+    from backend.profiler import measure_host_overhead
+
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    config = small_config(host_overhead_output_len=6)
+    model, samples = measure_host_overhead(target, draft, config)
+    # Forward intervals lie inside the iteration interval on the same clock (CPU: no sync).
+    assert all(s.overhead_ms > 0 and s.forward_ms > 0 for s in samples)
+    assert {s.has_spec for s in samples} == {False, True}
+    assert {s.batch_size for s in samples} >= {1, 3}
+    assert model.num_steps == len(samples) and model.max_batch_size == 3
+
+
+def test_profile_carries_the_host_overhead_unless_off(target, tmp_path) -> None:
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    measured = profile_pair(
+        target, draft, small_config(host_overhead_output_len=4), prompts(2), [6, 6]
+    )
+    assert measured.host_overhead is not None
+    assert measured.metadata["host_overhead"]["output_len"] == 4
+    path = tmp_path / "p.json"
+    save_profile(measured, path)
+    assert load_profile(path).host_overhead == measured.host_overhead
+    off = profile_pair(target, draft, small_config(host_overhead_output_len=0), prompts(2), [6, 6])
+    assert off.host_overhead is None
+
+
+@pytest.mark.parametrize("value", [-1, 1, 2.5, True])  # negative; one token; not an integer; bool
+def test_bad_host_overhead_output_len_is_refused(value) -> None:
+    with pytest.raises(InputError, match="host_overhead_output_len"):
+        small_config(host_overhead_output_len=value)
