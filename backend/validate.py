@@ -8,6 +8,8 @@ A **cell** is one (policy SPEC, max concurrency C). For every cell:
   the same `sim.runner.build_engine` call as the simulator's, so limits (max_num_seqs = C,
   max_model_len, KV pool, token budget), K policy and workload are identical, and the seed is
   the same. Requests ignore EOS (like `vllm bench serve --ignore-eos`) so output lengths match.
+  The simulator charges the profile's measured host overhead per step unless the config sets
+  `host_overhead_ms` (`CellResult.host_overhead_source` says which).
 
 `validate_against_vllm` does the simulator half for a `vllm bench serve --save-result` file: its
 per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
@@ -71,6 +73,9 @@ class CellResult:
     simulated: dict[str, Any]  # vLLM-keyed metrics of the simulator
     measured_steps: Any = None  # pandas step table of the real run (None for a vLLM file)
     simulated_steps: Any = None  # pandas step table of the simulator
+    # Host overhead the simulator charged per step: "measured" (the profile's model), "flag"
+    # (a constant host_overhead_ms) or "none"
+    host_overhead_source: str = "none"
 
     def error_pct(self, key: str) -> float:
         """(simulated - measured) / measured * 100; NaN when either is missing or measured 0."""
@@ -179,6 +184,7 @@ def compare_cell(
         simulated=dict(simulated.metrics),
         measured_steps=measured.steps,
         simulated_steps=simulated.steps,
+        host_overhead_source=resolved.host_overhead_source,
     )
 
 
@@ -357,4 +363,5 @@ def validate_against_vllm(result: VllmBenchResult, config: SimulationConfig) -> 
         simulated=dict(simulated.metrics),
         measured_steps=None,
         simulated_steps=simulated.steps,
+        host_overhead_source=resolved.host_overhead_source,
     )

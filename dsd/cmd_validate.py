@@ -143,6 +143,7 @@ def run_profile(
     out: str,
     file_format: str,
     show_progress: bool = True,
+    host_overhead_output_len: int = 32,
 ) -> Any:
     """Measure and write a profile; returns the Profile."""
     from backend.profiler import ProfileConfig, profile_pair, synthetic_ids
@@ -165,6 +166,7 @@ def run_profile(
         prefill_token_counts=_int_list(prefill_tokens, "--prefill-tokens", 1),
         num_warmup=warmup,
         num_iters=iters,
+        host_overhead_output_len=host_overhead_output_len,
         acceptance_output_len=output_len,
         temperature=temperature,
         seed=seed,
@@ -194,6 +196,7 @@ def run_profile(
         len(config.batch_sizes) * len(config.spec_tokens) * len(config.context_lens)
         + len(config.prefill_token_counts)
         + len(prompts)
+        + (2 * len(config.batch_sizes) if config.host_overhead_output_len > 0 else 0)
     )
     metadata = {
         "target": target,
@@ -246,7 +249,7 @@ def run_validate_cells(
     scheduling: str,
     latency_model: str,
     acceptance_model: str,
-    host_overhead_ms: float,
+    host_overhead_ms: float | None,
     fast_path: str,
     out: str,
     show_progress: bool = True,
@@ -333,6 +336,7 @@ def run_validate_cells(
         "latency_model": latency_model,
         "acceptance_model": acceptance_model,
         "host_overhead_ms": host_overhead_ms,
+        "host_overhead_source": configs[0].host_overhead_source,
         "fast_path": fast_path,
         "ignore_eos": True,
         **_versions_and_device(target_model, dtype),
@@ -346,6 +350,7 @@ def run_validate_cells(
                 "max_model_len": r.max_model_len,
                 "num_kv_blocks": r.num_kv_blocks,
                 "latency_model": r.latency_kind,
+                "host_overhead_source": r.host_overhead_source,
             }
             for r in configs
         ],
@@ -364,7 +369,7 @@ def run_validate_vllm(
     scheduling: str,
     latency_model: str,
     acceptance_model: str,
-    host_overhead_ms: float,
+    host_overhead_ms: float | None,
     out: str | None,
 ) -> Any:
     """The simulator against a vLLM bench result file; writes a report when out is given."""
@@ -398,6 +403,8 @@ def run_validate_vllm(
                 "seed": seed,
                 "request_rate": "inf" if math.isinf(result.request_rate) else result.request_rate,
                 "burstiness": result.burstiness,
+                "host_overhead_ms": host_overhead_ms,
+                "host_overhead_source": cell.host_overhead_source,
                 "num_requests": len(result.workload.requests),
                 "vllm_run": result.info,
             },
@@ -407,6 +414,8 @@ def run_validate_vllm(
 
 
 def _print_cells(cells: Sequence[Any]) -> None:
+    sources = sorted({cell.host_overhead_source for cell in cells})
+    typer.echo(f"simulator host overhead per step: {', '.join(sources)}")
     for cell in cells:
         typer.echo(
             f"{cell.policy:>16} C={cell.max_concurrency}: mean TPOT measured "
@@ -434,6 +443,9 @@ def register(app: typer.Typer) -> None:
         num_prompts: Annotated[int | None, typer.Option(help="Prompts to run.")] = None,
         output_len: Annotated[int | None, typer.Option(help="Output tokens per prompt.")] = None,
         warmup: Annotated[int, typer.Option(help="Untimed steps per point.")] = 3,
+        host_overhead_output_len: Annotated[
+            int, typer.Option(help="Output tokens per request of the loop runs (0: skip).")
+        ] = 32,
         iters: Annotated[int, typer.Option(help="Timed steps per point.")] = 10,
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
@@ -457,6 +469,7 @@ def register(app: typer.Typer) -> None:
             output_len=output_len,
             warmup=warmup,
             iters=iters,
+            host_overhead_output_len=host_overhead_output_len,
             device=device,
             dtype_name=dtype,
             temperature=temperature,
@@ -470,6 +483,15 @@ def register(app: typer.Typer) -> None:
             f"wrote {out}: {len(profile.latency)} latency points, {len(profile.prefill)} prefill "
             f"points, acceptance rates [{rates}]"
         )
+        host = profile.host_overhead
+        if host is not None:
+            typer.echo(
+                f"host overhead per step: {host.plain.intercept_ms:.3f} + "
+                f"{host.plain.per_row_ms:.4f} x B ms (K = 0), {host.spec.intercept_ms:.3f} + "
+                f"{host.spec.per_row_ms:.4f} x B ms (K > 0); residual {host.residual_ms:.3f} ms "
+                f"over {host.num_steps} loop steps"
+                + ("" if file_format == "dsd-profile" else " (not kept by --format dsd-json)")
+            )
 
     @app.command("validate")
     def validate_command(
@@ -496,7 +518,10 @@ def register(app: typer.Typer) -> None:
         acceptance_model: Annotated[
             str, typer.Option(help="heterogeneous, per-position, replay.")
         ] = "heterogeneous",
-        host_overhead_ms: Annotated[float, typer.Option(help="Sim host ms per step.")] = 0.0,
+        host_overhead_ms: Annotated[
+            float | None,
+            typer.Option(help="Sim host ms per step (default: the profile's measured model)."),
+        ] = None,
         fast_path: Annotated[str, typer.Option(help="off, eager, cuda-graphs.")] = "off",
         out: Annotated[str | None, typer.Option(help="Report folder.")] = None,
     ) -> None:

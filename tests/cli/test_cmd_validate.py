@@ -57,6 +57,8 @@ def profile_path(app, tmp_path_factory) -> Path:
 
 def test_profile_writes_a_loadable_native_profile(profile_path) -> None:
     profile = load_profile(profile_path)
+    assert profile.host_overhead is not None  # measured by default
+    assert profile.host_overhead.max_batch_size == 4
     assert profile.k_max == 3
     assert {(p.batch_size, p.num_spec_tokens) for p in profile.latency} == {
         (b, k) for b in (1, 4) for k in (0, 1, 3)
@@ -97,6 +99,33 @@ def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
     assert len(config["cells"]) == 6
     assert config["seed"] == 0 and "versions" in config and "device" in config
     assert "goodput C=2" in result.output.replace("  ", " ")
+    # The profile carries a measured host overhead and no flag was given: the model is used.
+    assert config["host_overhead_source"] == "measured"
+    assert {cell["host_overhead_source"] for cell in config["cells"]} == {"measured"}
+    assert "simulator host overhead per step: measured" in result.output
+
+
+def test_validate_host_overhead_flag_overrides_the_measured_model(
+    app, profile_path, tmp_path
+) -> None:
+    out = tmp_path / "report"
+    args = [
+        "validate",
+        "--profile", str(profile_path),
+        "--target", "tiny",
+        "--draft", "tiny-draft",
+        "--policies", "static:0",
+        "--max-concurrency", "1",
+        "--num-prompts-per-concurrency", "1",
+        "--output-len", "4",
+        "--host-overhead-ms", "0",
+        "--out", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["host_overhead_source"] == "flag"
+    assert config["host_overhead_ms"] == 0
 
 
 def test_validate_against_vllm_file(app, tmp_path) -> None:
