@@ -26,6 +26,7 @@ from typing import Annotated, Any
 
 import typer
 
+from dsd.options import MaxConcurrency, NumPrompts, OutputLen, RequestRate
 from policies.errors import InputError
 from reports.run_outputs import json_default
 
@@ -214,11 +215,11 @@ def register(app: typer.Typer) -> None:
         ] = "none",
         policy: Annotated[str, typer.Option(help="K policy SPEC (e.g. static:3).")] = "static:3",
         num_spec_tokens: Annotated[int, typer.Option(help="k_max (num_speculative_tokens).")] = 4,
-        max_concurrency: Annotated[int | None, typer.Option(help="Requests in flight.")] = None,
-        num_prompts: Annotated[int | None, typer.Option(help="Requests to send.")] = None,
+        max_concurrency: MaxConcurrency = None,
+        num_prompts: NumPrompts = None,
         dataset_name: Annotated[str, typer.Option(help="Workload name or file.")] = "mt-bench",
-        output_len: Annotated[int | None, typer.Option(help="max_tokens per request.")] = None,
-        request_rate: Annotated[float, typer.Option(help="Requests/s (inf: all at 0).")] = math.inf,
+        output_len: OutputLen = None,
+        request_rate: RequestRate = math.inf,
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
         temperature: Annotated[float, typer.Option(help="0: greedy; > 0: sampling.")] = 0.0,

@@ -1,8 +1,9 @@
 """`dsd simulate` and `dsd sweep`: the simulator from the command line.
 
 Wiring and formatting only: flags become a `sim.runner.SimulationConfig` (flag names mirror
-`vllm bench serve` where it has them, plus the workload flags of `dsd traces`), runs go through
-`sim.runner.run_simulation`, outputs through `reports.run_outputs` and `reports.sweep`.
+`vllm bench serve` where it has them; the workload flags are the ones of dsd.options, shared
+with `dsd traces` and `dsd run`), runs go through `sim.runner.run_simulation`, outputs through
+`reports.run_outputs` and `reports.sweep`.
 
 `--speculative-config` (a vLLM JSON object, inline or a file) becomes a `table:` SPEC (or
 `static:K` when it has no range table) with k_max = its `num_speculative_tokens`.
@@ -24,16 +25,23 @@ from typing import Annotated, Any
 import typer
 
 from dsd import invocation
-from dsd.cmd_traces import (
+from dsd.options import (
+    Burstiness,
+    DatasetName,
+    DatasetPath,
     EndS,
     Fraction,
+    MaxConcurrency,
     MaxOutputLen,
     MaxPromptLen,
+    NumPrompts,
     NumRows,
+    OutputLen,
     RandomInputLen,
     RandomOutputLen,
     RandomRangeRatio,
     RawPrompt,
+    RequestRate,
     RolloutAlpha,
     RolloutDist,
     RolloutMax,
@@ -45,29 +53,15 @@ from dsd.cmd_traces import (
     Shuffle,
     StartS,
     TimeScale,
+    WorkloadFlags,
+    dataset_source,
 )
 from policies.errors import InputError
 from policies.user_files import read_user_text
-from traces.datasets import RandomLengths
-from traces.loaders import TraceOptions
-from traces.registry import KNOWN_NAMES
-from traces.rollout import RolloutConfig
-
-DEFAULT_DATASET = "mt-bench"
 
 Profile = Annotated[
     str, typer.Option(help="Profile JSON (ours or vLLM PR #32374's dynamic_speculative_config).")
 ]
-DatasetName = Annotated[
-    str | None,
-    typer.Option(help=f"Workload: {', '.join(KNOWN_NAMES)}, or a .csv/.parquet/.jsonl file."),
-]
-DatasetPath = Annotated[
-    str | None, typer.Option(help="Workload file (vLLM's --dataset-path); same as a file name.")
-]
-RequestRate = Annotated[float, typer.Option(help="Mean requests/s; inf sends all at once.")]
-Burstiness = Annotated[float, typer.Option(help="Gamma shape of arrival gaps; 1.0 = Poisson.")]
-OutputLen = Annotated[int | None, typer.Option(help="Override every request's max_tokens.")]
 Scheduling = Annotated[str, typer.Option(help="sync or async (vLLM async scheduling).")]
 MaxNumSeqs = Annotated[int | None, typer.Option(help="Running-set cap (default 256).")]
 MaxNumBatchedTokens = Annotated[int, typer.Option(help="Token budget per step.")]
@@ -93,27 +87,11 @@ def _choice(flag: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _dataset(dataset_name: str | None, dataset_path: str | None) -> str:
-    if dataset_path is not None:
-        if dataset_name not in (None, "custom"):
-            raise InputError(
-                f"--dataset-name {dataset_name} and --dataset-path {dataset_path}: give one "
-                "(or --dataset-name custom with --dataset-path)"
-            )
-        return dataset_path
-    if dataset_name in (None, "custom"):
-        if dataset_name == "custom":
-            raise InputError("--dataset-name custom needs --dataset-path FILE")
-        return DEFAULT_DATASET
-    return dataset_name
-
-
 def _base_config(
     *,
     profile: str,
     policy: str,
     dataset: str,
-    seed: int,
     k_max: int | None,
     options: dict[str, Any],
 ) -> Any:
@@ -123,41 +101,11 @@ def _base_config(
     _choice("--scheduling", options["scheduling"], ("sync", "async"))
     _choice("--latency-model", options["latency_model"], LATENCY_MODEL_KINDS)
     _choice("--acceptance-model", options["acceptance_model"], ACCEPTANCE_MODEL_KINDS)
-    _choice("--rollout-dist", options["rollout_dist"], ("lognormal", "pareto"))
     return SimulationConfig(
         profile=profile,
         policy=policy,
         dataset=dataset,
-        num_prompts=options.get("num_prompts"),
-        max_concurrency=options.get("max_concurrency"),
-        request_rate=options["request_rate"],
-        burstiness=options["burstiness"],
-        output_len=options["output_len"],
-        chat_template=not options["raw_prompt"],
-        shuffle=options["shuffle"],
-        random_lengths=RandomLengths(
-            options["random_input_len"], options["random_output_len"], options["random_range_ratio"]
-        ),
-        trace_options=TraceOptions(
-            start_s=options["start_s"],
-            end_s=options["end_s"],
-            fraction=options["fraction"],
-            num_rows=options["num_rows"],
-            seed=seed,
-            max_prompt_len=options["max_prompt_len"],
-            max_output_len=options["max_output_len"],
-            time_scale=options["time_scale"],
-        ),
-        rollout=RolloutConfig(
-            output_dist=options["rollout_dist"],
-            output_median=options["rollout_median"],
-            output_sigma=options["rollout_sigma"],
-            pareto_alpha=options["rollout_alpha"],
-            pareto_min_len=options["rollout_min"],
-            max_output_len=options["rollout_max"],
-            prompt_len=options["rollout_prompt_len"],
-            prompt_set=options["rollout_prompt_set"],
-        ),
+        **WorkloadFlags.from_values(options).arguments(),
         scheduling=options["scheduling"],
         max_num_seqs=options["max_num_seqs"],
         max_num_batched_tokens=options["max_num_batched_tokens"],
@@ -168,7 +116,6 @@ def _base_config(
         acceptance_model=options["acceptance_model"],
         host_overhead_ms=options["host_overhead_ms"],
         jitter_sigma=options["latency_jitter"],
-        seed=seed,
     )
 
 
@@ -321,8 +268,8 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="vLLM --speculative-config JSON (inline or file), instead of SPEC."),
         ] = None,
-        max_concurrency: Annotated[int | None, typer.Option(help="Requests in flight.")] = None,
-        num_prompts: Annotated[int | None, typer.Option(help="Requests to send.")] = None,
+        max_concurrency: MaxConcurrency = None,
+        num_prompts: NumPrompts = None,
         dataset_name: DatasetName = None,
         dataset_path: DatasetPath = None,
         request_rate: RequestRate = math.inf,
@@ -395,8 +342,7 @@ def register(app: typer.Typer) -> None:
         config = _base_config(
             profile=profile,
             policy=policy,
-            dataset=_dataset(dataset_name, dataset_path),
-            seed=seed,
+            dataset=dataset_source(dataset_name, dataset_path),
             k_max=k_max,
             options=options,
         )
@@ -651,8 +597,7 @@ def register(app: typer.Typer) -> None:
         base = _base_config(
             profile=profile,
             policy=policy_specs[0],
-            dataset=_dataset(options["dataset_name"], options["dataset_path"]),
-            seed=options["seed"],
+            dataset=dataset_source(options["dataset_name"], options["dataset_path"]),
             k_max=options["num_spec_tokens"],
             options=base_options,
         )

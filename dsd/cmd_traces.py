@@ -1,29 +1,55 @@
 """`dsd traces show | convert | export`: look at, convert and export workloads.
 
-Wiring only: workloads come from traces.registry.build_workload (names, trace names, files),
-files and plots from traces.export. Every output is written atomically by traces.export.
+Wiring only: workloads come from traces.registry.build_workload (names, trace names, files)
+with the workload flags of dsd.options, files and plots from traces.export. Every output is
+written atomically by traces.export.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from traces.datasets import RandomLengths
+from dsd.options import (
+    Burstiness,
+    EndS,
+    Fraction,
+    MaxConcurrency,
+    MaxOutputLen,
+    MaxPromptLen,
+    NumPrompts,
+    NumRows,
+    OutputLen,
+    RandomInputLen,
+    RandomOutputLen,
+    RandomRangeRatio,
+    RawPrompt,
+    RequestRate,
+    RolloutAlpha,
+    RolloutDist,
+    RolloutMax,
+    RolloutMedian,
+    RolloutMin,
+    RolloutPromptLen,
+    RolloutPromptSet,
+    RolloutSigma,
+    Shuffle,
+    StartS,
+    TimeScale,
+    WorkloadFlags,
+)
 from traces.export import (
     plot_workload,
     summarize,
     write_vllm_custom_jsonl,
     write_workload_table,
 )
-from traces.loaders import TraceOptions
 from traces.registry import KNOWN_NAMES, build_workload
-from traces.rollout import RolloutConfig
 from traces.workload import Workload
 
 traces_app = typer.Typer(
@@ -37,104 +63,13 @@ Source = Annotated[
         help=f"A workload name ({', '.join(KNOWN_NAMES)}) or a .csv/.parquet/.jsonl file."
     ),
 ]
-NumPrompts = Annotated[int | None, typer.Option(help="Requests (default: the whole set).")]
-RequestRate = Annotated[
-    float, typer.Option(help="Mean requests/s; inf keeps 0 or the trace's own times.")
-]
-Burstiness = Annotated[float, typer.Option(help="Gamma shape of gaps; 1.0 = Poisson.")]
-MaxConcurrency = Annotated[int | None, typer.Option(help="Cap on requests in flight.")]
+# `dsd traces` seeds only the workload; the simulator's --seed says what else it seeds.
 Seed = Annotated[int, typer.Option(help="Run seed.")]
-OutputLen = Annotated[int | None, typer.Option(help="Override every request's output tokens.")]
-RawPrompt = Annotated[
-    bool, typer.Option("--raw-prompt", help="Prompt-set lengths without the chat template.")
-]
-Shuffle = Annotated[bool, typer.Option("--shuffle", help="Permute a prompt set with the seed.")]
-RandomInputLen = Annotated[int, typer.Option(help="random: mean prompt tokens.")]
-RandomOutputLen = Annotated[int, typer.Option(help="random: mean output tokens.")]
-RandomRangeRatio = Annotated[float, typer.Option(help="random: lengths in [L(1-r), L(1+r)].")]
-TimeScale = Annotated[float, typer.Option(help="Traces: rate multiplier (2 = twice as fast).")]
-StartS = Annotated[float, typer.Option(help="Traces: window start, s since the first row.")]
-EndS = Annotated[float, typer.Option(help="Traces: window end (exclusive), s.")]
-Fraction = Annotated[float | None, typer.Option(help="Traces: keep this share of rows (seeded).")]
-NumRows = Annotated[int | None, typer.Option(help="Traces: keep this many rows (seeded).")]
-MaxPromptLen = Annotated[int | None, typer.Option(help="Traces: clip prompt tokens.")]
-MaxOutputLen = Annotated[int | None, typer.Option(help="Traces: clip output tokens.")]
-RolloutDist = Annotated[str, typer.Option(help="rl-rollout: lognormal or pareto.")]
-RolloutMedian = Annotated[float, typer.Option(help="rl-rollout: lognormal median output.")]
-RolloutSigma = Annotated[float, typer.Option(help="rl-rollout: lognormal sigma.")]
-RolloutAlpha = Annotated[float, typer.Option(help="rl-rollout: Pareto tail index.")]
-RolloutMin = Annotated[float, typer.Option(help="rl-rollout: Pareto minimum length.")]
-RolloutMax = Annotated[int, typer.Option(help="rl-rollout: output cap (max_tokens).")]
-RolloutPromptLen = Annotated[int, typer.Option(help="rl-rollout: fixed prompt tokens.")]
-RolloutPromptSet = Annotated[
-    str | None, typer.Option(help="rl-rollout: take prompts from this set instead.")
-]
 
 
-def _build(
-    source: str,
-    *,
-    num_prompts: int | None,
-    request_rate: float,
-    burstiness: float,
-    max_concurrency: int | None,
-    seed: int,
-    output_len: int | None,
-    raw_prompt: bool,
-    shuffle: bool,
-    random_input_len: int,
-    random_output_len: int,
-    random_range_ratio: float,
-    time_scale: float,
-    start_s: float,
-    end_s: float,
-    fraction: float | None,
-    num_rows: int | None,
-    max_prompt_len: int | None,
-    max_output_len: int | None,
-    rollout_dist: str,
-    rollout_median: float,
-    rollout_sigma: float,
-    rollout_alpha: float,
-    rollout_min: float,
-    rollout_max: int,
-    rollout_prompt_len: int,
-    rollout_prompt_set: str | None,
-) -> Workload:
-    if rollout_dist not in ("lognormal", "pareto"):
-        raise typer.BadParameter(f"must be lognormal or pareto, got {rollout_dist!r}")
-    return build_workload(
-        source,
-        num_prompts=num_prompts,
-        max_concurrency=max_concurrency,
-        request_rate=request_rate,
-        burstiness=burstiness,
-        seed=seed,
-        output_len=output_len,
-        chat_template=not raw_prompt,
-        shuffle=shuffle,
-        random_lengths=RandomLengths(random_input_len, random_output_len, random_range_ratio),
-        trace_options=TraceOptions(
-            start_s=start_s,
-            end_s=end_s,
-            fraction=fraction,
-            num_rows=num_rows,
-            seed=seed,
-            max_prompt_len=max_prompt_len,
-            max_output_len=max_output_len,
-            time_scale=time_scale,
-        ),
-        rollout=RolloutConfig(
-            output_dist="pareto" if rollout_dist == "pareto" else "lognormal",
-            output_median=rollout_median,
-            output_sigma=rollout_sigma,
-            pareto_alpha=rollout_alpha,
-            pareto_min_len=rollout_min,
-            max_output_len=rollout_max,
-            prompt_len=rollout_prompt_len,
-            prompt_set=rollout_prompt_set,
-        ),
-    )
+def _build(source: str, values: dict[str, Any]) -> Workload:
+    """The workload of `source` shaped by the command's workload flag values."""
+    return build_workload(source, **WorkloadFlags.from_values(values).arguments())
 
 
 def _summary_table(workload: Workload) -> Table:
@@ -202,7 +137,7 @@ def show(
     rollout_prompt_set: RolloutPromptSet = None,
 ) -> None:
     """Print counts, duration, rate and length percentiles; write plots with --out."""
-    workload = _build(**{k: v for k, v in locals().items() if k != "out"})
+    workload = _build(source, locals())
     console = Console()
     console.print(_summary_table(workload))
     if out is not None:
@@ -241,8 +176,7 @@ def convert(
     rollout_prompt_set: RolloutPromptSet = None,
 ) -> None:
     """Write a workload (name or file) as our table schema (.csv or .parquet)."""
-    options = {k: v for k, v in locals().items() if k != "out"}
-    workload = _build(**options, max_concurrency=None)
+    workload = _build(source, locals())
     write_workload_table(workload, out)
     Console().print(f"wrote {out} ({len(workload.requests):,} requests)")
 
@@ -276,8 +210,7 @@ def export(
     rollout_prompt_set: RolloutPromptSet = None,
 ) -> None:
     """Write a JSONL that `vllm bench serve --dataset-name custom` replays (see docs)."""
-    options = {k: v for k, v in locals().items() if k != "out"}
-    workload = _build(**options, request_rate=math.inf, burstiness=1.0, max_concurrency=None)
+    workload = _build(source, locals())
     write_vllm_custom_jsonl(workload, out)
     console = Console()
     console.print(f"wrote {out} ({len(workload.requests):,} requests)")
