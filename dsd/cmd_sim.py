@@ -76,7 +76,12 @@ NumSpecTokens = Annotated[
 ]
 LatencyModel = Annotated[str, typer.Option(help="auto, table or parametric.")]
 AcceptanceModel = Annotated[str, typer.Option(help="heterogeneous, per-position or replay.")]
-HostOverhead = Annotated[float, typer.Option(help="Extra host time per step, ms.")]
+HostOverhead = Annotated[
+    float | None,
+    typer.Option(
+        help="Extra host time per step, ms (default: the profile's measured model, if any)."
+    ),
+]
 Jitter = Annotated[float, typer.Option(help="Lognormal step-latency noise sigma (0: none).")]
 Seed = Annotated[int, typer.Option(help="Run seed (workload, acceptance, noise).")]
 
@@ -303,7 +308,7 @@ def register(app: typer.Typer) -> None:
         num_spec_tokens: NumSpecTokens = None,
         latency_model: LatencyModel = "auto",
         acceptance_model: AcceptanceModel = "heterogeneous",
-        host_overhead_ms: HostOverhead = 0.0,
+        host_overhead_ms: HostOverhead = None,
         latency_jitter: Jitter = 0.0,
         seed: Seed = 0,
         json_output: Annotated[
@@ -422,7 +427,7 @@ def register(app: typer.Typer) -> None:
         num_spec_tokens: NumSpecTokens = None,
         latency_model: LatencyModel = "auto",
         acceptance_model: AcceptanceModel = "heterogeneous",
-        host_overhead_ms: HostOverhead = 0.0,
+        host_overhead_ms: HostOverhead = None,
         latency_jitter: Jitter = 0.0,
         workers: Annotated[
             int | None, typer.Option(help="Processes / Ray CPUs (default: CPU cores).")
