@@ -70,7 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.goodput import ItlTable, acceptance_lengths
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
@@ -368,10 +368,8 @@ class StructuredBanditPolicy:
         config: StructuredBanditConfig | None = None,
         profile: Profile | None = None,
     ) -> None:
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-            raise InputError(f"bandit: k_max must be an integer >= 0, got {k_max!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(f"bandit: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        require_int(k_max, "bandit: k_max", 0)
+        require_int(max_num_seqs, "bandit: max_num_seqs", 1)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
         self.config = config or StructuredBanditConfig()
@@ -528,10 +526,8 @@ class ThompsonBanditPolicy:
         prior_rewards: FloatArray | None = None,
         prior_plays: float = 4.0,
     ) -> None:
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-            raise InputError(f"bandit: k_max must be an integer >= 0, got {k_max!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(f"bandit: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        require_int(k_max, "bandit: k_max", 0)
+        require_int(max_num_seqs, "bandit: max_num_seqs", 1)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
         self.config = config or BanditConfig()

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.goodput import acceptance_lengths, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
@@ -132,8 +132,7 @@ class ContextGoodputPolicy:
     def __init__(
         self, latency_ms: ContextLatencyFn, acceptance_rates: Sequence[float], k_max: int
     ) -> None:
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-            raise InputError(f"context: k_max must be an integer >= 0, got {k_max!r}")
+        require_int(k_max, "context: k_max", 0)
         self.latency_ms = latency_ms
         self.k_max = k_max
         self.al_by_k = acceptance_lengths(acceptance_rates, k_max)  # [k_max + 1]
@@ -241,12 +240,8 @@ class ContextRangeTablePolicy:
     """K from a (B range, mean context range) table, looked up per step in O(log entries)."""
 
     def __init__(self, entries: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
-        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-            raise InputError(f"context table: k_max must be an integer >= 0, got {k_max!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(
-                f"context table: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
-            )
+        require_int(k_max, "context table: k_max", 0)
+        require_int(max_num_seqs, "context table: max_num_seqs", 1)
         self.entries = validate_context_ranges(list(entries))
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs

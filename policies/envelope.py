@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.range_table import RangeTable, compile_range_table
 from policies.types import StepFeedback, StepView
 
@@ -80,12 +80,8 @@ class StaticSweep:
                 if key not in record:
                     raise InputError(f"{where}: missing {key!r}")
             concurrency, k, tpot = record["concurrency"], record["k"], record["mean_tpot_ms"]
-            if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-                raise InputError(
-                    f"{where}: concurrency must be an integer >= 1, got {concurrency!r}"
-                )
-            if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-                raise InputError(f"{where}: k must be an integer >= 0, got {k!r}")
+            require_int(concurrency, f"{where}: concurrency", 1)
+            require_int(k, f"{where}: k", 0)
             if (
                 isinstance(tpot, bool)
                 or not isinstance(tpot, int | float)
@@ -149,10 +145,7 @@ class EnvelopePolicy:
     """Best static K per concurrency, applied by batch size (nearest swept C on a log scale)."""
 
     def __init__(self, sweep: StaticSweep, max_num_seqs: int, tie_tolerance: float = 0.0) -> None:
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(
-                f"envelope: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
-            )
+        require_int(max_num_seqs, "envelope: max_num_seqs", 1)
         self.sweep = sweep
         self.max_num_seqs = max_num_seqs
         self.best_k, self.best_tpot_ms = sweep.best_static_k(tie_tolerance)  # [nC] each

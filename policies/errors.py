@@ -11,3 +11,10 @@ from __future__ import annotations
 
 class InputError(ValueError):
     """Bad user input (a file, a field, a flag). The message says what and where."""
+
+
+def require_int(value: object, name: str, minimum: int) -> None:
+    """InputError `<name> must be an integer >= <minimum>, got <value>` unless it is one (bool
+    is not an integer here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value!r}")

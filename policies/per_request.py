@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.goodput import ItlTable, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
@@ -152,10 +152,7 @@ class PerRequestPolicy:
     def __init__(
         self, profile: Profile, max_num_seqs: int, config: PerRequestConfig | None = None
     ) -> None:
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(
-                f"per-request: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
-            )
+        require_int(max_num_seqs, "per-request: max_num_seqs", 1)
         self.config = config or PerRequestConfig()
         self.k_max = profile.k_max
         self.max_num_seqs = max_num_seqs

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.goodput import (
     GoodputTable,
     ItlTable,
@@ -121,8 +121,7 @@ class RangeTablePolicy:
     def __init__(self, ranges: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
             raise InputError(f"num_speculative_tokens must be an integer >= 0, got {k_max!r}")
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(f"max_num_seqs must be an integer >= 1, got {max_num_seqs!r}")
+        require_int(max_num_seqs, "max_num_seqs", 1)
         self.ranges = validate_ranges(ranges)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs

@@ -54,7 +54,7 @@ from policies.context_aware import (
     read_context_ranges,
 )
 from policies.envelope import EnvelopePolicy, StaticSweep
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.goodput import GoodputPolicy
 from policies.online import OnlineAcceptancePolicy, OnlineConfig
 from policies.per_request import PerRequestConfig, PerRequestPolicy
@@ -282,8 +282,7 @@ def parse_policy(
 
     `seed` feeds policies that sample (bandit); `context_latency` feeds `context`.
     """
-    if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
-        raise InputError(f"k_max must be an integer >= 0, got {k_max!r}")
+    require_int(k_max, "k_max", 0)
     if (
         isinstance(max_num_seqs, bool)
         or not isinstance(max_num_seqs, int)

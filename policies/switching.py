@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from policies.errors import InputError
+from policies.errors import InputError, require_int
 from policies.types import KPolicy, StepFeedback, StepView
 
 Lookahead = Literal["auto", "always", "never"]
@@ -78,10 +78,7 @@ class HysteresisPolicy:
     def __init__(
         self, base: KPolicy, max_num_seqs: int, config: HysteresisConfig | None = None
     ) -> None:
-        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
-            raise InputError(
-                f"hysteresis: max_num_seqs must be an integer >= 1, got {max_num_seqs!r}"
-            )
+        require_int(max_num_seqs, "hysteresis: max_num_seqs", 1)
         self.base = base
         self.max_num_seqs = max_num_seqs
         self.config = config or HysteresisConfig()
