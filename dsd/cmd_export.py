@@ -19,10 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from backend.vllm import profile_to_pr32374, speculative_config
-from policies.errors import InputError
-from policies.profile_io import atomic_write_text, load_profile
+from policies.atomic import atomic_write_text
+from policies.errors import MAX_NUM_SEQS, InputError
+from policies.profile_io import load_profile
 from policies.range_table import compile_range_table, evaluate_policy
-from policies.spec import MAX_NUM_SEQS, parse_policy
+from policies.spec import parse_policy
 
 export_app = typer.Typer(
     help="Export profiles and policies to vLLM's formats.", no_args_is_help=True

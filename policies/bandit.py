@@ -26,12 +26,16 @@ a model of the two things the goodput rule needs and learns both from every step
   simulated engine can be noiseless while the model is still only an approximation), a random
   walk prior that ties the K-terms of neighbouring knots, and `latency_discount` forgetting.
 
-Each step draws one acceptance model and one step-time model from the posteriors and plays
-argmax_K AL(K) / duration(D, K, 0) (smallest K on ties): the prefill part of a step is paid
-whatever K is, so it is learnt (it would bias the K terms otherwise) but left out of the choice.
-Every step informs the K slope at its D and, through the shared knots and the smoothness prior,
-at neighbouring D; every drafted row informs acceptance for every D. So exploration ends after a
-handful of steps, where independent arms need every (bucket, K) pair tried.
+Each step draws one step-time model from its posterior, takes the acceptance model at its
+posterior mean, and plays argmax_K AL(K) / duration(B, K, 0) (smallest K on ties), with B the
+step's scheduled requests, prefill chunks included (`policies.goodput.table_batch_size`, the row
+count every policy keys its choice on): in a ramp-up step with many prefill chunks and few decode
+rows, the K worth drafting is the one the whole batch will run at. The prefill part of a step is
+paid whatever K is, so it is learnt (it would bias the K terms otherwise) but left out of the
+choice. Every step informs the K slope at its D and, through the shared knots and the
+smoothness prior, at neighbouring D; every drafted row informs acceptance for every D. So
+exploration ends after a handful of steps, where independent arms need every (bucket, K) pair
+tried. Acceptance is not sampled: see `StructuredBanditPolicy.choose_k` for why.
 
 Priors. Without a profile the step-time prior is scaled by the shortest observed decode step
 (`scale_ms`): intercepts around it and wide, K-slopes around 10% of it with a standard deviation
@@ -70,9 +74,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError, require_int
-from policies.goodput import ItlTable, acceptance_lengths
-from policies.profile import Profile
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
+from policies.goodput import ItlTable, acceptance_lengths, table_batch_size
+from policies.profile import LatencyPoint, Profile
 from policies.types import StepFeedback, StepView
 
 FloatArray = npt.NDArray[np.float64]
@@ -85,6 +89,10 @@ FEATURES_PER_KNOT = 3
 PREFILL_TOKENS_UNIT = 1024.0
 # Steps whose view is remembered for the prefill tokens of their feedback (async lag is 1).
 MAX_PENDING_VIEWS = 8
+# Further posterior draws behind a check of how often a far-from-best K is the best.
+EXPLORATION_CHECK_DRAWS = 32
+# Floor of a learned profile's step time, ms (a posterior mean far from any data can be <= 0).
+MIN_LEARNED_MS = 1e-3
 
 
 # --------------------------------------------------------------------------------------------
@@ -112,12 +120,22 @@ class StructuredBanditConfig:
     smoothness_std: float = 0.5
     # Relative standard deviation of the profile's step-time prior (prior=profile), > 0.
     profile_latency_std: float = 0.1
+    # A Thompson draw whose K the posterior mean puts more than this fraction below its own best
+    # K is played only if that K is the best in at least `min_best_probability` of
+    # `EXPLORATION_CHECK_DRAWS` further draws, in (0, 1]; 1 is plain Thompson.
+    max_exploration_loss: float = 0.05
+    # See max_exploration_loss; in [0, 1), 0 is plain Thompson.
+    min_best_probability: float = 0.25
 
     def __post_init__(self) -> None:
-        for name in ("acceptance_discount", "latency_discount"):
+        for name in ("acceptance_discount", "latency_discount", "max_exploration_loss"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0.0 < value <= 1.0):
                 raise InputError(f"bandit: {name} must be in (0, 1], got {value}")
+        if not (math.isfinite(self.min_best_probability) and 0.0 <= self.min_best_probability < 1):
+            raise InputError(
+                f"bandit: min_best_probability must be in [0, 1), got {self.min_best_probability}"
+            )
         for name in (
             "acceptance_prior_rows",
             "profile_prior_rows",
@@ -230,6 +248,11 @@ class StepTimePosterior:
         self.sum_sq = 0.0  # discounted y'y, ms^2
         self.sum_y = 0.0  # discounted sum of durations, ms
         self.num_obs = 0.0  # discounted number of observed steps
+        # [J+1] undiscounted hat weight of every observed step per knot: where the model has
+        # seen steps (what `StructuredBanditPolicy.learned_profile` exports).
+        self.knot_steps = np.zeros(self.knots.size)
+        # [k_max+1] undiscounted observed steps per K (the step's largest K).
+        self.k_steps = np.zeros(k_max + 1)
         # Reference duration of the profile-free prior, ms: the shortest observed decode step
         # (a step with a large prefill chunk would make the prior far too wide).
         self.scale_ms: float | None = None
@@ -261,6 +284,10 @@ class StepTimePosterior:
         self.sum_sq += duration_ms * duration_ms
         self.sum_y += duration_ms
         self.num_obs += 1.0
+        self.knot_steps += features[: FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT]
+        k = int(features[1 : FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT].sum() + 0.5)
+        if k < self.k_steps.size:
+            self.k_steps[k] += 1.0
         if self.scale_ms is None or duration_ms < self.scale_ms:
             self.scale_ms = duration_ms
         self._cache = None
@@ -369,7 +396,7 @@ class StructuredBanditPolicy:
         profile: Profile | None = None,
     ) -> None:
         require_int(k_max, "bandit: k_max", 0)
-        require_int(max_num_seqs, "bandit: max_num_seqs", 1)
+        require_int(max_num_seqs, "bandit: max_num_seqs", 1, MAX_NUM_SEQS)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
         self.config = config or StructuredBanditConfig()
@@ -416,6 +443,66 @@ class StructuredBanditPolicy:
             num_decode_reqs, prefill_tokens, self.acceptance.mean_rates(), mean, self.k_max
         )
 
+    def mean_goodput_at(self, batch_size: int, k_cap: int) -> FloatArray:
+        """[k_cap + 1] the posterior-mean objective at `batch_size` rows, no prefill."""
+        mean, _ = self.step_time.posterior()
+        rates = self.acceptance.mean_rates()
+        return self.expected_goodput(batch_size, 0.0, rates, mean, k_cap)
+
+    def learned_profile(self, min_knot_steps: float = 1.0) -> Profile | None:
+        """What the policy has learnt, as a profile; None before a timed decode step or at K_max 0.
+
+        The profile it "learns online": latency points at the knots B = 1, 2, 4, ... up to the
+        largest one whose observed decode steps weigh at least `min_knot_steps` (hat weights
+        summed; every knot below it is included because a profile must start at B = 1), for
+        every K in 0..k_max, each the posterior-mean duration(B, K, 0) (floored at 1
+        microsecond), with `n` = the observed steps there; acceptance rates at their posterior
+        mean. Knots without steps and K values never played at a knot are the model's
+        extrapolation (linear in K with a jump at K = 1, tied to neighbouring knots), and a
+        position never drafted reads its prior: `metadata` lists the observed steps per knot
+        and per K so a reader can tell measured from extrapolated. Feed it back with
+        `bandit:prior=FILE` to start the next run warm, or to any profile reader (`goodput`,
+        `dsd export`).
+        """
+        if self.k_max == 0:
+            return None  # nothing learnt about K (a profile needs k_max >= 1)
+        step_time = self.step_time
+        observed = np.nonzero(step_time.knot_steps >= min_knot_steps)[0]  # knot indices
+        if observed.size == 0:
+            return None
+        mean, _ = step_time.posterior()
+        ks = np.arange(self.k_max + 1, dtype=np.float64)  # [K+1]
+        points = []
+        for knot in range(int(observed[-1]) + 1):
+            batch_size = float(step_time.knots[knot])
+            durations = step_time.features(batch_size, ks, 0.0) @ mean  # [K+1]
+            steps = round(float(step_time.knot_steps[knot]))
+            for k, duration in enumerate(durations):
+                points.append(
+                    LatencyPoint(
+                        int(batch_size),
+                        k,
+                        max(float(duration), MIN_LEARNED_MS),
+                        n=steps if steps >= 1 else None,
+                    )
+                )
+        metadata = {
+            "source": "learned online by the structured bandit (posterior means)",
+            "observed_steps": round(float(step_time.k_steps.sum())),
+            "observed_steps_per_knot": {
+                str(int(b)): round(float(w), 3)
+                for b, w in zip(step_time.knots, step_time.knot_steps, strict=True)
+                if w > 0
+            },
+            "observed_steps_per_k": [round(float(n)) for n in step_time.k_steps],
+        }
+        return Profile(
+            k_max=self.k_max,
+            latency=tuple(points),
+            acceptance_rates=tuple(float(r) for r in self.acceptance.mean_rates()),
+            metadata=metadata,
+        )
+
     def choose_k(self, view: StepView) -> int:
         if view.batch_size > self.max_num_seqs:
             raise InputError(
@@ -435,8 +522,35 @@ class StructuredBanditPolicy:
         # decode part's rate AL(K) / duration(D, K, 0), the rate at which the engine turns
         # time into output tokens in the long run (a ratio with the sunk cost in it would
         # favour large K in prefill steps, spending more ms per extra token than K=0 steps).
-        goodput = self.expected_goodput(num_decode, 0.0, rates, coefficients, k_cap)
-        return int(np.argmax(goodput))
+        batch_size = table_batch_size(view)
+        sampled_k = int(
+            np.argmax(self.expected_goodput(batch_size, 0.0, rates, coefficients, k_cap))
+        )
+        # Thompson explores every K in proportion to its probability of being best, however
+        # much the posterior mean says that K loses. The rare draws of a K that is both far
+        # below the mean's best and seldom best are the costly ones (MT-Bench C=256 with a
+        # profile prior: a few K=2 steps at B=256, where the mean sees -13% goodput, each
+        # costing about +0.4% mean TPOT by breaking the requests' lockstep), and they teach
+        # little; a K that is far below but often best (a draft position with little evidence)
+        # is still explored.
+        mean_goodput = self.mean_goodput_at(batch_size, k_cap)
+        mean_best = int(np.argmax(mean_goodput))
+        loss_limit = (1.0 - self.config.max_exploration_loss) * mean_goodput[mean_best]
+        if mean_goodput[sampled_k] < loss_limit and not self._often_best(
+            sampled_k, batch_size, k_cap
+        ):
+            return mean_best
+        return sampled_k
+
+    def _often_best(self, k: int, batch_size: int, k_cap: int) -> bool:
+        """Whether K is the best in >= min_best_probability of EXPLORATION_CHECK_DRAWS draws."""
+        wins = 0
+        for _ in range(EXPLORATION_CHECK_DRAWS):
+            rates = self.acceptance.sample_rates(self.rng)  # [k_max]
+            coefficients = self.step_time.sample_coefficients(self.rng)  # [P]
+            goodput = self.expected_goodput(batch_size, 0.0, rates, coefficients, k_cap)
+            wins += int(np.argmax(goodput)) == k
+        return wins >= self.config.min_best_probability * EXPLORATION_CHECK_DRAWS
 
     def observe(self, feedback: StepFeedback) -> None:
         prefill_tokens = self._pending_prefill.pop(int(feedback.step_index), None)
@@ -527,7 +641,7 @@ class ThompsonBanditPolicy:
         prior_plays: float = 4.0,
     ) -> None:
         require_int(k_max, "bandit: k_max", 0)
-        require_int(max_num_seqs, "bandit: max_num_seqs", 1)
+        require_int(max_num_seqs, "bandit: max_num_seqs", 1, MAX_NUM_SEQS)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
         self.config = config or BanditConfig()

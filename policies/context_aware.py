@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.goodput import acceptance_lengths, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
@@ -241,7 +241,7 @@ class ContextRangeTablePolicy:
 
     def __init__(self, entries: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
         require_int(k_max, "context table: k_max", 0)
-        require_int(max_num_seqs, "context table: max_num_seqs", 1)
+        require_int(max_num_seqs, "context table: max_num_seqs", 1, MAX_NUM_SEQS)
         self.entries = validate_context_ranges(list(entries))
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.range_table import RangeTable, compile_range_table
 from policies.types import StepFeedback, StepView
 
@@ -145,7 +145,7 @@ class EnvelopePolicy:
     """Best static K per concurrency, applied by batch size (nearest swept C on a log scale)."""
 
     def __init__(self, sweep: StaticSweep, max_num_seqs: int, tie_tolerance: float = 0.0) -> None:
-        require_int(max_num_seqs, "envelope: max_num_seqs", 1)
+        require_int(max_num_seqs, "envelope: max_num_seqs", 1, MAX_NUM_SEQS)
         self.sweep = sweep
         self.max_num_seqs = max_num_seqs
         self.best_k, self.best_tpot_ms = sweep.best_static_k(tie_tolerance)  # [nC] each

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
 
@@ -157,8 +157,7 @@ def goodput_table(
     k_max: int | None = None,
 ) -> GoodputTable:
     """The goodput rule evaluated for every B in 1..max_num_seqs and every k in 0..k_max."""
-    if max_num_seqs < 1:
-        raise InputError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+    require_int(max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS)
     num_k = len(acceptance_rates) if k_max is None else k_max
     al_by_k = acceptance_lengths(acceptance_rates, num_k)  # [K+1]
     bs = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]

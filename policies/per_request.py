@@ -54,7 +54,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.goodput import ItlTable, table_batch_size
 from policies.profile import Profile
 from policies.types import StepFeedback, StepView
@@ -152,7 +152,7 @@ class PerRequestPolicy:
     def __init__(
         self, profile: Profile, max_num_seqs: int, config: PerRequestConfig | None = None
     ) -> None:
-        require_int(max_num_seqs, "per-request: max_num_seqs", 1)
+        require_int(max_num_seqs, "per-request: max_num_seqs", 1, MAX_NUM_SEQS)
         self.config = config or PerRequestConfig()
         self.k_max = profile.k_max
         self.max_num_seqs = max_num_seqs

@@ -484,9 +484,14 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
     return native
 
 
+def profile_json_text(profile: Profile) -> str:
+    """The native JSON text of `profile`, as `save_profile` writes it."""
+    return json.dumps(profile_to_native(profile), indent=2) + "\n"
+
+
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write the native JSON form of `profile` atomically."""
-    atomic_write_text(path, json.dumps(profile_to_native(profile), indent=2) + "\n")
+    atomic_write_text(path, profile_json_text(profile))
 
 
 # ---------------------------------------------------------------- entry points

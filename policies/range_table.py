@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.goodput import (
     GoodputTable,
     ItlTable,
@@ -121,7 +121,7 @@ class RangeTablePolicy:
     def __init__(self, ranges: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
             raise InputError(f"num_speculative_tokens must be an integer >= 0, got {k_max!r}")
-        require_int(max_num_seqs, "max_num_seqs", 1)
+        require_int(max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS)
         self.ranges = validate_ranges(ranges)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs

@@ -17,12 +17,13 @@ SPEC grammar: `NAME[:ARGUMENT]`.
 - `hysteresis:BASE[:margin=...,min_dwell=...,lookahead=...,trend_smoothing=...]`: wraps the
   batch-level policy BASE (itself a SPEC) against flapping; keys:
   `policies.switching.HysteresisConfig`.
-- `bandit[:model=linear|arms,prior=none|profile,seed=N,key=value,...]`: Thompson sampling
+- `bandit[:model=linear|arms,prior=none|profile|FILE,seed=N,key=value,...]`: Thompson sampling
   over K that needs no profile. `model=linear` (default): shared acceptance posterior and a
   step-time regression (`policies.bandit.StructuredBanditConfig` keys); `model=arms`:
   independent arms per log2 B bucket (`policies.bandit.BanditConfig` keys). `prior=profile`
-  seeds either from the profile. The seed is the SPEC's `seed`, else the caller's `seed` (from
-  the run's SeedSequence), else 0.
+  seeds either from the run's profile, `prior=FILE` from a profile file (a path without `,`),
+  e.g. the `learned_profile.json` a previous bandit run wrote: a warm start. The seed is the
+  SPEC's `seed`, else the caller's `seed` (from the run's SeedSequence), else 0.
 - `envelope:PATH`: the best static K per concurrency from a JSON sweep table
   (`policies.envelope`).
 
@@ -54,19 +55,16 @@ from policies.context_aware import (
     read_context_ranges,
 )
 from policies.envelope import EnvelopePolicy, StaticSweep
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.goodput import GoodputPolicy
 from policies.online import OnlineAcceptancePolicy, OnlineConfig
 from policies.per_request import PerRequestConfig, PerRequestPolicy
 from policies.profile import Profile
+from policies.profile_io import load_profile
 from policies.range_table import RangeTablePolicy, read_ranges
 from policies.static import StaticPolicy
 from policies.switching import HysteresisConfig, HysteresisPolicy
 from policies.types import KPolicy
-
-# Largest max_num_seqs a policy is built for: tables are dense over B = 1..max_num_seqs, and
-# no serving engine runs a million sequences in one batch.
-MAX_NUM_SEQS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -214,8 +212,8 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         if key in words:
             words[key] = item.partition("=")[2].strip()
     prior, model = words["prior"], words["model"]
-    if prior not in ("none", "profile"):
-        raise InputError(f"policy 'bandit': prior must be none or profile, got {prior!r}")
+    if not prior:
+        raise InputError("policy 'bandit': prior must be none, profile or a profile file, got ''")
     if model not in ("linear", "arms"):
         raise InputError(f"policy 'bandit': model must be linear or arms, got {model!r}")
     argument = ",".join(item for item in items if item.partition("=")[0].strip() not in words)
@@ -229,7 +227,19 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         seed = int(seed_value)
     else:
         seed = context.seed if context.seed is not None else 0
-    profile = _needs_profile("bandit:prior=profile", context) if prior == "profile" else None
+    profile: Profile | None = None
+    if prior == "profile":
+        profile = _needs_profile("bandit:prior=profile", context)
+    elif prior != "none":
+        # A profile file: a measured one, or one a previous run learnt (`learned_profile.json`
+        # of `dsd simulate --out`), to start warm. Its K range need not match the run's.
+        try:
+            profile = load_profile(prior)
+        except OSError as error:
+            raise InputError(
+                f"policy 'bandit': prior must be none, profile or a profile file; "
+                f"cannot read {prior!r}: {error.strerror or error}"
+            ) from None
     if model == "linear":
         return StructuredBanditPolicy(
             context.k_max,
@@ -283,14 +293,7 @@ def parse_policy(
     `seed` feeds policies that sample (bandit); `context_latency` feeds `context`.
     """
     require_int(k_max, "k_max", 0)
-    if (
-        isinstance(max_num_seqs, bool)
-        or not isinstance(max_num_seqs, int)
-        or not 1 <= max_num_seqs <= MAX_NUM_SEQS
-    ):
-        raise InputError(
-            f"max_num_seqs must be an integer in [1, {MAX_NUM_SEQS}], got {max_num_seqs!r}"
-        )
+    require_int(max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS)
     context = PolicyContext(
         profile=profile,
         k_max=k_max,

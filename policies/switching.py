@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from policies.errors import InputError, require_int
+from policies.errors import MAX_NUM_SEQS, InputError, require_int
 from policies.types import KPolicy, StepFeedback, StepView
 
 Lookahead = Literal["auto", "always", "never"]
@@ -78,7 +78,7 @@ class HysteresisPolicy:
     def __init__(
         self, base: KPolicy, max_num_seqs: int, config: HysteresisConfig | None = None
     ) -> None:
-        require_int(max_num_seqs, "hysteresis: max_num_seqs", 1)
+        require_int(max_num_seqs, "hysteresis: max_num_seqs", 1, MAX_NUM_SEQS)
         self.base = base
         self.max_num_seqs = max_num_seqs
         self.config = config or HysteresisConfig()

@@ -48,10 +48,10 @@ import numpy as np
 import numpy.typing as npt
 import simpy
 
-from policies.errors import InputError
+from policies.errors import MAX_NUM_SEQS, InputError
 from policies.profile import HostOverhead, Profile
 from policies.profile_io import host_overhead_to_native, load_profile
-from policies.spec import MAX_NUM_SEQS, parse_policy
+from policies.spec import parse_policy
 from policies.types import IntArray, KPolicy, SchedulingMode, StepFeedback, StepView
 from sim.acceptance import (
     CategoryAcceptance,
@@ -374,6 +374,14 @@ class FixedBatchPolicy:
 
     def observe(self, feedback: StepFeedback) -> None:
         self.inner.observe(feedback)
+
+
+def learned_profile(policy: KPolicy) -> Profile | None:
+    """The profile a learning policy built during its run (the bandit's), else None."""
+    while isinstance(policy, FixedBatchPolicy):
+        policy = policy.inner
+    learn = getattr(policy, "learned_profile", None)
+    return learn() if callable(learn) else None
 
 
 # --------------------------------------------------------------------------------------------

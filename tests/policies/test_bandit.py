@@ -23,6 +23,7 @@ from policies.bandit import (
 )
 from policies.errors import InputError
 from policies.goodput import ItlTable, acceptance_lengths
+from policies.profile_io import load_profile, save_profile
 from policies.range_table import synthetic_view
 from policies.spec import parse_policy
 from policies.types import StepFeedback
@@ -210,7 +211,7 @@ def test_spec_prior_profile_warm_starts_from_the_profile() -> None:
     # through every arm at K=0.
     assert {int(warm.choose_k(view)) for _ in range(5)} <= near_best
     assert int(cold.choose_k(view)) not in near_best
-    with pytest.raises(InputError, match="prior must be none or profile"):
+    with pytest.raises(InputError, match="prior must be none, profile or a profile file"):
         parse_policy("bandit:prior=magic", profile=profile, k_max=5, max_num_seqs=64)
     with pytest.raises(InputError, match="needs a profile"):
         parse_policy("bandit:prior=profile", profile=None, k_max=5, max_num_seqs=64)
@@ -471,6 +472,9 @@ def test_profile_prior_starts_on_the_profiles_goodput_k() -> None:
         {"acceptance_prior_rows": 0.0},  # a prior worth nothing
         {"min_relative_noise": float("nan")},  # not finite
         {"slope_prior_std": -1.0},  # negative spread
+        {"max_exploration_loss": 0.0},  # would forbid any K below the mean's best
+        {"min_best_probability": 1.0},  # no K is the best in more than all draws
+        {"min_best_probability": -0.1},
     ],
 )
 def test_bad_structured_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -498,7 +502,8 @@ def test_spec_builds_the_named_bandit(spec: str, kind: type) -> None:
     ("spec", "message"),
     [
         ("bandit:model=tree", "model must be linear or arms"),  # unknown model
-        ("bandit:prior=magic", "prior must be none or profile"),  # unknown prior
+        ("bandit:prior=magic", "cannot read 'magic'"),  # neither a prior word nor a file
+        ("bandit:prior=", "prior must be none, profile or a profile file"),  # empty
         ("bandit:discount=0.9", "expected key=value with key in"),  # an arms key on linear
         ("bandit:acceptance_discount=fast", "acceptance_discount must be a number"),  # not a number
         ("bandit:acceptance_discount=2", "acceptance_discount must be in"),  # out of range
@@ -517,3 +522,106 @@ def test_structured_spec_seed_sources() -> None:
     assert isinstance(by_spec, StructuredBanditPolicy)
     assert isinstance(by_context, StructuredBanditPolicy)
     assert by_spec.rng.random() == by_context.rng.random()
+
+
+# --------------------------------------------------------------------------------------------
+# Structured bandit: the batch it decides at, the exploration check, the learnt profile
+# --------------------------------------------------------------------------------------------
+
+
+def _mixed_view(batch_size: int, num_decode: int, step: int = 0) -> object:
+    """A ramp-up step: `num_decode` decode rows plus prefill chunks up to `batch_size`."""
+    return dataclasses.replace(
+        synthetic_view(num_decode, 5),
+        step_index=step,
+        batch_size=batch_size,
+        num_tokens=num_decode + 512 * (batch_size - num_decode),
+    )
+
+
+def test_decides_at_the_batch_prefill_chunks_included() -> None:
+    # With the H100 profile as prior, K = 0 is best at B = 256 and K > 0 at B = 8. A step of 8
+    # decode rows among 256 scheduled requests is decided at B = 256, like every other policy.
+    policy = StructuredBanditPolicy(5, 256, seed=3, profile=h100_profile())
+    ramp_up = [policy.choose_k(_mixed_view(256, 8, step)) for step in range(50)]
+    small = [policy.choose_k(_mixed_view(8, 8, step)) for step in range(50, 100)]
+    assert max(ramp_up) == 0
+    assert min(small) > 0
+
+
+def test_exploration_check_drops_far_and_seldom_best_draws() -> None:
+    # At B = 256 under the profile prior the mean sees K > 0 lose >= 10% of K = 0's goodput;
+    # plain Thompson still drafts on a few percent of steps, the checked policy (nearly) never.
+    plain = StructuredBanditPolicy(
+        5,
+        256,
+        seed=4,
+        config=StructuredBanditConfig(max_exploration_loss=1.0),
+        profile=h100_profile(),
+    )
+    checked = StructuredBanditPolicy(5, 256, seed=4, profile=h100_profile())
+    mean = checked.mean_goodput_at(256, 5)
+    assert mean.argmax() == 0 and mean[1:].max() < 0.95 * mean[0]
+    view = synthetic_view(256, 5)
+    plain_drafts = sum(plain.choose_k(view) > 0 for _ in range(2000))
+    checked_drafts = sum(checked.choose_k(view) > 0 for _ in range(2000))
+    assert plain_drafts >= 20
+    assert checked_drafts <= plain_drafts / 10
+
+
+def test_exploration_check_keeps_draws_that_are_often_best() -> None:
+    # Little evidence (a cold prior and a handful of steps): every K is often the best, so the
+    # check lets Thompson explore and it settles on the synthetic engine's best K = 2 or on
+    # K = 3, 0.6% below it (too close to tell apart in 300 steps); K = 4 is 7% below.
+    policy = StructuredBanditPolicy(5, 64, seed=5)
+    chosen = _drive(policy, 8, 300, seed=6)
+    assert len(set(chosen[:30])) >= 3
+    assert np.mean(np.isin(chosen[-100:], [2, 3])) > 0.95
+
+
+def test_learned_profile_is_none_before_a_timed_decode_step() -> None:
+    policy = StructuredBanditPolicy(5, 64, seed=0)
+    assert policy.learned_profile() is None
+    empty = np.zeros(0, dtype=np.int64)
+    policy.observe(StepFeedback(0, 0.0, 3, empty, empty, empty, 0.01))  # prefill only
+    assert policy.learned_profile() is None
+
+
+def test_learned_profile_holds_what_the_runs_taught_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    policy = StructuredBanditPolicy(5, 64, seed=7)
+    _drive(policy, 8, 300, seed=8)
+    _drive(policy, 32, 300, seed=9, start_step=300)
+    learnt = policy.learned_profile()
+    assert learnt is not None
+    # A profile on disk like any other: it round-trips through the native reader.
+    path = tmp_path / "learned_profile.json"
+    save_profile(learnt, path)
+    assert load_profile(path) == learnt
+    # Knots 1..32 (a profile starts at B = 1); n = observed steps, none below B = 8.
+    assert learnt.batch_sizes() == [1, 2, 4, 8, 16, 32]
+    steps_at = {p.batch_size: p.n for p in learnt.latency if p.num_spec_tokens == 0}
+    assert steps_at == {1: None, 2: None, 4: None, 8: 300, 16: None, 32: 300}
+    assert learnt.metadata["observed_steps"] == 600
+    assert sum(learnt.metadata["observed_steps_per_k"]) == 600
+    # The K it settled on is measured to within the noise floor, where it played it.
+    best_8, best_32 = _best_k(8), _best_k(32)
+    table = ItlTable.from_profile(learnt)
+    assert table.itl_ms_at(8.0, float(best_8)) == pytest.approx(_itl_ms(8, best_8), rel=0.02)
+    assert table.itl_ms_at(32.0, float(best_32)) == pytest.approx(_itl_ms(32, best_32), rel=0.02)
+    np.testing.assert_allclose(learnt.acceptance_rates[:best_8], RATES[:best_8], atol=0.03)
+
+
+def test_prior_file_starts_warm_from_a_learnt_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cold = StructuredBanditPolicy(5, 64, seed=10)
+    _drive(cold, 8, 300, seed=11)
+    learnt = cold.learned_profile()
+    assert learnt is not None
+    path = tmp_path / "learned.json"
+    save_profile(learnt, path)
+    warm = parse_policy(f"bandit:prior={path}", profile=None, k_max=5, max_num_seqs=64, seed=12)
+    assert isinstance(warm, StructuredBanditPolicy)
+    # Its very first choices are the near-best K (2, or 3 at 0.6% below) the cold run ended
+    # on; a fresh cold policy's first choices spread over K.
+    assert {warm.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}
+    fresh = StructuredBanditPolicy(5, 64, seed=12)
+    assert not {fresh.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}

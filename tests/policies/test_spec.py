@@ -8,7 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import h100_profile
 
-from policies.errors import InputError
+from policies.bandit import StructuredBanditPolicy
+from policies.envelope import EnvelopePolicy, StaticSweep
+from policies.errors import MAX_NUM_SEQS, InputError
 from policies.goodput import GoodputPolicy
 from policies.online import OnlineAcceptancePolicy
 from policies.range_table import RangeTablePolicy, synthetic_view
@@ -129,3 +131,19 @@ def test_registry_is_a_plain_dict_of_builders() -> None:
         "bandit",
         "envelope",
     }
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda n: GoodputPolicy(h100_profile(), n),
+        lambda n: StructuredBanditPolicy(5, n, seed=0),
+        lambda n: EnvelopePolicy(
+            StaticSweep.from_records([{"concurrency": 1, "k": 2, "mean_tpot_ms": 4.0}]), n
+        ),
+    ],
+)
+def test_constructors_refuse_an_absurd_running_set_cap(build) -> None:  # type: ignore[no-untyped-def]
+    # The per-B tables would be a huge allocation: one-line InputError, as parse_policy gives.
+    with pytest.raises(InputError, match=r"max_num_seqs must be an integer in \[1, 1048576\]"):
+        build(MAX_NUM_SEQS + 1)
