@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -81,17 +82,23 @@ def run_backend(
     profile_path: str | None,
     ignore_eos: bool,
     fast_path: str = "off",
+    learned_profile_path: str | None = None,
 ) -> dict[str, Any]:
-    """Run and return the metrics dict (vLLM bench keys + ours + the run's settings)."""
+    """Run and return the metrics dict (vLLM bench keys + ours + the run's settings).
+
+    `learned_profile_path`: write the profile the policy learnt there (the structured bandit);
+    the metrics then say `learned_profile` = the path, or None when it saw no timed decode
+    step."""
     import torch
 
     from backend.engine import Draft
     from backend.executor import TorchExecutor
     from backend.tokenizer import chat_prompt, load_tokenizer
     from backend.weights import check_pair
-    from policies.profile_io import load_profile
+    from policies.profile_io import load_profile, save_profile
     from policies.spec import parse_policy
     from sim.engine import Engine, EngineConfig
+    from sim.runner import learned_profile
     from sim.scheduler import Scheduler, SchedulerConfig
     from traces.registry import build_workload
 
@@ -166,6 +173,14 @@ def run_backend(
     )
     profile = load_profile(profile_path) if profile_path else None
     k_policy = parse_policy(policy, profile=profile, k_max=num_spec_tokens, max_num_seqs=num_seqs)
+    if learned_profile_path is not None:
+        if not hasattr(k_policy, "learned_profile"):
+            raise InputError(
+                f"--learned-profile: policy {policy!r} learns no profile (use --policy bandit)"
+            )
+        folder = Path(learned_profile_path).resolve().parent
+        if not folder.is_dir():
+            raise InputError(f"--learned-profile {learned_profile_path}: no folder {folder}")
     executor = TorchExecutor(
         target_model,
         draft_obj,
@@ -180,6 +195,11 @@ def run_backend(
     )
     result = Engine(scheduler, executor, k_policy, workload, EngineConfig(clock="wall")).run()
     metrics = dict(result.metrics)
+    if learned_profile_path is not None:
+        learnt = learned_profile(k_policy)
+        if learnt is not None:
+            save_profile(learnt, learned_profile_path)
+        metrics["learned_profile"] = learned_profile_path if learnt is not None else None
     metrics.update(
         {
             "backend": "dsd-torch",
@@ -235,9 +255,16 @@ def register(app: typer.Typer) -> None:
         ] = "off",
         json_output: Annotated[bool, typer.Option("--json", help="Print the JSON.")] = False,
         output: Annotated[str | None, typer.Option(help="Also write the JSON here.")] = None,
+        learned_profile: Annotated[
+            str | None,
+            typer.Option(
+                help="Write the profile the bandit learnt here (--policy bandit; a prior for "
+                "the next run: bandit:prior=PATH)."
+            ),
+        ] = None,
     ) -> None:
         """Run a workload on the real SD engine and report vLLM bench metrics."""
-        from policies.profile_io import atomic_write_text
+        from policies.atomic import atomic_write_text
 
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise InputError(f"--device: choose cpu or cuda, got {device!r}")
@@ -266,6 +293,7 @@ def register(app: typer.Typer) -> None:
             profile_path=profile,
             ignore_eos=ignore_eos,
             fast_path=fast_path,
+            learned_profile_path=learned_profile,
         )
         text = json.dumps(metrics, indent=2, default=json_default, allow_nan=True)
         if output:

@@ -327,7 +327,13 @@ def register(app: typer.Typer) -> None:
             write_run_outputs,
         )
         from sim.engine import EngineConfig
-        from sim.runner import build_engine, latency_description, resolve, resolved_config_dict
+        from sim.runner import (
+            build_engine,
+            latency_description,
+            learned_profile,
+            resolve,
+            resolved_config_dict,
+        )
 
         options = dict(locals())
         if (policy is None) == (speculative_config is None):
@@ -356,19 +362,26 @@ def register(app: typer.Typer) -> None:
         with contextlib.ExitStack() as stack:
             sink = None if out is None else stack.enter_context(step_parquet_sink(out))
             engine_config = EngineConfig(step_sink=_discard_steps if sink is None else sink)
-            run = build_engine(resolved, engine_config).run()
+            engine = build_engine(resolved, engine_config)
+            run = engine.run()
             result = bench_result(run, resolved)
+            learned = learned_profile(engine.policy)
             if out is not None:
                 config_dict = resolved_config_dict(config, resolved)
                 config_dict["command_line"] = _command_line()
                 config_dict["speculative_config"] = speculative_config
-                write_run_outputs(out, run, resolved, result, config_dict, streamed_steps=sink)
+                write_run_outputs(
+                    out, run, resolved, result, config_dict, streamed_steps=sink, learned=learned
+                )
         if json_output:
             typer.echo(result_json_text(result))
         else:
             typer.echo(format_summary(result, latency_description(resolved)))
             if out is not None:
-                typer.echo(f"wrote {out}/ (result.json, requests.csv, steps.parquet, config.json)")
+                extra = ", learned_profile.json" if learned is not None else ""
+                typer.echo(
+                    f"wrote {out}/ (result.json, requests.csv, steps.parquet, config.json{extra})"
+                )
 
     @app.command("sweep")
     def sweep(

@@ -9,11 +9,12 @@
   byte-identical text in any process.
 - `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
   steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
-  line). Everything is serialised in memory first, except steps.parquet when it was streamed
-  during the run (`step_parquet_sink`: one row group per block of steps, into a hidden temp
-  file beside the output folder, so a long run keeps flat memory); a new folder is filled under
-  a temporary name and renamed into place, an existing folder gets each file by atomic
-  replace. So a failure leaves no partial output.
+  line), and learned_profile.json when the policy learns one (the bandit). Everything is
+  serialised in memory first, except steps.parquet when it was streamed during the run
+  (`step_parquet_sink`: one row group per block of steps, into a hidden temp file beside the
+  output folder, so a long run keeps flat memory); a new folder is filled under a temporary
+  name and renamed into place, an existing folder gets each file by atomic replace. So a
+  failure leaves no partial output.
 
 What this module does not do: run anything, print, or decide what a result means.
 """
@@ -37,6 +38,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from policies.atomic import atomic_write_bytes
+from policies.profile import Profile
+from policies.profile_io import profile_json_text
 from sim.engine import RunResult
 from sim.runner import ResolvedSimulation
 
@@ -45,6 +48,7 @@ REQUESTS_FILE = "requests.csv"
 STEPS_FILE = "steps.parquet"
 CONFIG_FILE = "config.json"
 RUN_FILES: tuple[str, ...] = (RESULT_FILE, REQUESTS_FILE, STEPS_FILE, CONFIG_FILE)
+LEARNED_PROFILE_FILE = "learned_profile.json"  # only for policies that learn one (bandit)
 
 
 def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]:
@@ -220,10 +224,15 @@ def write_run_outputs(
     result: Mapping[str, Any],
     config: Mapping[str, Any],
     streamed_steps: StepParquetSink | None = None,
+    learned: Profile | None = None,
 ) -> Path:
     """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc).
 
-    `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty)."""
+    `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty).
+    `learned`: the profile a learning policy built (`sim.runner.learned_profile`), written as
+    learned_profile.json (native profile format)."""
     steps = run.steps if streamed_steps is None else streamed_steps.finish(run.steps)
     files = serialise_run(result, request_frame(run, resolved), steps, config)
+    if learned is not None:
+        files[LEARNED_PROFILE_FILE] = profile_json_text(learned).encode()
     return write_files(out_dir, files)

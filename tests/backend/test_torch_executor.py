@@ -6,6 +6,8 @@ mode needs unique test-module basenames.)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -199,3 +201,23 @@ def test_dsd_run_bad_input_exits_2_with_one_line(args, fragment, capsys) -> None
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
+
+
+def test_dsd_run_writes_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
+    from dsd.cli import main
+    from policies.profile_io import load_profile
+
+    path = tmp_path / "learnt.json"
+    args = ["run", "--target", "tiny", "--draft", "early-exit:1", "--num-spec-tokens", "2",
+            "--num-prompts", "3", "--output-len", "8", "--max-model-len", "256", "--json",
+            "--learned-profile", str(path)]  # fmt: skip
+    main([*args, "--policy", "bandit"])
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["learned_profile"] == str(path)
+    learnt = load_profile(path)
+    assert learnt.k_max == 2 and learnt.metadata["observed_steps"] > 0
+    # A policy that learns nothing is refused before the run, with one line.
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--policy", "static:2"])
+    assert exit_info.value.code == 2
+    assert "learns no profile" in capsys.readouterr().err

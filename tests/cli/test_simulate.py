@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from dsd.cli import main
+from policies.profile_io import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
@@ -149,6 +150,34 @@ def test_out_writes_readable_run_files(tmp_path: Path, capsys: pytest.CaptureFix
     assert config["command_line"].startswith("dsd ")
     assert set(config["versions"]) == {"dsd", "python", "numpy", "simpy"}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_a_bandit_run_writes_the_profile_it_learnt_and_a_next_run_starts_from_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = tmp_path / "first"
+    argv = ["simulate", "--profile", str(H100), *SMALL, "--num-prompts", "16"]
+    code, out, _ = run_cli([*argv, "--policy", "bandit", "--out", str(first)], capsys)
+    assert code == 0 and "learned_profile.json" in out
+    learnt = load_profile(first / "learned_profile.json")
+    assert learnt.k_max == 5 and learnt.batch_sizes()[0] == 1
+    assert learnt.metadata["observed_steps"] > 0
+    # The learnt file is a prior for the next run (and a profile for any profile reader).
+    spec = f"bandit:prior={first / 'learned_profile.json'}"
+    code, _, err = run_cli([*argv, "--policy", spec, "--out", str(tmp_path / "second")], capsys)
+    assert code == 0, err
+    code, _, err = run_cli(
+        [
+            "simulate",
+            "--profile",
+            str(first / "learned_profile.json"),
+            "--policy",
+            "goodput",
+            *SMALL,
+        ],
+        capsys,
+    )
+    assert code == 0, err
 
 
 def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
