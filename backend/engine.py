@@ -386,7 +386,8 @@ class SpecDecodeEngine:
             kv_len=int(end.max()),
             logit_indices=last_index if need_logits else last_index[:, :0],
         )  # [R, 1 or 0, V]
-        return logits[:, 0] if need_logits else logits
+        out: torch.Tensor = logits[:, 0] if need_logits else logits
+        return out
 
     def _append(self, slot: int, tokens: IntArray) -> None:
         count = self.num_tokens[slot]

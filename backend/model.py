@@ -415,7 +415,8 @@ class Attention(nn.Module):
             attn_mask=mask[:, None, :, :],  # [B, 1, T, S_kv]
         )  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
-        return self.o_proj(out)  # [B, T, hidden]
+        projected: torch.Tensor = self.o_proj(out)  # [B, T, hidden]
+        return projected
 
 
 class MLP(nn.Module):
@@ -429,7 +430,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [B, T, hidden]
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out  # [B, T, hidden]
 
 
 class DecoderLayer(nn.Module):

@@ -41,7 +41,8 @@ from backend.corpus import TokenCorpus, heldout_windows, sample_windows, tokeniz
 from backend.kv_cache import KVCache
 from backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
 from backend.tokenizer import TOKENIZER_NAMES, load_tokenizer
-from backend.weights import atomic_write_json, check_pair, load_model, save_checkpoint
+from backend.weights import check_pair, load_model, save_checkpoint
+from policies.atomic import atomic_write_json
 from policies.errors import InputError
 
 # Named zoo shapes (vocab filled from the tokenizer). Targets are ~4-8x their drafts.

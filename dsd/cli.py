@@ -9,6 +9,7 @@ failed command leaves nothing half-written.
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 import click
 import typer
@@ -25,13 +26,22 @@ from dsd import (
 )
 from policies.errors import InputError
 
+
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
 # use the click package. Catch both families.
-try:
-    from typer._click.exceptions import ClickException as _TyperClickException
-except ImportError:  # pragma: no cover - older typer
-    _TyperClickException = click.ClickException
-_CLICK_ERRORS = (click.ClickException, _TyperClickException)
+def _typer_click_exception() -> type[click.ClickException]:
+    try:
+        from typer._click.exceptions import ClickException
+    except ImportError:  # pragma: no cover - older typer
+        return click.ClickException
+    return cast("type[click.ClickException]", ClickException)
+
+
+# Both have format_message(); the bundled one is typed as the click one.
+_CLICK_ERRORS: tuple[type[click.ClickException], ...] = (
+    click.ClickException,
+    _typer_click_exception(),
+)
 _EXITS = (click.exceptions.Exit, typer.Exit)
 _ABORTS = (click.exceptions.Abort, typer.Abort)
 

@@ -398,7 +398,7 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
             raise InputError(f'{source}: scheduling: expected "sync" or "async", got {mode!r}')
     if "num_prompts" in data and "num_prompts_per_concurrency" in data:
         raise InputError(f"{source}: give num_prompts or num_prompts_per_concurrency, not both")
-    defaults = {
+    defaults: dict[str, Any] = {
         key: data[key]
         for key in ("max_concurrency", "request_rate", "num_prompts_per_concurrency", "num_prompts")
         if key in data

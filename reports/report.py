@@ -23,7 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -88,7 +88,7 @@ def load_sweep(out_dir: str | Path) -> SweepData:
             frame = pd.read_parquet(path)
         except Exception as exc:  # a damaged cell file is reported, not trusted
             raise InputError(f"{path}: cannot read: {exc}") from None
-        rows.append(frame.iloc[0].to_dict())
+        rows.append({str(key): value for key, value in frame.iloc[0].to_dict().items()})
     if not rows:
         raise InputError(f"{folder / CELLS_DIR}: no finished cells")
     return SweepData(resolved=resolved, frame=sweep_frame(rows), missing_ids=tuple(missing))
@@ -116,11 +116,11 @@ def envelope_table(group: pd.DataFrame) -> pd.DataFrame | None:
     """Per C: best static K, its mean TPOT, and every other policy's distance (%) to it."""
     closed = group[group["max_concurrency"].notna()]
     by_cell = closed.groupby(["policy", "max_concurrency"], sort=False)["mean_tpot_ms"].mean()
-    records = [
-        {"concurrency": int(c), "k": k, "mean_tpot_ms": float(t)}
-        for (policy, c), t in by_cell.items()
-        if (k := static_k(str(policy))) is not None and math.isfinite(t) and t > 0
-    ]
+    records = []
+    for key, t in by_cell.items():
+        policy, c = cast("tuple[str, float]", key)  # the groupby's (policy, max_concurrency)
+        if (k := static_k(str(policy))) is not None and math.isfinite(t) and t > 0:
+            records.append({"concurrency": int(c), "k": k, "mean_tpot_ms": float(t)})
     if not records:
         return None
     sweep = StaticSweep.from_records(records, "static cells")

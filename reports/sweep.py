@@ -322,7 +322,7 @@ def read_cell_row(out_dir: str | os.PathLike[str], cell: SweepCell) -> dict[str,
     if len(frame) != 1 or frame["cell_spec_json"].iloc[0] != cell.spec_json:
         return None
     return {
-        key: value.item() if isinstance(value, np.generic) else value
+        str(key): value.item() if isinstance(value, np.generic) else value
         for key, value in frame.iloc[0].to_dict().items()
     }
 
