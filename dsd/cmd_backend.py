@@ -19,6 +19,7 @@ the dataset's prompt lengths and get synthetic token ids.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -27,7 +28,34 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.options import MaxConcurrency, NumPrompts, OutputLen, RequestRate
+from dsd.options import (
+    Burstiness,
+    EndS,
+    Fraction,
+    MaxConcurrency,
+    MaxOutputLen,
+    MaxPromptLen,
+    NumPrompts,
+    NumRows,
+    OutputLen,
+    RandomInputLen,
+    RandomOutputLen,
+    RandomRangeRatio,
+    RawPrompt,
+    RequestRate,
+    RolloutAlpha,
+    RolloutDist,
+    RolloutMax,
+    RolloutMedian,
+    RolloutMin,
+    RolloutPromptLen,
+    RolloutPromptSet,
+    RolloutSigma,
+    Shuffle,
+    StartS,
+    TimeScale,
+    WorkloadFlags,
+)
 from policies.errors import InputError
 from reports.run_outputs import json_default
 
@@ -66,11 +94,8 @@ def run_backend(
     draft: str,
     policy: str,
     num_spec_tokens: int,
-    max_concurrency: int | None,
-    num_prompts: int | None,
+    workload_flags: WorkloadFlags,
     dataset_name: str,
-    output_len: int | None,
-    request_rate: float,
     device: str,
     dtype_name: str,
     temperature: float,
@@ -127,13 +152,9 @@ def run_backend(
     if draft_obj is None:
         num_spec_tokens = 0
 
+    # The flags' seed is the run seed (dsd run has one --seed for weights, workload, sampling).
     workload = build_workload(
-        dataset_name,
-        num_prompts=num_prompts,
-        max_concurrency=max_concurrency,
-        request_rate=request_rate,
-        seed=seed,
-        output_len=output_len,
+        dataset_name, **dataclasses.replace(workload_flags, seed=seed).arguments()
     )
     tokenize = None
     if tokenizer_name is not None:
@@ -157,6 +178,7 @@ def run_backend(
             " tokens; raise it"
         )
 
+    max_concurrency = workload_flags.max_concurrency
     num_seqs = max_num_seqs or min(256, max_concurrency or len(workload.requests))
     block_size = 16
     scheduler = Scheduler(
@@ -240,6 +262,27 @@ def register(app: typer.Typer) -> None:
         dataset_name: Annotated[str, typer.Option(help="Workload name or file.")] = "mt-bench",
         output_len: OutputLen = None,
         request_rate: RequestRate = math.inf,
+        burstiness: Burstiness = 1.0,
+        raw_prompt: RawPrompt = False,
+        shuffle: Shuffle = False,
+        random_input_len: RandomInputLen = 1024,
+        random_output_len: RandomOutputLen = 128,
+        random_range_ratio: RandomRangeRatio = 0.0,
+        time_scale: TimeScale = 1.0,
+        start_s: StartS = 0.0,
+        end_s: EndS = math.inf,
+        fraction: Fraction = None,
+        num_rows: NumRows = None,
+        max_prompt_len: MaxPromptLen = None,
+        max_output_len: MaxOutputLen = None,
+        rollout_dist: RolloutDist = "lognormal",
+        rollout_median: RolloutMedian = 1024.0,
+        rollout_sigma: RolloutSigma = 1.0,
+        rollout_alpha: RolloutAlpha = 1.5,
+        rollout_min: RolloutMin = 256.0,
+        rollout_max: RolloutMax = 16384,
+        rollout_prompt_len: RolloutPromptLen = 512,
+        rollout_prompt_set: RolloutPromptSet = None,
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
         temperature: Annotated[float, typer.Option(help="0: greedy; > 0: sampling.")] = 0.0,
@@ -266,6 +309,8 @@ def register(app: typer.Typer) -> None:
         """Run a workload on the real SD engine and report vLLM bench metrics."""
         from policies.atomic import atomic_write_text
 
+        workload_flags = WorkloadFlags.from_values(locals())
+        workload_flags.arguments()  # bad workload flags fail here, before any model is built
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise InputError(f"--device: choose cpu or cuda, got {device!r}")
         if scheduling not in ("sync", "async"):
@@ -277,11 +322,8 @@ def register(app: typer.Typer) -> None:
             draft=draft,
             policy=policy,
             num_spec_tokens=num_spec_tokens,
-            max_concurrency=max_concurrency,
-            num_prompts=num_prompts,
+            workload_flags=workload_flags,
             dataset_name=dataset_name,
-            output_len=output_len,
-            request_rate=request_rate,
             device=device,
             dtype_name=dtype,
             temperature=temperature,

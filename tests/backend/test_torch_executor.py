@@ -221,3 +221,17 @@ def test_dsd_run_writes_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
         main([*args, "--policy", "static:2"])
     assert exit_info.value.code == 2
     assert "learns no profile" in capsys.readouterr().err
+
+
+def test_dsd_run_takes_the_simulators_workload_flags(capsys) -> None:
+    from dsd.cli import main
+
+    # A draining rollout of 3 requests, outputs capped at 6 tokens, prompts of 20 tokens.
+    main(["run", "--target", "tiny", "--draft", "early-exit:1", "--num-spec-tokens", "2",
+          "--policy", "static:2", "--dataset-name", "rl-rollout", "--num-prompts", "3",
+          "--rollout-median", "4", "--rollout-max", "6", "--rollout-prompt-len", "20",
+          "--max-model-len", "256", "--ignore-eos", "--json"])  # fmt: skip
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["completed"] == 3
+    assert metrics["total_input_tokens"] == 3 * 20
+    assert 3 <= metrics["total_output_tokens"] <= 3 * 6

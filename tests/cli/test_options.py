@@ -48,15 +48,9 @@ COMMANDS: tuple[tuple[tuple[str, ...], frozenset[str], frozenset[str]], ...] = (
         frozenset({*SOURCE_FLAGS, "max_concurrency", "request_rate", "burstiness"}),
         frozenset(),
     ),
-    # the real engine takes the arrival flags only; its --dataset-name is its own (default
-    # mt-bench shown in --help, no --dataset-path)
-    (
-        ("run",),
-        frozenset(WORKLOAD_FIELDS)
-        - {"num_prompts", "max_concurrency", "request_rate", "output_len", SEED}
-        | {"dataset_path"},
-        frozenset({"dataset_name"}),
-    ),
+    # the real engine: every workload flag; its --dataset-name is its own (default mt-bench
+    # shown in --help, no --dataset-path)
+    (("run",), frozenset({"dataset_path"}), frozenset({"dataset_name"})),
 )
 COMMAND_IDS = [" ".join(path) for path, _, _ in COMMANDS]
 
@@ -316,6 +310,7 @@ BAD_FLAG_COMMANDS: tuple[list[str], ...] = (
     ["traces", "show", "rl-rollout"],
     ["traces", "convert", "rl-rollout", "--out", "{tmp}/w.csv"],
     ["traces", "export", "rl-rollout", "--out", "{tmp}/w.jsonl"],
+    ["run", "--target", "tiny", "--output", "{tmp}/run.json"],  # checked before any model
 )
 # (bad flags, the one error line every command prints)
 BAD_FLAGS: tuple[tuple[list[str], str], ...] = (
