@@ -23,6 +23,9 @@ File layout (every key optional unless marked; a scalar where a list is allowed 
     host_overhead_ms = 0.5              #   a scalar is fixed,
     latency_model = ["table", "parametric"]  # a list is swept
 
+    [config.category_acceptance]        # per-tag acceptance rates (fixed, not an axis):
+    math = [0.61, 0.36, 0.22]           #   requests tagged "math" draw with these r_i
+
 Relative paths (profile, a workload file) are taken relative to the grid file's folder.
 
 Expansion order (outermost first), each axis in the order written: profile, workload, the
@@ -243,6 +246,20 @@ def _check_fields(source: str, where: str, fields: dict[str, Any]) -> None:
             raise InputError(f"{source}: {where}{key}: {exc}") from None
 
 
+def _category_acceptance(source: str, value: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """`[config.category_acceptance]`, `tag = [r_1, ...]` per category: fixed (not an axis)."""
+    if not isinstance(value, dict):
+        raise InputError(
+            f"{source}: config.category_acceptance: expected a table of tag = [rates] (one set "
+            f"for every cell, not an axis), got {_type_name(value)}"
+        )
+    pairs = tuple(
+        (tag, tuple(rates) if isinstance(rates, list) else rates) for tag, rates in value.items()
+    )
+    _check_fields(source, "config.", {"category_acceptance": pairs})
+    return pairs
+
+
 def _unknown_keys(source: str, where: str, table: dict[str, Any], known: Sequence[str]) -> None:
     for key in table:
         if key not in known:
@@ -417,6 +434,9 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
     fixed: list[tuple[str, Any]] = []
     swept: list[tuple[str, tuple[Any, ...]]] = []
     for key, value in config.items():
+        if key == "category_acceptance":
+            fixed.append((key, _category_acceptance(source, value)))
+            continue
         values = [math.inf if v == "inf" else v for v in _as_list(source, f"config.{key}", value)]
         for item in values:
             _check_fields(source, "config.", {key: item})

@@ -95,6 +95,17 @@ def test_swept_config_fields_expand_outside_the_load_points_and_fixed_ones_apply
     assert dict(cells[0].labels)["latency_model"] == "table"
 
 
+def test_category_acceptance_is_a_fixed_table_of_tag_rates(tmp_path: Path) -> None:
+    body = (
+        "max_concurrency = [1, 2]\n[config.category_acceptance]\n"
+        "math = [0.6, 0.36]\nstem = [0.5, 0, 0.0]\n"
+    )
+    cells = _cells(tmp_path, HEAD + body)
+    assert len(cells) == 4  # a table, not an axis
+    expected = (("math", (0.6, 0.36)), ("stem", (0.5, 0, 0.0)))
+    assert {c.config.category_acceptance for c in cells} == {expected}
+
+
 def test_prompts_and_seeds_follow_the_load_point(tmp_path: Path) -> None:
     cells = _cells(tmp_path, HEAD + "max_concurrency = [1, 8]\nnum_prompts_per_concurrency = 3\n")
     assert [c.config.num_prompts for c in cells] == [3, 3, 24, 24]
@@ -150,6 +161,18 @@ def test_relative_profile_paths_are_taken_from_the_grid_folder(tmp_path: Path) -
             "request_rate inf without max_concurrency",
         ),
         (HEAD + "max_concurrency = [1]\nworkloads = 3\n", "workloads: expected an array"),
+        (
+            HEAD + "max_concurrency = [1]\n[config]\ncategory_acceptance = [[0.5]]\n",
+            "config.category_acceptance: expected a table of tag = [rates]",
+        ),
+        (
+            HEAD + "max_concurrency = [1]\n[config.category_acceptance]\nmath = [1.5]\n",
+            "config.category_acceptance[0]: rates",
+        ),
+        (
+            HEAD + "max_concurrency = [1]\n[config.category_acceptance]\nmath = 0.5\n",
+            "rates must be a non-empty tuple",
+        ),
         (
             HEAD + 'max_concurrency = [1]\n[[workloads]]\nname = "a"\n[[workloads]]\nname = "a"\n',
             "duplicate value 'a'",
