@@ -26,16 +26,17 @@ a model of the two things the goodput rule needs and learns both from every step
   simulated engine can be noiseless while the model is still only an approximation), a random
   walk prior that ties the K-terms of neighbouring knots, and `latency_discount` forgetting.
 
-Each step draws one step-time model from its posterior, takes the acceptance model at its
-posterior mean, and plays argmax_K AL(K) / duration(B, K, 0) (smallest K on ties), with B the
-step's scheduled requests, prefill chunks included (`policies.goodput.table_batch_size`, the row
-count every policy keys its choice on): in a ramp-up step with many prefill chunks and few decode
-rows, the K worth drafting is the one the whole batch will run at. The prefill part of a step is
-paid whatever K is, so it is learnt (it would bias the K terms otherwise) but left out of the
-choice. Every step informs the K slope at its D and, through the shared knots and the
-smoothness prior, at neighbouring D; every drafted row informs acceptance for every D. So
-exploration ends after a handful of steps, where independent arms need every (bucket, K) pair
-tried. Acceptance is not sampled: see `StructuredBanditPolicy.choose_k` for why.
+Each step draws one acceptance model and one step-time model from the posteriors and plays
+argmax_K AL(K) / duration(B, K, 0) (smallest K on ties), with B the step's scheduled requests,
+prefill chunks included (`policies.goodput.table_batch_size`, the row count every policy keys
+its choice on): in a ramp-up step with many prefill chunks and few decode rows, the K worth
+drafting is the one the whole batch will run at. The prefill part of a step is paid whatever K
+is, so it is learnt (it would bias the K terms otherwise) but left out of the choice. Every step
+informs the K slope at its D and, through the shared knots and the smoothness prior, at
+neighbouring D; every drafted row informs acceptance for every D. So exploration ends after a
+handful of steps, where independent arms need every (bucket, K) pair tried. An exploration
+check (`max_exploration_loss`, `min_best_probability`) drops the rare draws of a K that the
+posterior mean puts far below its best and that is seldom the best (see `choose_k`).
 
 Priors. Without a profile the step-time prior is scaled by the shortest observed decode step
 (`scale_ms`): intercepts around it and wide, K-slopes around 10% of it with a standard deviation
@@ -285,6 +286,7 @@ class StepTimePosterior:
         self.sum_y += duration_ms
         self.num_obs += 1.0
         self.knot_steps += features[: FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT]
+        # The hat weights sum to 1, so the K column (hat weight x K) sums to the step's K.
         k = int(features[1 : FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT].sum() + 0.5)
         if k < self.k_steps.size:
             self.k_steps[k] += 1.0
@@ -519,7 +521,7 @@ class StructuredBanditPolicy:
         rates = self.acceptance.sample_rates(self.rng)  # [k_max]
         coefficients = self.step_time.sample_coefficients(self.rng)  # [P]
         # The prefill part of a step is paid whatever K is (a sunk cost): K is chosen by the
-        # decode part's rate AL(K) / duration(D, K, 0), the rate at which the engine turns
+        # decode part's rate AL(K) / duration(B, K, 0), the rate at which the engine turns
         # time into output tokens in the long run (a ratio with the sunk cost in it would
         # favour large K in prefill steps, spending more ms per extra token than K=0 steps).
         batch_size = table_batch_size(view)
