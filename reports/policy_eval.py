@@ -26,10 +26,14 @@ with the lowest seed-mean TPOT, and each policy's gap is measured per seed again
 TPOT at the same seed (same requests, same acceptance stream). Seeds 0..n-1 per point, n =
 `point_seeds`: at least MIN_SEEDS and enough for MIN_REQUESTS_PER_POINT requests over all seeds
 (a 1% goal needs that power: with 3 seeds of 64 MT-Bench requests the seed spread of a gap is
-about +-2%, and 3-seed gaps of +1.5% at C=8 read +-0.1% over 12 seeds). A gap whose
+about +-2%, and 3-seed gaps of +1.5% at C=8 read +-0.1% over 12 seeds; at 512 requests the
+profile-seeded bandit read +1.2% [-1.6, +3.1] at C=4 over 8 seeds and +0.6% over 16). A gap whose
 seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
 assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
-bandit with and without the profile prior (`bandit:prior=profile`).
+bandit with and without the profile prior (`bandit:prior=profile`). The bandit is run cold (a
+fresh policy per run, the default) and warm: seeded with the profile the cold bandit learnt on
+a previous run of the same point (seed + WARM_START_SEED_OFFSET, `bandit:prior=FILE`), as a
+long-running server that keeps what it learnt would start.
 
 Writes report.md, results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
 per workload under --out; 2 worker processes by default.
@@ -44,6 +48,7 @@ import dataclasses
 import json
 import math
 import multiprocessing
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,13 +57,15 @@ from typing import Any
 import numpy as np
 
 from policies.atomic import atomic_write_bytes, atomic_write_text
+from policies.profile_io import save_profile
+from policies.types import KPolicy
 from reports.png import figure_png_bytes
 from sim.acceptance import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from sim.runner import SimulationConfig, build_engine, resolve
+from sim.runner import SimulationConfig, build_engine, learned_profile, resolve
 from traces.loaders import TraceOptions
 from traces.registry import build_workload
 from traces.rollout import RolloutConfig
@@ -66,7 +73,9 @@ from traces.rollout import RolloutConfig
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5
 MIN_SEEDS = 3
-MIN_REQUESTS_PER_POINT = 512
+# The warm-start row's previous run uses seed + this (never one of the measured seeds).
+WARM_START_SEED_OFFSET = 1000
+MIN_REQUESTS_PER_POINT = 1024
 MT_BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Azure conv: trace seconds replayed (from the first row), and the time-compression factors.
 AZURE_WINDOW_S = 180.0
@@ -84,6 +93,9 @@ class PolicyRow:
     label: str  # row name in the report
     spec: str  # SPEC for parse_policy ({sweep} is the MT-Bench static sweep path)
     engine_mixed_k: str = "padded"  # the engine's mixed-K costing for this row
+    # Warm start: `{prior}` in the SPEC is the profile the cold bandit learnt on the same point
+    # at seed + WARM_START_SEED_OFFSET (a previous run of the same workload).
+    warm_start: bool = False
 
 
 STATIC_ROWS = tuple(PolicyRow(f"static:{k}", f"static:{k}") for k in range(K_MAX + 1))
@@ -101,6 +113,7 @@ DYNAMIC_ROWS = (
     PolicyRow("context", "context"),
     PolicyRow("bandit", "bandit"),
     PolicyRow("bandit:prior=profile", "bandit:prior=profile"),
+    PolicyRow("bandit, warm (learnt profile)", "bandit:prior={prior}", warm_start=True),
     PolicyRow("envelope policy (MT-Bench sweep)", "envelope:{sweep}"),
 )
 # Rows that are not "dynamic policies" for the goals (investigation only).
@@ -256,14 +269,28 @@ def write_phased_workload(path: Path) -> None:
 def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
     """Mean TPOT ms of one (workload point, policy row, seed)."""
     kwargs, row, seed, sweep_path = task
-    config = SimulationConfig(
-        profile=PROFILE,
-        policy=row.spec.format(sweep=sweep_path),
-        seed=seed,
-        mixed_k=row.engine_mixed_k,  # type: ignore[arg-type]
-        **kwargs,
-    )
-    return float(build_engine(resolve(config)).run().metrics["mean_tpot_ms"])
+
+    def run(spec: str, run_seed: int) -> tuple[float, KPolicy]:
+        config = SimulationConfig(
+            profile=PROFILE,
+            policy=spec,
+            seed=run_seed,
+            mixed_k=row.engine_mixed_k,  # type: ignore[arg-type]
+            **kwargs,
+        )
+        engine = build_engine(resolve(config))
+        return float(engine.run().metrics["mean_tpot_ms"]), engine.policy
+
+    if not row.warm_start:
+        return run(row.spec.format(sweep=sweep_path), seed)[0]
+    # The previous run: the cold bandit on the same point at another seed; the profile it
+    # learnt is the prior of the measured run.
+    learnt = learned_profile(run("bandit", seed + WARM_START_SEED_OFFSET)[1])
+    assert learnt is not None, "the cold bandit saw no timed decode step"
+    with tempfile.TemporaryDirectory() as folder:
+        prior_path = Path(folder) / "learned_profile.json"
+        save_profile(learnt, prior_path)
+        return run(row.spec.format(prior=prior_path), seed)[0]
 
 
 Results = dict[str, dict[str, dict[str, list[float]]]]  # workload -> row -> point -> [seed]
