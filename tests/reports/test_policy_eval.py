@@ -101,11 +101,12 @@ def test_gap_is_per_seed_against_the_envelope_k(
 @pytest.mark.parametrize(
     ("requests_per_run", "num_seeds"),
     [
-        (64, 8),  # MT-Bench C <= 16: 8 x 64 = 512 requests over the seeds
-        (128, 4),  # C = 32
-        (256, 3),  # never fewer than MIN_SEEDS
+        (64, 16),  # MT-Bench C <= 16: 16 x 64 = 1,024 requests over the seeds
+        (128, 8),  # C = 32
+        (256, 4),  # C = 64, the RL rollout N = 256
+        (1024, 3),  # never fewer than MIN_SEEDS
         (1152, 3),  # the phased workload
-        (1, 512),  # one request a run
+        (1, 1024),  # one request a run
     ],
 )
 def test_point_seeds_give_enough_requests(requests_per_run: int, num_seeds: int) -> None:
