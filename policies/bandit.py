@@ -92,6 +92,8 @@ PREFILL_TOKENS_UNIT = 1024.0
 MAX_PENDING_VIEWS = 8
 # Further posterior draws behind a check of how often a far-from-best K is the best.
 EXPLORATION_CHECK_DRAWS = 32
+# Entries of the (B, k_cap, prefill) -> features cache before it is emptied.
+MAX_CACHED_FEATURES = 4096
 # Floor of a learned profile's step time, ms (a posterior mean far from any data can be <= 0).
 MIN_LEARNED_MS = 1e-3
 
@@ -261,6 +263,7 @@ class StepTimePosterior:
             None if profile_itl is None else self._profile_prior_terms(profile_itl, k_max)
         )
         self._cache: tuple[FloatArray, FloatArray] | None = None  # (mean [P], chol cov [P, P])
+        self._k_features: dict[tuple[float, int, float], FloatArray] = {}  # see k_features
 
     def features(
         self, num_decode_reqs: float, num_spec_tokens: FloatArray, prefill_tokens: float
@@ -272,6 +275,19 @@ class StepTimePosterior:
         knot_part = (per_k[:, None, :] * hats[None, :, None]).reshape(ks.size, -1)  # [n, 3J+3]
         prefill = np.full((ks.size, 1), prefill_tokens / PREFILL_TOKENS_UNIT)  # [n, 1]
         return np.concatenate([knot_part, prefill], axis=1)  # [n, P]
+
+    def k_features(self, num_decode_reqs: float, k_cap: int, prefill_tokens: float) -> FloatArray:
+        """[k_cap + 1, P] `features` for K = 0..k_cap, cached (read-only): every choice needs
+        them at the same few (B, k_cap) several times a step."""
+        key = (float(num_decode_reqs), int(k_cap), float(prefill_tokens))
+        cached = self._k_features.get(key)
+        if cached is None:
+            if len(self._k_features) >= MAX_CACHED_FEATURES:
+                self._k_features.clear()
+            cached = self.features(num_decode_reqs, np.arange(k_cap + 1.0), prefill_tokens)
+            cached.flags.writeable = False
+            self._k_features[key] = cached
+        return cached
 
     def observe(self, features: FloatArray, duration_ms: float) -> None:
         discount = self.config.latency_discount
@@ -431,9 +447,10 @@ class StructuredBanditPolicy:
         k_cap: int,
     ) -> FloatArray:
         """[k_cap + 1] AL(K) / duration(D, K, prefill) for one acceptance and step-time model."""
-        ks = np.arange(k_cap + 1, dtype=np.float64)  # [K+1]
         al_by_k = np.concatenate(([1.0], 1.0 + np.cumsum(rates[:k_cap])))  # [K+1]
-        duration_ms = self.step_time.features(num_decode_reqs, ks, prefill_tokens) @ coefficients
+        duration_ms = (
+            self.step_time.k_features(num_decode_reqs, k_cap, prefill_tokens) @ coefficients
+        )
         # A draw can put a duration at or below 0 early on; floor it so the ratio stays finite.
         floor_ms = 1e-3 * (self.step_time.scale_ms or 1.0)
         return np.asarray(al_by_k / np.maximum(duration_ms, floor_ms), dtype=np.float64)
