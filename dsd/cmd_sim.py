@@ -365,7 +365,7 @@ def register(app: typer.Typer) -> None:
             engine = build_engine(resolved, engine_config)
             run = engine.run()
             result = bench_result(run, resolved)
-            learned = learned_profile(engine.policy)
+            learned = learned_profile(engine.policy) if out is not None else None
             if out is not None:
                 config_dict = resolved_config_dict(config, resolved)
                 config_dict["command_line"] = _command_line()
