@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from policy_factories import h100_profile
 
 from policies.bandit import (
@@ -23,7 +26,7 @@ from policies.bandit import (
 )
 from policies.errors import InputError
 from policies.goodput import ItlTable, acceptance_lengths
-from policies.profile_io import load_profile, save_profile
+from policies.profile_io import load_profile, parse_profile, profile_to_native, save_profile
 from policies.range_table import synthetic_view
 from policies.spec import parse_policy
 from policies.types import StepFeedback
@@ -625,3 +628,45 @@ def test_prior_file_starts_warm_from_a_learnt_profile(tmp_path) -> None:  # type
     assert {warm.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}
     fresh = StructuredBanditPolicy(5, 64, seed=12)
     assert not {fresh.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}
+
+
+@settings(deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, 255),  # decode rows (B = rows + 1 with prefill <= 256)
+            st.integers(0, 5),  # K
+            st.floats(1e-3, 1e3),  # duration, ms
+            st.integers(0, 4096),  # prefill tokens
+        ),
+        max_size=30,
+    )
+)
+def test_a_learned_profile_is_always_a_valid_profile(steps: list) -> None:  # type: ignore[type-arg]
+    # Whatever it saw (any B, K, duration, prefill), what it exports passes the profile reader
+    # and keeps its measured knots: B = 1 first, the largest observed knot last.
+    policy = StructuredBanditPolicy(5, 256, seed=0)
+    rng = np.random.default_rng(0)
+    for index, (rows, k, duration_ms, prefill) in enumerate(steps):
+        view = dataclasses.replace(
+            synthetic_view(rows, 5),
+            step_index=index,
+            batch_size=rows + (1 if prefill else 0),
+            num_tokens=rows + prefill,
+        )
+        policy.choose_k(view)
+        accepted = _accepted_rows(rng, RATES, rows, k)
+        policy.observe(_feedback(index, rows, k, accepted, duration_ms, batch_size=view.batch_size))
+    learnt = policy.learned_profile()
+    weights = policy.step_time.knot_steps  # [J+1] steps per knot (hat weights summed)
+    if weights.max(initial=0.0) < 1.0:  # no knot has a whole step's evidence yet
+        assert learnt is None
+        return
+    assert learnt is not None
+    assert parse_profile(profile_to_native(learnt), "learnt") == learnt
+    # Knots 1, 2, 4, ... up to the largest with a whole step, never past the rows seen.
+    largest = int(policy.step_time.knots[np.flatnonzero(weights >= 1.0)[-1]])
+    assert learnt.batch_sizes() == [2**j for j in range(largest.bit_length())]
+    assert largest <= 2 ** math.ceil(math.log2(max(rows for rows, *_ in steps)))
+    assert all(p.median_ms > 0 for p in learnt.latency)
+    assert list(learnt.acceptance_rates) == sorted(learnt.acceptance_rates, reverse=True)
