@@ -413,9 +413,8 @@ class _ForwardTimedExecutor:
     def execute(self, batch: ScheduledBatch) -> StepOutcome:
         self.take_forward_ms()  # drop anything timed outside a step
         outcome = self.inner.execute(batch)
-        num_decode = batch.num_decode_reqs
-        has_spec = num_decode > 0 and int(batch.num_spec_tokens[:num_decode].max()) > 0
-        self.records[batch.step_index] = (batch.batch_size, has_spec, self.take_forward_ms())
+        forward_ms = self.take_forward_ms()
+        self.records[batch.step_index] = (batch.batch_size, batch.has_drafts, forward_ms)
         return outcome
 
 

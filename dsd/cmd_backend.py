@@ -19,7 +19,6 @@ the dataset's prompt lengths and get synthetic token ids.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import replace
@@ -152,10 +151,8 @@ def run_backend(
     if draft_obj is None:
         num_spec_tokens = 0
 
-    # The flags' seed is the run seed (dsd run has one --seed for weights, workload, sampling).
-    workload = build_workload(
-        dataset_name, **dataclasses.replace(workload_flags, seed=seed).arguments()
-    )
+    # workload_flags.seed is the run's --seed (one seed for weights, workload and sampling).
+    workload = build_workload(dataset_name, **workload_flags.arguments())
     tokenize = None
     if tokenizer_name is not None:
         tokenizer = load_tokenizer(tokenizer_name)

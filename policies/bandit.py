@@ -254,8 +254,6 @@ class StepTimePosterior:
         # [J+1] undiscounted hat weight of every observed step per knot: where the model has
         # seen steps (what `StructuredBanditPolicy.learned_profile` exports).
         self.knot_steps = np.zeros(self.knots.size)
-        # [k_max+1] undiscounted observed steps per K (the step's largest K).
-        self.k_steps = np.zeros(k_max + 1)
         # Reference duration of the profile-free prior, ms: the shortest observed decode step
         # (a step with a large prefill chunk would make the prior far too wide).
         self.scale_ms: float | None = None
@@ -302,10 +300,6 @@ class StepTimePosterior:
         self.sum_y += duration_ms
         self.num_obs += 1.0
         self.knot_steps += features[: FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT]
-        # The hat weights sum to 1, so the K column (hat weight x K) sums to the step's K.
-        k = int(features[1 : FEATURES_PER_KNOT * self.knots.size : FEATURES_PER_KNOT].sum() + 0.5)
-        if k < self.k_steps.size:
-            self.k_steps[k] += 1.0
         if self.scale_ms is None or duration_ms < self.scale_ms:
             self.scale_ms = duration_ms
         self._cache = None
@@ -435,6 +429,8 @@ class StructuredBanditPolicy:
             prior_conditional, prior_rows, self.config.acceptance_discount
         )
         self.step_time = StepTimePosterior(max_num_seqs, self.config, itl, k_max)
+        # [k_max+1] timed decode steps seen per K (the step's largest K), for learned_profile.
+        self.timed_steps_per_k = np.zeros(k_max + 1, dtype=np.int64)
         # step_index -> prefill tokens of that step, from the view choose_k saw.
         self._pending_prefill: OrderedDict[int, float] = OrderedDict()
 
@@ -455,18 +451,15 @@ class StructuredBanditPolicy:
         floor_ms = 1e-3 * (self.step_time.scale_ms or 1.0)
         return np.asarray(al_by_k / np.maximum(duration_ms, floor_ms), dtype=np.float64)
 
-    def mean_goodput(self, num_decode_reqs: int, prefill_tokens: float = 0.0) -> FloatArray:
-        """[k_max + 1] the posterior-mean objective at D (for tests and explain output)."""
+    def mean_goodput(
+        self, num_rows: int, prefill_tokens: float = 0.0, k_cap: int | None = None
+    ) -> FloatArray:
+        """[k_cap + 1] the posterior-mean objective at `num_rows` (k_cap default: k_max)."""
         mean, _ = self.step_time.posterior()
+        k_cap = self.k_max if k_cap is None else k_cap
         return self.expected_goodput(
-            num_decode_reqs, prefill_tokens, self.acceptance.mean_rates(), mean, self.k_max
+            num_rows, prefill_tokens, self.acceptance.mean_rates(), mean, k_cap
         )
-
-    def mean_goodput_at(self, batch_size: int, k_cap: int) -> FloatArray:
-        """[k_cap + 1] the posterior-mean objective at `batch_size` rows, no prefill."""
-        mean, _ = self.step_time.posterior()
-        rates = self.acceptance.mean_rates()
-        return self.expected_goodput(batch_size, 0.0, rates, mean, k_cap)
 
     def learned_profile(self, min_knot_steps: float = 1.0) -> Profile | None:
         """What the policy has learnt, as a profile; None before a timed decode step or at K_max 0.
@@ -490,11 +483,10 @@ class StructuredBanditPolicy:
         if observed.size == 0:
             return None
         mean, _ = step_time.posterior()
-        ks = np.arange(self.k_max + 1, dtype=np.float64)  # [K+1]
         points = []
         for knot in range(int(observed[-1]) + 1):
             batch_size = float(step_time.knots[knot])
-            durations = step_time.features(batch_size, ks, 0.0) @ mean  # [K+1]
+            durations = step_time.k_features(batch_size, self.k_max, 0.0) @ mean  # [K+1]
             steps = round(float(step_time.knot_steps[knot]))
             for k, duration in enumerate(durations):
                 points.append(
@@ -507,13 +499,13 @@ class StructuredBanditPolicy:
                 )
         metadata = {
             "source": "learned online by the structured bandit (posterior means)",
-            "observed_steps": round(float(step_time.k_steps.sum())),
+            "observed_steps": int(self.timed_steps_per_k.sum()),
             "observed_steps_per_knot": {
                 str(int(b)): round(float(w), 3)
                 for b, w in zip(step_time.knots, step_time.knot_steps, strict=True)
                 if w > 0
             },
-            "observed_steps_per_k": [round(float(n)) for n in step_time.k_steps],
+            "observed_steps_per_k": self.timed_steps_per_k.tolist(),
         }
         return Profile(
             k_max=self.k_max,
@@ -552,7 +544,7 @@ class StructuredBanditPolicy:
         # costing about +0.4% mean TPOT by breaking the requests' lockstep), and they teach
         # little; a K that is far below but often best (a draft position with little evidence)
         # is still explored.
-        mean_goodput = self.mean_goodput_at(batch_size, k_cap)
+        mean_goodput = self.mean_goodput(batch_size, 0.0, k_cap)
         mean_best = int(np.argmax(mean_goodput))
         loss_limit = (1.0 - self.config.max_exploration_loss) * mean_goodput[mean_best]
         if mean_goodput[sampled_k] < loss_limit and not self._often_best(
@@ -586,9 +578,10 @@ class StructuredBanditPolicy:
             if feedback.batch_size > num_decode:
                 return  # prefill chunks of unknown size: their cost would bias the K terms
             prefill_tokens = 0.0
-        k = float(min(int(num_spec.max()), self.k_max))
-        features = self.step_time.features(num_decode, np.array([k]), prefill_tokens)[0]  # [P]
-        self.step_time.observe(features, duration_ms)
+        k = min(int(num_spec.max()), self.k_max)
+        features = self.step_time.features(num_decode, np.array([float(k)]), prefill_tokens)[0]
+        self.step_time.observe(features, duration_ms)  # features: [P]
+        self.timed_steps_per_k[k] += 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -108,6 +108,15 @@ class _Reader:
             raise self.fail(field_path, f"{what} must be finite and > 0, got {_short(value)}")
         return number
 
+    def nonnegative_ms(self, entry: Mapping[str, Any], key: str, where: str) -> float:
+        """The required field `key` of `entry` (at `where`): a finite number of ms >= 0."""
+        path = f"{where}.{key}"
+        value = self.require(entry, key, where)
+        number = self.number(value, path)
+        if not math.isfinite(number) or number < 0:
+            raise self.fail(path, f"must be finite and >= 0 ms, got {_short(value)}")
+        return number
+
     def rate(self, value: Any, field_path: str) -> float:
         number = self.number(value, field_path)
         if not (math.isfinite(number) and 0.0 <= number <= 1.0):
@@ -346,15 +355,6 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     )
 
 
-def _nonnegative_ms(reader: _Reader, entry: Mapping[str, Any], key: str, field_path: str) -> float:
-    path = f"{field_path}.{key}"
-    value = reader.require(entry, key, field_path)
-    number = reader.number(value, path)
-    if not math.isfinite(number) or number < 0:
-        raise reader.fail(path, f"must be finite and >= 0 ms, got {_short(value)}")
-    return number
-
-
 def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
     """The optional measured host-overhead model (see docs/formats.md)."""
     entry = reader.obj(raw, "host_overhead")
@@ -363,13 +363,13 @@ def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
         path = f"host_overhead.{kind}"
         line = reader.obj(reader.require(entry, kind, "host_overhead"), path)
         lines[kind] = HostOverheadLine(
-            intercept_ms=_nonnegative_ms(reader, line, "intercept_ms", path),
-            per_row_ms=_nonnegative_ms(reader, line, "per_row_ms", path),
+            intercept_ms=reader.nonnegative_ms(line, "intercept_ms", path),
+            per_row_ms=reader.nonnegative_ms(line, "per_row_ms", path),
         )
     return HostOverhead(
         plain=lines["plain"],
         spec=lines["spec"],
-        residual_ms=_nonnegative_ms(reader, entry, "residual_ms", "host_overhead"),
+        residual_ms=reader.nonnegative_ms(entry, "residual_ms", "host_overhead"),
         num_steps=reader.integer(
             reader.require(entry, "num_steps", "host_overhead"), "host_overhead.num_steps", 1
         ),

@@ -26,8 +26,7 @@ import numpy as np
 
 from policies.atomic import atomic_write_text
 from policies.types import IntArray, KPolicy, StepFeedback, StepView
-from reports.policy_eval import PROFILE, point_seeds, workloads
-from sim.runner import SimulationConfig, build_engine, resolve
+from reports.policy_eval import point_engine, point_seeds, workloads
 
 
 class ForcedSteps:
@@ -69,11 +68,7 @@ CASES = (
 
 def _mean_tpot(task: tuple[dict[str, Any], int, tuple[int, ...], int, int]) -> float:
     kwargs, envelope_k, steps, k, seed = task
-    engine = build_engine(
-        resolve(
-            SimulationConfig(profile=PROFILE, policy=f"static:{envelope_k}", seed=seed, **kwargs)
-        )
-    )
+    engine = point_engine(kwargs, f"static:{envelope_k}", seed)
     engine.policy = ForcedSteps(engine.policy, frozenset(steps), k)
     return float(engine.run().metrics["mean_tpot_ms"])
 

@@ -65,6 +65,7 @@ from sim.acceptance import (
     load_replay_recording,
     per_position_rates_from_recording,
 )
+from sim.engine import Engine
 from sim.runner import SimulationConfig, build_engine, learned_profile, resolve
 from traces.loaders import TraceOptions
 from traces.registry import build_workload
@@ -266,19 +267,24 @@ def write_phased_workload(path: Path) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+def point_engine(kwargs: dict[str, Any], spec: str, seed: int, mixed_k: str = "padded") -> Engine:
+    """The engine of one run at a workload point (its SimulationConfig kwargs) on PROFILE."""
+    config = SimulationConfig(
+        profile=PROFILE,
+        policy=spec,
+        seed=seed,
+        mixed_k=mixed_k,  # type: ignore[arg-type]
+        **kwargs,
+    )
+    return build_engine(resolve(config))
+
+
 def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
     """Mean TPOT ms of one (workload point, policy row, seed)."""
     kwargs, row, seed, sweep_path = task
 
     def run(spec: str, run_seed: int) -> tuple[float, KPolicy]:
-        config = SimulationConfig(
-            profile=PROFILE,
-            policy=spec,
-            seed=run_seed,
-            mixed_k=row.engine_mixed_k,  # type: ignore[arg-type]
-            **kwargs,
-        )
-        engine = build_engine(resolve(config))
+        engine = point_engine(kwargs, spec, run_seed, row.engine_mixed_k)
         return float(engine.run().metrics["mean_tpot_ms"]), engine.policy
 
     if not row.warm_start:

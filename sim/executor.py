@@ -107,9 +107,7 @@ class FittedExecutor:
         model = self.host_overhead_model
         if model is None:
             return self.host_overhead_ms
-        num_decode = batch.num_decode_reqs
-        has_spec = num_decode > 0 and int(batch.num_spec_tokens[:num_decode].max()) > 0
-        return model.overhead_ms(batch.batch_size, has_spec)
+        return model.overhead_ms(batch.batch_size, batch.has_drafts)
 
 
 AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]

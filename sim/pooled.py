@@ -119,9 +119,8 @@ class PooledValues:
     def summary(self, percentiles: tuple[float, ...] = ()) -> dict[str, float]:
         """{"mean", "median", "std", "p<q>" for q in percentiles}; empty reads as [0] (vLLM)."""
         if not self._runs:
+            # `add` keeps no empty batch, so an empty buffer is the only empty case.
             values = np.concatenate(self._buffer) if self._buffer else np.zeros(1)
-            if values.shape[0] == 0:
-                values = np.zeros(1)
             result = {
                 "mean": float(np.mean(values)),
                 "median": float(np.median(values)),

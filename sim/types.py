@@ -44,6 +44,12 @@ class ScheduledBatch:
     def batch_size(self) -> int:
         return int(self.req_ids.shape[0])
 
+    @property
+    def has_drafts(self) -> bool:
+        """Some decode row drafts (K > 0): the step class the host-overhead model is keyed on,
+        measured by `backend.profiler` and charged by `sim.executor` with this one test."""
+        return bool(self.num_spec_tokens[: self.num_decode_reqs].max(initial=0) > 0)
+
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:

@@ -563,7 +563,7 @@ def test_exploration_check_drops_far_and_seldom_best_draws() -> None:
         profile=h100_profile(),
     )
     checked = StructuredBanditPolicy(5, 256, seed=4, profile=h100_profile())
-    mean = checked.mean_goodput_at(256, 5)
+    mean = checked.mean_goodput(256)
     assert mean.argmax() == 0 and mean[1:].max() < 0.95 * mean[0]
     view = synthetic_view(256, 5)
     plain_drafts = sum(plain.choose_k(view) > 0 for _ in range(2000))
