@@ -192,14 +192,10 @@ def run_backend(
     )
     profile = load_profile(profile_path) if profile_path else None
     k_policy = parse_policy(policy, profile=profile, k_max=num_spec_tokens, max_num_seqs=num_seqs)
-    if learned_profile_path is not None:
-        if not hasattr(k_policy, "learned_profile"):
-            raise InputError(
-                f"--learned-profile: policy {policy!r} learns no profile (use --policy bandit)"
-            )
-        folder = Path(learned_profile_path).resolve().parent
-        if not folder.is_dir():
-            raise InputError(f"--learned-profile {learned_profile_path}: no folder {folder}")
+    if learned_profile_path is not None and not hasattr(k_policy, "learned_profile"):
+        raise InputError(
+            f"--learned-profile: policy {policy!r} learns no profile (use --policy bandit)"
+        )
     executor = TorchExecutor(
         target_model,
         draft_obj,
@@ -308,6 +304,12 @@ def register(app: typer.Typer) -> None:
 
         workload_flags = WorkloadFlags.from_values(locals())
         workload_flags.arguments()  # bad workload flags fail here, before any model is built
+        if learned_profile is not None:  # written after the run: a bad path must fail now
+            folder = Path(learned_profile).resolve().parent
+            if Path(learned_profile).is_dir():
+                raise InputError(f"--learned-profile {learned_profile}: is a folder, not a file")
+            if not folder.is_dir():
+                raise InputError(f"--learned-profile {learned_profile}: no folder {folder}")
         if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
             raise InputError(f"--device: choose cpu or cuda, got {device!r}")
         if scheduling not in ("sync", "async"):

@@ -221,6 +221,14 @@ def test_dsd_run_writes_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
         main([*args, "--policy", "static:2"])
     assert exit_info.value.code == 2
     assert "learns no profile" in capsys.readouterr().err
+    # A path it could not write at the end is refused before the run.
+    for bad, message in ((tmp_path, "is a folder"), (tmp_path / "no" / "x.json", "no folder")):
+        args[-1] = str(bad)
+        with pytest.raises(SystemExit) as exit_info:
+            main([*args, "--policy", "bandit"])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1
 
 
 def test_dsd_run_takes_the_simulators_workload_flags(capsys) -> None:
