@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from backend.tokenizer import TextTokenizer
-from policies.errors import InputError
+from dsd.backend.tokenizer import TextTokenizer
+from dsd.common.errors import InputError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "traces" / "data" / "prompts"
 CORPUS_NAMES: tuple[str, ...] = ("stdlib", "prompts", "shakespeare")

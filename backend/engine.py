@@ -38,12 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 import torch
 
-from backend.kv_cache import KVCache
-from backend.model import Transformer
-from backend.sampling import (
+from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import Transformer
+from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
     greedy_accept,
     probs_from_logits,
@@ -51,8 +50,7 @@ from backend.sampling import (
     sample_from_probs,
     sample_tokens,
 )
-
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import IntArray
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine
-from backend.fast_path import build_engine
-from backend.model import Transformer
-from policies.errors import InputError
-from sim.types import ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec
+from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
+from dsd.backend.fast_path import build_engine
+from dsd.backend.model import Transformer
+from dsd.common.arrays import IntArray
+from dsd.common.errors import InputError
+from dsd.sim.types import ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec
 
 
 @dataclass

@@ -42,10 +42,11 @@ from typing import Literal
 import numpy as np
 import torch
 
-from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine, StepResult
-from backend.kv_cache import KVCache
-from backend.model import Transformer
-from backend.sampling import greedy_accept
+from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, StepResult
+from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import Transformer
+from dsd.backend.sampling import greedy_accept
+from dsd.common.arrays import IntArray
 
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")

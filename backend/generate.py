@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.kv_cache import KVCache
-from backend.model import Transformer
-from backend.tokenizer import TextTokenizer, chat_prompt, load_tokenizer
-from backend.weights import LoadedModel, check_pair, load_model
-from policies.errors import InputError
+from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import Transformer
+from dsd.backend.tokenizer import TextTokenizer, chat_prompt, load_tokenizer
+from dsd.backend.weights import LoadedModel, check_pair, load_model
+from dsd.common.errors import InputError
 
 EARLY_EXIT_PREFIX = "exit:"
 
@@ -154,7 +154,7 @@ def _speculative(
     stop_ids: Sequence[int],
 ) -> SpeculativeCounts:
     """All prompts as one batch through the SD engine."""
-    from backend.engine import Draft, EngineConfig, SpecDecodeEngine
+    from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
 
     k = config.num_spec_tokens
     longest = max(len(ids) for ids in prompts_ids)

@@ -41,8 +41,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from policies.atomic import atomic_write
-from policies.errors import InputError
+from dsd.common.atomic import atomic_write
+from dsd.common.errors import InputError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from backend.model import ModelConfig
+from dsd.backend.model import ModelConfig
 
 
 class KVCache:

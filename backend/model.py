@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 if TYPE_CHECKING:
-    from backend.kv_cache import KVCache
+    from dsd.backend.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

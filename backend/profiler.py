@@ -41,19 +41,20 @@ import numpy as np
 import scipy.optimize
 import torch
 
-from backend.engine import Draft, EngineConfig, IntArray, SpecDecodeEngine, StepResult
-from backend.executor import TorchExecutor
-from backend.fast_path import FAST_PATH_KINDS, build_engine
-from backend.model import Transformer
-from policies.errors import InputError
-from policies.profile import HostOverhead, HostOverheadLine, LatencyPoint, PrefillPoint, Profile
-from policies.static import StaticPolicy
-from policies.types import KPolicy
-from sim.engine import Engine
-from sim.engine import EngineConfig as LoopConfig
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.types import Executor, ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec, Workload
+from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, StepResult
+from dsd.backend.executor import TorchExecutor
+from dsd.backend.fast_path import FAST_PATH_KINDS, build_engine
+from dsd.backend.model import Transformer
+from dsd.common.arrays import IntArray
+from dsd.common.errors import InputError
+from dsd.policies.profile import HostOverhead, HostOverheadLine, LatencyPoint, PrefillPoint, Profile
+from dsd.policies.static import StaticPolicy
+from dsd.policies.types import KPolicy
+from dsd.sim.engine import Engine
+from dsd.sim.engine import EngineConfig as LoopConfig
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec, Workload
 
 ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 TOKENIZER_DIR = Path(__file__).resolve().parent / "data" / "tokenizer"
 TokenizerName = Literal["smollm2", "bytes"]

@@ -30,15 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from backend.engine import Draft
-from backend.executor import TorchExecutor
-from backend.model import Transformer
-from policies.errors import InputError
-from policies.user_files import parse_user_json, read_user_text
-from sim.engine import Engine, EngineConfig, RunResult
-from sim.runner import ResolvedSimulation, SimulationConfig, build_engine, resolve
-from traces.arrivals import validate_rate, with_arrivals
-from traces.workload import RequestSpec, Workload
+from dsd.backend.engine import Draft
+from dsd.backend.executor import TorchExecutor
+from dsd.backend.model import Transformer
+from dsd.common.errors import InputError
+from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.sim.engine import Engine, EngineConfig, RunResult
+from dsd.sim.runner import ResolvedSimulation, SimulationConfig, build_engine, resolve
+from dsd.traces.arrivals import validate_rate, with_arrivals
+from dsd.traces.workload import RequestSpec, Workload
 
 # Metrics compared per cell: vLLM bench keys (ms).
 COMPARED_METRICS: tuple[str, ...] = (

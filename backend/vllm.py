@@ -17,11 +17,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
-from policies.profile_io import profile_to_pr32374, save_pr32374
-from policies.range_table import TABLE_FIELD, RangeTable, RangeTablePolicy, validate_ranges
-from policies.static import StaticPolicy
-from policies.types import KPolicy
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import profile_to_pr32374, save_pr32374
+from dsd.policies.range_table import TABLE_FIELD, RangeTable, RangeTablePolicy, validate_ranges
+from dsd.policies.static import StaticPolicy
+from dsd.policies.types import KPolicy
 
 __all__ = [
     "policy_from_speculative_config",

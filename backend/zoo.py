@@ -37,13 +37,13 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 
-from backend.corpus import TokenCorpus, heldout_windows, sample_windows, tokenize_corpus
-from backend.kv_cache import KVCache
-from backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
-from backend.tokenizer import TOKENIZER_NAMES, load_tokenizer
-from backend.weights import check_pair, load_model, save_checkpoint
-from policies.atomic import atomic_write_json
-from policies.errors import InputError
+from dsd.backend.corpus import TokenCorpus, heldout_windows, sample_windows, tokenize_corpus
+from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.tokenizer import TOKENIZER_NAMES, load_tokenizer
+from dsd.backend.weights import check_pair, load_model, save_checkpoint
+from dsd.common.atomic import atomic_write_json
+from dsd.common.errors import InputError
 
 # Named zoo shapes (vocab filled from the tokenizer). Targets are ~4-8x their drafts.
 ZOO_SHAPES: dict[str, dict[str, int]] = {
@@ -408,7 +408,7 @@ def _record(
     elapsed_s: float,
     curve: list[list[float]],
 ) -> TrainRecord:
-    from backend.weights import hf_config_dict
+    from dsd.backend.weights import hf_config_dict
 
     return TrainRecord(
         role=role,

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from backend.engine import Draft, EngineConfig
-from backend.fast_path import build_engine
-from backend.model import MODEL_CONFIGS, Transformer, init_random_
-from backend.profiler import environment_metadata, synthetic_ids
-from policies.atomic import atomic_write_text
+from dsd.backend.engine import Draft, EngineConfig
+from dsd.backend.fast_path import build_engine
+from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
+from dsd.backend.profiler import environment_metadata, synthetic_ids
+from dsd.common.atomic import atomic_write_text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

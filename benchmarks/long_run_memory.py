@@ -41,10 +41,10 @@ def measure(fraction: float) -> dict[str, float]:
 
     import numpy as np
 
-    from reports.run_outputs import bench_result, step_parquet_sink, write_run_outputs
-    from sim.engine import EngineConfig
-    from sim.runner import SimulationConfig, build_engine, resolve
-    from traces.loaders import TraceOptions
+    from dsd.reports.run_outputs import bench_result, step_parquet_sink, write_run_outputs
+    from dsd.sim.engine import EngineConfig
+    from dsd.sim.runner import SimulationConfig, build_engine, resolve
+    from dsd.traces.loaders import TraceOptions
 
     config = SimulationConfig(
         profile=str(H100),

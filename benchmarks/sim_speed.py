@@ -33,14 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from policies.goodput import GoodputPolicy
-from policies.profile import Profile
-from policies.profile_io import load_profile
-from sim.engine import Engine, RunResult
-from sim.executor import build_fitted_executor
-from sim.scheduler import Scheduler, SchedulerConfig
-from traces.registry import build_workload
-from traces.workload import Workload
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile
+from dsd.sim.engine import Engine, RunResult
+from dsd.sim.executor import build_fitted_executor
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.traces.registry import build_workload
+from dsd.traces.workload import Workload
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

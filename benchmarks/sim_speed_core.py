@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from sim.engine import Engine
-from sim.fakes import RandomAcceptanceExecutor, StaticK
-from sim.scheduler import Scheduler, SchedulerConfig
-from traces.workload import RequestSpec, Workload
+from dsd.sim.engine import Engine
+from dsd.sim.fakes import RandomAcceptanceExecutor, StaticK
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.traces.workload import RequestSpec, Workload
 
 
 def run_once(args: argparse.Namespace, k: int, scheduling: str) -> dict[str, float]:

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from reports.ablation import PR_PROFILE
-from reports.sweep import identify, run_sweep_to_dir, sweep_cells
-from sim.runner import SimulationConfig, resolve
+from dsd.reports.ablation import PR_PROFILE
+from dsd.reports.sweep import identify, run_sweep_to_dir, sweep_cells
+from dsd.sim.runner import SimulationConfig, resolve
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -73,15 +73,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.goodput import ItlTable, acceptance_lengths, table_batch_size
-from policies.profile import LatencyPoint, Profile
-from policies.types import StepFeedback, StepView
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.policies.goodput import ItlTable, acceptance_lengths, table_batch_size
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
 # Step-time features per knot: intercept, per-K slope, jump at K >= 1.
 FEATURES_PER_KNOT = 3

@@ -34,15 +34,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.goodput import acceptance_lengths, table_batch_size
-from policies.profile import Profile
-from policies.types import StepFeedback, StepView
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.policies.goodput import acceptance_lengths, table_batch_size
+from dsd.policies.profile import Profile
+from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 # (decode rows B, K values [n], total context tokens of the B rows) -> step latency ms [n].
 ContextLatencyFn = Callable[[float, FloatArray, float], FloatArray]
 ContextTable = list[list[int]]  # [[start_bs, end_bs, start_ctx, end_ctx, K], ...]

@@ -27,14 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.range_table import RangeTable, compile_range_table
-from policies.types import StepFeedback, StepView
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.policies.range_table import RangeTable, compile_range_table
+from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
 
 @dataclass(frozen=True)

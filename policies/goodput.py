@@ -30,12 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.profile import Profile
-from policies.types import StepFeedback, StepView
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.policies.profile import Profile
+from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
 
 def _linear_weights(points: FloatArray, query: FloatArray) -> tuple[IntArray, IntArray, FloatArray]:

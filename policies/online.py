@@ -26,15 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from policies.errors import InputError
-from policies.goodput import ItlTable, goodput_table, lookup_batch_k
-from policies.profile import Profile
-from policies.types import StepFeedback, StepView, position_counts
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError
+from dsd.policies.goodput import ItlTable, goodput_table, lookup_batch_k
+from dsd.policies.profile import Profile
+from dsd.policies.types import StepFeedback, StepView, position_counts
 
 
 @dataclass(frozen=True)

@@ -54,13 +54,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.goodput import ItlTable, table_batch_size
-from policies.profile import Profile
-from policies.types import StepFeedback, StepView
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.policies.goodput import ItlTable, table_batch_size
+from dsd.policies.profile import Profile
+from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
 MixedKCost = Literal["padded", "token-equivalent"]
 MIXED_K_COSTS: tuple[str, ...] = ("padded", "token-equivalent")
 

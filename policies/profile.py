@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from dsd.common.arrays import FloatArray
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,16 +30,16 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from policies.atomic import atomic_write_text
-from policies.errors import InputError
-from policies.profile import (
+from dsd.common.atomic import atomic_write_text
+from dsd.common.errors import InputError
+from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
     LatencyPoint,
     PrefillPoint,
     Profile,
 )
-from policies.user_files import parse_user_json, read_user_text
 
 NATIVE_FORMAT = "dsd-profile"
 NATIVE_VERSION = 1

@@ -23,20 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.goodput import (
+from dsd.common.arrays import IntArray
+from dsd.common.errors import InputError, require_int
+from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.policies.goodput import (
     GoodputTable,
     ItlTable,
     acceptance_lengths,
     lookup_batch_k,
 )
-from policies.profile import Profile
-from policies.types import KPolicy, StepFeedback, StepView
-from policies.user_files import parse_user_json, read_user_text
+from dsd.policies.profile import Profile
+from dsd.policies.types import MAX_NUM_SEQS, KPolicy, StepFeedback, StepView
 
-IntArray = npt.NDArray[np.int64]
 RangeTable = list[list[int]]  # [[start_bs, end_bs, K], ...], bounds inclusive
 TABLE_FIELD = "num_speculative_tokens_per_batch_size"
 

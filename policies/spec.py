@@ -40,31 +40,31 @@ from typing import Any
 
 import numpy as np
 
-from policies.bandit import (
+from dsd.common.errors import InputError, require_int
+from dsd.policies.bandit import (
     BanditConfig,
     StructuredBanditConfig,
     StructuredBanditPolicy,
     ThompsonBanditPolicy,
     profile_prior_rewards,
 )
-from policies.context_aware import (
+from dsd.policies.context_aware import (
     ContextGoodputPolicy,
     ContextLatencyFn,
     ContextLatencyGrid,
     ContextRangeTablePolicy,
     read_context_ranges,
 )
-from policies.envelope import EnvelopePolicy, StaticSweep
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.goodput import GoodputPolicy
-from policies.online import OnlineAcceptancePolicy, OnlineConfig
-from policies.per_request import PerRequestConfig, PerRequestPolicy
-from policies.profile import Profile
-from policies.profile_io import load_profile
-from policies.range_table import RangeTablePolicy, read_ranges
-from policies.static import StaticPolicy
-from policies.switching import HysteresisConfig, HysteresisPolicy
-from policies.types import KPolicy
+from dsd.policies.envelope import EnvelopePolicy, StaticSweep
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.online import OnlineAcceptancePolicy, OnlineConfig
+from dsd.policies.per_request import PerRequestConfig, PerRequestPolicy
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile
+from dsd.policies.range_table import RangeTablePolicy, read_ranges
+from dsd.policies.static import StaticPolicy
+from dsd.policies.switching import HysteresisConfig, HysteresisPolicy
+from dsd.policies.types import MAX_NUM_SEQS, KPolicy
 
 
 @dataclass(frozen=True)

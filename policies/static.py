@@ -6,8 +6,8 @@ It does not look at the batch and does not learn; a K above the engine's k_max i
 
 from __future__ import annotations
 
-from policies.errors import InputError
-from policies.types import StepFeedback, StepView
+from dsd.common.errors import InputError
+from dsd.policies.types import StepFeedback, StepView
 
 
 class StaticPolicy:

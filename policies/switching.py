@@ -29,8 +29,8 @@ from typing import Literal
 
 import numpy as np
 
-from policies.errors import MAX_NUM_SEQS, InputError, require_int
-from policies.types import KPolicy, StepFeedback, StepView
+from dsd.common.errors import InputError, require_int
+from dsd.policies.types import MAX_NUM_SEQS, KPolicy, StepFeedback, StepView
 
 Lookahead = Literal["auto", "always", "never"]
 

@@ -37,10 +37,13 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
-import numpy.typing as npt
+
+from dsd.common.arrays import IntArray
 
 SchedulingMode = Literal["sync", "async"]
-IntArray = npt.NDArray[np.int64]
+# Largest running-set cap (max_num_seqs) any policy or the simulator accepts: per-B tables are
+# built for B = 1..max_num_seqs, so an absurd cap would be a huge allocation, not an answer.
+MAX_NUM_SEQS = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.goodput import acceptance_lengths
-from policies.range_table import synthetic_view
-from policies.spec import parse_policy
-from reports.png import figure_png_bytes
-from reports.run_outputs import result_json_text, write_files
-from reports.sweep import (
+from dsd.policies.goodput import acceptance_lengths
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.spec import parse_policy
+from dsd.reports.png import figure_png_bytes
+from dsd.reports.run_outputs import result_json_text, write_files
+from dsd.reports.sweep import (
     CellResult,
     SweepCell,
     cell_seed,
@@ -52,7 +52,7 @@ from reports.sweep import (
     run_sweep,
     sweep_table,
 )
-from sim.runner import SimulationConfig, load_profile_cached, resolve, resolved_config_dict
+from dsd.sim.runner import SimulationConfig, load_profile_cached, resolve, resolved_config_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PR_PROFILE = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from policies.atomic import atomic_write_text
-from policies.types import IntArray, KPolicy, StepFeedback, StepView
-from reports.policy_eval import point_engine, point_seeds, workloads
+from dsd.common.arrays import IntArray
+from dsd.common.atomic import atomic_write_text
+from dsd.policies.types import KPolicy, StepFeedback, StepView
+from dsd.reports.policy_eval import point_engine, point_seeds, workloads
 
 
 class ForcedSteps:

@@ -52,15 +52,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
-from policies.spec import POLICY_BUILDERS
-from policies.user_files import decode_user_text
-from reports.sweep import SweepCell, load_seed
-from sim.runner import SimulationConfig
-from traces.datasets import RandomLengths
-from traces.loaders import TraceOptions
-from traces.registry import KNOWN_NAMES, MAX_COUNT
-from traces.rollout import RolloutConfig
+from dsd.common.errors import InputError
+from dsd.common.user_files import decode_user_text
+from dsd.policies.spec import POLICY_BUILDERS
+from dsd.reports.sweep import SweepCell, load_seed
+from dsd.sim.runner import SimulationConfig
+from dsd.traces.datasets import RandomLengths
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import KNOWN_NAMES, MAX_COUNT
+from dsd.traces.rollout import RolloutConfig
 
 DEFAULT_DATASET = "mt-bench"
 DEFAULT_PROMPTS_PER_CONCURRENCY = 20

@@ -56,20 +56,20 @@ from typing import Any
 
 import numpy as np
 
-from policies.atomic import atomic_write_bytes, atomic_write_text
-from policies.profile_io import save_profile
-from policies.types import KPolicy
-from reports.png import figure_png_bytes
-from sim.acceptance import (
+from dsd.common.atomic import atomic_write_bytes, atomic_write_text
+from dsd.policies.profile_io import save_profile
+from dsd.policies.types import KPolicy
+from dsd.reports.png import figure_png_bytes
+from dsd.sim.acceptance import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from sim.engine import Engine
-from sim.runner import SimulationConfig, build_engine, learned_profile, resolve
-from traces.loaders import TraceOptions
-from traces.registry import build_workload
-from traces.rollout import RolloutConfig
+from dsd.sim.engine import Engine
+from dsd.sim.runner import SimulationConfig, build_engine, learned_profile, resolve
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import build_workload
+from dsd.traces.rollout import RolloutConfig
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5

@@ -28,11 +28,11 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from policies.envelope import StaticSweep
-from policies.errors import InputError
-from reports.png import figure_png_bytes
-from reports.run_outputs import write_files
-from reports.sweep import (
+from dsd.common.errors import InputError
+from dsd.policies.envelope import StaticSweep
+from dsd.reports.png import figure_png_bytes
+from dsd.reports.run_outputs import write_files
+from dsd.reports.sweep import (
     CELLS_DIR,
     RESOLVED_GRID_FILE,
     cell_file,

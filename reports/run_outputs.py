@@ -37,11 +37,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from policies.atomic import atomic_write_bytes
-from policies.profile import Profile
-from policies.profile_io import profile_json_text
-from sim.engine import RunResult
-from sim.runner import ResolvedSimulation
+from dsd.common.atomic import atomic_write_bytes
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import profile_json_text
+from dsd.sim.engine import RunResult
+from dsd.sim.runner import ResolvedSimulation
 
 RESULT_FILE = "result.json"
 REQUESTS_FILE = "requests.csv"

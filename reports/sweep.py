@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from policies.atomic import atomic_write_bytes
-from policies.errors import InputError
-from reports.png import figure_png_bytes
-from reports.run_outputs import result_json_text, write_files
-from sim.runner import SimulationConfig, plain_config_value, run_simulation
+from dsd.common.atomic import atomic_write_bytes
+from dsd.common.errors import InputError
+from dsd.reports.png import figure_png_bytes
+from dsd.reports.run_outputs import result_json_text, write_files
+from dsd.sim.runner import SimulationConfig, plain_config_value, run_simulation
 
 TABLE_FILE_CSV = "sweep.csv"
 TABLE_FILE_MD = "sweep.md"

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from policies.atomic import atomic_write, atomic_write_text
+from dsd.common.atomic import atomic_write, atomic_write_text
 
 # (metric key, label) rows of the per-cell table and the CSV.
 REPORT_METRICS: tuple[tuple[str, str], ...] = (

@@ -39,14 +39,11 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import betaincinv
 
-from policies.errors import InputError
-from policies.profile import Profile
-from sim.types import AcceptanceModel
-from traces.workload import RequestSpec
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from dsd.common.arrays import BoolArray, FloatArray, IntArray
+from dsd.common.errors import InputError
+from dsd.policies.profile import Profile
+from dsd.sim.types import AcceptanceModel
+from dsd.traces.workload import RequestSpec
 
 DEFAULT_RECORDING_PATH = (
     Path(__file__).resolve().parent / "data" / "earlyexit_acceptance_mtbench.json"

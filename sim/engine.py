@@ -37,11 +37,11 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from policies.types import KPolicy, StepFeedback
-from sim.metrics import MetricsRecorder, StepSink
-from sim.scheduler import Scheduler, SpecDecodeStats, StepPlan
-from sim.types import Executor, ScheduledBatch, StepOutcome
-from traces.workload import Workload
+from dsd.policies.types import KPolicy, StepFeedback
+from dsd.sim.metrics import MetricsRecorder, StepSink
+from dsd.sim.scheduler import Scheduler, SpecDecodeStats, StepPlan
+from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
+from dsd.traces.workload import Workload
 
 ClockMode = Literal["model", "wall"]
 

@@ -24,16 +24,16 @@ from typing import Literal
 
 import numpy as np
 
-from policies.profile import HostOverhead, Profile
-from sim.acceptance import (
+from dsd.policies.profile import HostOverhead, Profile
+from dsd.sim.acceptance import (
     HeterogeneousAcceptance,
     PerPositionAcceptance,
     ReplayAcceptance,
     load_replay_recording,
 )
-from sim.latency import LatencyModelKind, fit_latency_model
-from sim.types import AcceptanceModel, LatencyModel, ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec
+from dsd.sim.latency import LatencyModelKind, fit_latency_model
+from dsd.sim.types import AcceptanceModel, LatencyModel, ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)

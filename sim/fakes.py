@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from policies.types import IntArray, StepFeedback, StepView
-from sim.types import ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec
+from dsd.common.arrays import IntArray
+from dsd.policies.types import StepFeedback, StepView
+from dsd.sim.types import ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec
 
 
 class ScriptedExecutor:

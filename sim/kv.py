@@ -13,9 +13,8 @@ What this module deliberately does not do: decide who gets blocks or whom to pre
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import IntArray
 
 
 def cdiv(numerator: int, denominator: int) -> int:

@@ -38,15 +38,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 from scipy.optimize import least_squares
 
-from policies.goodput import ItlTable
-from policies.profile import Profile
-from sim.types import ScheduledBatch
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.policies.goodput import ItlTable
+from dsd.policies.profile import Profile
+from dsd.sim.types import ScheduledBatch
 
 PrefillSource = Literal["profile", "estimated-from-decode-slope"]
 MixedKCosting = Literal["padded", "token-equivalent"]

@@ -38,13 +38,10 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from sim.pooled import DEFAULT_MAX_IN_MEMORY, PooledValues
-from sim.scheduler import SpecDecodeStats, StepResult
-from sim.types import ScheduledBatch
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.sim.pooled import DEFAULT_MAX_IN_MEMORY, PooledValues
+from dsd.sim.scheduler import SpecDecodeStats, StepResult
+from dsd.sim.types import ScheduledBatch
 
 StepSink = Callable[[pd.DataFrame], None]
 

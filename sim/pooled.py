@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-FloatArray = npt.NDArray[np.float64]
+from dsd.common.arrays import FloatArray
 
 DEFAULT_MAX_IN_MEMORY = 1 << 18  # values (2 MiB) buffered before a sorted run is spilled
 _READ_CHUNK = 1 << 20  # values per slice when summing spilled runs

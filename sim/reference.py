@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sim.scheduler import SchedulerConfig
-from traces.workload import RequestSpec
+from dsd.sim.scheduler import SchedulerConfig
+from dsd.traces.workload import RequestSpec
 
 
 @dataclass

@@ -45,15 +45,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 import simpy
 
-from policies.errors import MAX_NUM_SEQS, InputError
-from policies.profile import HostOverhead, Profile
-from policies.profile_io import host_overhead_to_native, load_profile
-from policies.spec import parse_policy
-from policies.types import IntArray, KPolicy, SchedulingMode, StepFeedback, StepView
-from sim.acceptance import (
+from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.errors import InputError
+from dsd.policies.profile import HostOverhead, Profile
+from dsd.policies.profile_io import host_overhead_to_native, load_profile
+from dsd.policies.spec import parse_policy
+from dsd.policies.types import MAX_NUM_SEQS, KPolicy, SchedulingMode, StepFeedback, StepView
+from dsd.sim.acceptance import (
     CategoryAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
@@ -61,9 +61,9 @@ from sim.acceptance import (
     ReplayRecording,
     load_replay_recording,
 )
-from sim.engine import Engine, EngineConfig, RunResult
-from sim.executor import AcceptanceKind, FittedExecutor, LatencyJitter
-from sim.latency import (
+from dsd.sim.engine import Engine, EngineConfig, RunResult
+from dsd.sim.executor import AcceptanceKind, FittedExecutor, LatencyJitter
+from dsd.sim.latency import (
     LatencyModelKind,
     MixedKCosting,
     ParametricLatencyModel,
@@ -72,17 +72,16 @@ from sim.latency import (
     fit_latency_model,
     table_covers,
 )
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.types import AcceptanceModel, LatencyModel, ScheduledBatch
-from traces.datasets import RandomLengths
-from traces.loaders import TraceOptions
-from traces.registry import build_workload
-from traces.rollout import RolloutConfig
-from traces.workload import Workload
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.types import AcceptanceModel, LatencyModel, ScheduledBatch
+from dsd.traces.datasets import RandomLengths
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import build_workload
+from dsd.traces.rollout import RolloutConfig
+from dsd.traces.workload import Workload
 
 PrefillCostMode = Literal["profile", "free"]
 HostOverheadSource = Literal["measured", "flag", "none"]
-FloatArray = npt.NDArray[np.float64]
 
 LATENCY_MODEL_KINDS: tuple[str, ...] = ("auto", "table", "parametric")
 ACCEPTANCE_MODEL_KINDS: tuple[str, ...] = ("heterogeneous", "per-position", "replay")

@@ -41,11 +41,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.errors import InputError
-from policies.types import IntArray, SchedulingMode, StepView
-from sim.kv import KVBlockPool
-from sim.types import BoolArray, ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec
+from dsd.common.arrays import BoolArray, IntArray
+from dsd.common.errors import InputError
+from dsd.policies.types import SchedulingMode, StepView
+from dsd.sim.kv import KVBlockPool
+from dsd.sim.types import ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec
 
 # Slot states.
 _FREE = 0  # unused slot

@@ -31,7 +31,7 @@ gets exactly its max_tokens, no block leaks).
 
 Use it from a test module:
 
-    from sim.testing import make_scheduler_machine, scheduler_configs
+    from dsd.sim.testing import make_scheduler_machine, scheduler_configs
     TestMyPolicy = make_scheduler_machine(policy_factory=lambda cfg: MyPolicy(cfg.k_max)).TestCase
 
 `policy_factory(config) -> KPolicy` replaces the drawn K by the policy's answer (its contract:
@@ -53,6 +53,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dsd.common.arrays import IntArray
+
 try:
     from hypothesis import event, note
     from hypothesis import strategies as st
@@ -65,13 +67,13 @@ try:
 except ImportError as error:  # pragma: no cover - the dev extra is missing
     raise ImportError("sim.testing needs hypothesis: pip install 'dsd[dev]'") from error
 
-from policies.errors import InputError
-from policies.types import IntArray, KPolicy, StepFeedback
-from sim.kv import cdiv
-from sim.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
-from sim.scheduler import Scheduler, SchedulerConfig, StepPlan
-from sim.types import Executor, ScheduledBatch, StepOutcome
-from traces.workload import RequestSpec
+from dsd.common.errors import InputError
+from dsd.policies.types import KPolicy, StepFeedback
+from dsd.sim.kv import cdiv
+from dsd.sim.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
+from dsd.sim.scheduler import Scheduler, SchedulerConfig, StepPlan
+from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
+from dsd.traces.workload import RequestSpec
 
 PolicyFactory = Callable[[SchedulerConfig], KPolicy]
 ExecutorFactory = Callable[[SchedulerConfig, np.random.Generator], Executor]

@@ -12,13 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-import numpy.typing as npt
-
-from traces.workload import RequestSpec
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from dsd.common.arrays import BoolArray, IntArray
+from dsd.traces.workload import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.atomic import atomic_write_bytes, atomic_write_text, stale_temp_files
+from dsd.common.atomic import atomic_write_bytes, atomic_write_text, stale_temp_files
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("policies", "sim", "backend", "traces", "reports", "dsd", "benchmarks")
@@ -122,7 +122,7 @@ def test_files_are_written_only_through_the_atomic_helper() -> None:
 
 _WRITER = """
 import sys
-from policies.atomic import atomic_write_bytes
+from dsd.common.atomic import atomic_write_bytes
 target, size = sys.argv[1], int(sys.argv[2])
 generation = 0
 print("ready", flush=True)
@@ -168,7 +168,7 @@ def test_failed_writer_leaves_target_and_folder_untouched(tmp_path: Path) -> Non
         temp_path.write_text("half")
         raise RuntimeError("writer died")
 
-    from policies.atomic import atomic_write
+    from dsd.common.atomic import atomic_write
 
     with pytest.raises(RuntimeError):
         atomic_write(target, explode)

@@ -21,8 +21,8 @@ import math
 
 import numpy as np
 
-from policies.errors import InputError
-from traces.workload import Workload
+from dsd.common.errors import InputError
+from dsd.traces.workload import Workload
 
 
 def validate_rate(request_rate: float, burstiness: float) -> None:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.errors import InputError
-from traces.workload import RequestSpec, Workload
+from dsd.common.errors import InputError
+from dsd.traces.workload import RequestSpec, Workload
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from policies.atomic import atomic_write
-from policies.errors import InputError
-from traces.workload import Workload
+from dsd.common.atomic import atomic_write
+from dsd.common.errors import InputError
+from dsd.traces.workload import Workload
 
 # 16 words that are one SmolLM2 token each, in any sequence (a test checks this with
 # `tokenizers`); the first is the filler.

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from policies.errors import InputError
-from policies.user_files import decode_user_text
-from traces.workload import RequestSpec, Workload
+from dsd.common.errors import InputError
+from dsd.common.user_files import decode_user_text
+from dsd.traces.workload import RequestSpec, Workload
 
 TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
 TOKENIZER_PATH = Path(__file__).resolve().parent.parent / "backend/data/tokenizer/tokenizer.json"

@@ -26,12 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from policies.errors import InputError
-from traces.arrivals import validate_rate, with_arrivals
-from traces.datasets import PROMPT_SET_NAMES, RandomLengths, prompt_set_workload, random_workload
-from traces.loaders import TRACE_NAMES, TraceOptions, load_trace, load_workload_file
-from traces.rollout import RolloutConfig, rollout_workload
-from traces.workload import Workload
+from dsd.common.errors import InputError
+from dsd.traces.arrivals import validate_rate, with_arrivals
+from dsd.traces.datasets import (
+    PROMPT_SET_NAMES,
+    RandomLengths,
+    prompt_set_workload,
+    random_workload,
+)
+from dsd.traces.loaders import TRACE_NAMES, TraceOptions, load_trace, load_workload_file
+from dsd.traces.rollout import RolloutConfig, rollout_workload
+from dsd.traces.workload import Workload
 
 ROLLOUT_NAME = "rl-rollout"
 RANDOM_NAME = "random"

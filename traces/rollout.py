@@ -23,9 +23,9 @@ from typing import Literal
 
 import numpy as np
 
-from policies.errors import InputError
-from traces.datasets import PROMPT_SET_NAMES, load_prompt_set
-from traces.workload import RequestSpec, Workload
+from dsd.common.errors import InputError
+from dsd.traces.datasets import PROMPT_SET_NAMES, load_prompt_set
+from dsd.traces.workload import RequestSpec, Workload
 
 OutputDistribution = Literal["lognormal", "pareto"]
 

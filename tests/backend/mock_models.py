@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from backend.engine import Draft, EngineConfig, SpecDecodeEngine
-from backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
+from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
 
 TINY = MODEL_CONFIGS["tiny"]
 

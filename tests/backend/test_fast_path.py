@@ -21,9 +21,9 @@ from mock_models import (
     tiny_target,
 )
 
-from backend.engine import Draft, EngineConfig, SpecDecodeEngine, target_greedy_decode
-from backend.executor import TorchExecutor
-from backend.fast_path import (
+from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.executor import TorchExecutor
+from dsd.backend.fast_path import (
     FastSpecDecodeEngine,
     GraphKey,
     batch_buckets,
@@ -31,11 +31,11 @@ from backend.fast_path import (
     build_engine,
     kv_len_bucket,
 )
-from sim.engine import Engine
-from sim.engine import EngineConfig as LoopConfig
-from sim.fakes import ScriptedK
-from sim.scheduler import Scheduler, SchedulerConfig
-from traces.workload import RequestSpec, Workload
+from dsd.sim.engine import Engine
+from dsd.sim.engine import EngineConfig as LoopConfig
+from dsd.sim.fakes import ScriptedK
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.traces.workload import RequestSpec, Workload
 
 
 def fast_engine(

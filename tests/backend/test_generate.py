@@ -9,19 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from backend.generate import GenerationConfig, generate_plain, generate_texts
-from backend.model import Transformer, init_random_
-from backend.tokenizer import (
+from dsd.backend.generate import GenerationConfig, generate_plain, generate_texts
+from dsd.backend.model import Transformer, init_random_
+from dsd.backend.tokenizer import (
     ByteTokenizer,
     ChatMessage,
     SmolLM2Tokenizer,
     chat_prompt,
     render_chat,
 )
-from backend.weights import load_model, save_checkpoint, smollm2_available
-from backend.zoo import parse_shape
+from dsd.backend.weights import load_model, save_checkpoint, smollm2_available
+from dsd.backend.zoo import parse_shape
 from dsd.cli import main
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backend.gguf import (
+from dsd.backend.gguf import (
     GGMLType,
     MetadataValue,
     ValueType,
@@ -23,7 +23,7 @@ from backend.gguf import (
     unpermute_rotary,
     write_gguf,
 )
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 
 def _f16_bytes(value: float) -> bytes:

@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from backend.kv_cache import KVCache
-from backend.model import (
+from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import (
     MODEL_CONFIGS,
     ModelConfig,
     RopeScaling,
@@ -22,7 +22,7 @@ from backend.model import (
     init_random_,
     rope_inv_freq,
 )
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 # float32 on CPU: the cached path and the reference differ only by summation order.
 ATOL = 1e-4

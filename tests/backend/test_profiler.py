@@ -9,11 +9,11 @@ import pytest
 import torch
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
-from backend.engine import Draft, EngineConfig
-from backend.fast_path import build_engine
-from backend.profiler import ProfileConfig, measure_acceptance, profile_pair
-from policies.errors import InputError
-from policies.profile_io import load_profile, save_profile
+from dsd.backend.engine import Draft, EngineConfig
+from dsd.backend.fast_path import build_engine
+from dsd.backend.profiler import ProfileConfig, measure_acceptance, profile_pair
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import load_profile, save_profile
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +164,7 @@ class ClockedExecutor:
         pass
 
     def execute(self, batch):
-        from sim.types import StepOutcome
+        from dsd.sim.types import StepOutcome
 
         num_decode = batch.num_decode_reqs
         cost_ms = 1.0 + 0.5 * batch.batch_size + 0.25 * int(batch.num_spec_tokens.max(initial=0))
@@ -180,14 +180,14 @@ class ClockedExecutor:
 def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
     import types
 
-    import sim.engine
-    from backend.profiler import fit_host_overhead, loop_host_samples
-    from sim.scheduler import SchedulerConfig
-    from traces.workload import RequestSpec, Workload
+    import dsd.sim.engine
+    from dsd.backend.profiler import fit_host_overhead, loop_host_samples
+    from dsd.sim.scheduler import SchedulerConfig
+    from dsd.traces.workload import RequestSpec, Workload
 
     clock = FakeClock()
     # The loop's wall clock reads the fake clock: iteration time = host + forward, exactly.
-    monkeypatch.setattr(sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(dsd.sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
     samples = []
     for batch_size in (1, 3, 6):
         for k in (0, 2):
@@ -218,13 +218,13 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
 
 
 def _sample(batch_size: int, has_spec: bool, overhead_ms: float):
-    from backend.profiler import HostOverheadSample
+    from dsd.backend.profiler import HostOverheadSample
 
     return HostOverheadSample(batch_size, has_spec, iteration_ms=5.0 + overhead_ms, forward_ms=5.0)
 
 
 def test_fit_ignores_a_slow_outlier_iteration_per_batch_size() -> None:
-    from backend.profiler import fit_host_overhead
+    from dsd.backend.profiler import fit_host_overhead
 
     samples = []
     for batch_size in (1, 2, 4, 8):
@@ -248,7 +248,7 @@ def test_fit_ignores_a_slow_outlier_iteration_per_batch_size() -> None:
     ],
 )
 def test_fit_edge_cases(points, expected_plain, expected_spec) -> None:
-    from backend.profiler import fit_host_overhead
+    from dsd.backend.profiler import fit_host_overhead
 
     model = fit_host_overhead([_sample(b, s, ms) for b, s, ms in points])
     if expected_plain is None:
@@ -259,14 +259,14 @@ def test_fit_edge_cases(points, expected_plain, expected_spec) -> None:
 
 
 def test_fit_refuses_no_samples() -> None:
-    from backend.profiler import fit_host_overhead
+    from dsd.backend.profiler import fit_host_overhead
 
     with pytest.raises(ValueError, match="no loop iterations"):
         fit_host_overhead([])
 
 
 def test_real_loop_samples_cover_both_classes_and_are_positive(target) -> None:
-    from backend.profiler import measure_host_overhead
+    from dsd.backend.profiler import measure_host_overhead
 
     draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
     config = small_config(host_overhead_output_len=6)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from backend.sampling import (
+from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
     greedy_accept,
     rejection_sample,

@@ -20,8 +20,8 @@ from mock_models import (
     tiny_target,
 )
 
-from backend.engine import Draft, SpecDecodeEngine, target_greedy_decode
-from backend.kv_cache import KVCache
+from dsd.backend.engine import Draft, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.kv_cache import KVCache
 
 
 def run_to_completion(

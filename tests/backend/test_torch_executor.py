@@ -13,13 +13,13 @@ import pytest
 import torch
 from mock_models import MockModel, perturbed_copy, tiny_target
 
-from backend.engine import Draft, target_greedy_decode
-from backend.executor import TorchExecutor
-from policies.errors import InputError
-from sim.engine import Engine, EngineConfig
-from sim.fakes import ScriptedK, StaticK
-from sim.scheduler import Scheduler, SchedulerConfig
-from traces.workload import RequestSpec, Workload
+from dsd.backend.engine import Draft, target_greedy_decode
+from dsd.backend.executor import TorchExecutor
+from dsd.common.errors import InputError
+from dsd.sim.engine import Engine, EngineConfig
+from dsd.sim.fakes import ScriptedK, StaticK
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.traces.workload import RequestSpec, Workload
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +205,7 @@ def test_dsd_run_bad_input_exits_2_with_one_line(args, fragment, capsys) -> None
 
 def test_dsd_run_writes_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
     from dsd.cli import main
-    from policies.profile_io import load_profile
+    from dsd.policies.profile_io import load_profile
 
     path = tmp_path / "learnt.json"
     args = ["run", "--target", "tiny", "--draft", "early-exit:1", "--num-spec-tokens", "2",

@@ -12,9 +12,9 @@ import pytest
 import torch
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
-from backend.engine import Draft
-from backend.profiler import ProfileConfig, profile_pair
-from backend.validate import (
+from dsd.backend.engine import Draft
+from dsd.backend.profiler import ProfileConfig, profile_pair
+from dsd.backend.validate import (
     CellResult,
     compare_cell,
     load_vllm_result,
@@ -22,11 +22,11 @@ from backend.validate import (
     validate_against_vllm,
     workload_resolved,
 )
-from policies.errors import InputError
-from policies.profile_io import save_profile
-from reports.validation import write_validation_report
-from sim.runner import SimulationConfig
-from traces.datasets import RandomLengths
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import save_profile
+from dsd.reports.validation import write_validation_report
+from dsd.sim.runner import SimulationConfig
+from dsd.traces.datasets import RandomLengths
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"

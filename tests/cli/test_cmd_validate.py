@@ -16,9 +16,9 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from dsd.cmd_validate import register
-from policies.errors import InputError
-from policies.profile_io import load_profile
+from dsd.cli.validate import register
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.vllm import policy_from_speculative_config, speculative_config
+from dsd.backend.vllm import policy_from_speculative_config, speculative_config
 from dsd.cli import main
-from policies.errors import InputError
-from policies.goodput import GoodputPolicy
-from policies.profile import LatencyPoint, Profile
-from policies.profile_io import load_profile, save_profile
-from policies.range_table import synthetic_view
+from dsd.common.errors import InputError
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.policies.profile_io import load_profile, save_profile
+from dsd.policies.range_table import synthetic_view
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
 H100 = PROFILES / "pr32374_llama31_8b_eagle_h100.json"

@@ -16,14 +16,14 @@ import typer.main
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsd import options
 from dsd.cli import app, main
-from dsd.options import DEFAULT_DATASET, WorkloadFlags, dataset_source
-from policies.errors import InputError
-from traces.datasets import RandomLengths
-from traces.loaders import TraceOptions
-from traces.registry import build_workload
-from traces.rollout import RolloutConfig
+from dsd.cli import flags as options
+from dsd.cli.flags import DEFAULT_DATASET, WorkloadFlags, dataset_source
+from dsd.common.errors import InputError
+from dsd.traces.datasets import RandomLengths
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import build_workload
+from dsd.traces.rollout import RolloutConfig
 
 WORKLOAD_FIELDS = tuple(field.name for field in dataclasses.fields(WorkloadFlags))
 # Flags of the workload besides the WorkloadFlags fields: the simulator's source.
@@ -189,7 +189,7 @@ def test_default_flags_give_the_traces_objects_defaults() -> None:
 
 
 def test_arguments_are_keywords_of_build_workload_and_simulation_config() -> None:
-    from sim.runner import SimulationConfig
+    from dsd.sim.runner import SimulationConfig
 
     keys = set(WorkloadFlags().arguments())
     assert keys <= set(inspect.signature(build_workload).parameters)

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from dsd.cli import main
-from policies.profile_io import load_profile
+from dsd.policies.profile_io import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
@@ -185,10 +185,10 @@ def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
 ) -> None:
     import pyarrow.parquet as pq
 
-    import sim.metrics
-    from sim.runner import SimulationConfig, run_simulation
+    import dsd.sim.metrics
+    from dsd.sim.runner import SimulationConfig, run_simulation
 
-    monkeypatch.setattr(sim.metrics, "STEP_BLOCK_ROWS", 256)  # several row groups
+    monkeypatch.setattr(dsd.sim.metrics, "STEP_BLOCK_ROWS", 256)  # several row groups
     out_dir = tmp_path / "run"
     argv = ["simulate", *GOODPUT, "--max-concurrency", "8", "--num-prompts", "40"]
     code, _, _ = run_cli([*argv, "--out", str(out_dir)], capsys)
@@ -210,12 +210,12 @@ def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
 def test_a_run_failing_after_streaming_steps_leaves_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import reports.run_outputs
+    import dsd.reports.run_outputs
 
     def fail(*args: object) -> None:
         raise PermissionError("requests.csv: permission denied")
 
-    monkeypatch.setattr(reports.run_outputs, "request_frame", fail)
+    monkeypatch.setattr(dsd.reports.run_outputs, "request_frame", fail)
     parent = tmp_path / "new" / "parent"
     code, _, err = run_cli(["simulate", *GOODPUT, *SMALL, "--out", str(parent / "run")], capsys)
     assert code == 2 and "permission denied" in err

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from test_simulate import H100, run_cli
 
-from reports.sweep import cell_seed, sweep_cells
-from sim.runner import SimulationConfig
+from dsd.reports.sweep import cell_seed, sweep_cells
+from dsd.sim.runner import SimulationConfig
 
 TINY = [
     "sweep",
@@ -109,7 +109,7 @@ def test_cell_seeds_depend_on_seed_and_concurrency_only() -> None:
 
 
 def test_ablation_report_runs_on_a_tiny_grid_and_rows_differ_as_documented(tmp_path: Path) -> None:
-    from reports.ablation import main as ablation_main
+    from dsd.reports.ablation import main as ablation_main
 
     out_dir = tmp_path / "fidelity"
     argv = ["--out", str(out_dir), "--concurrency", "4", "--prompts-per-concurrency", "2"]

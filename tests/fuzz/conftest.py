@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fuzz_helpers import CASE_COUNTS, OUTCOME_COUNTS
 
-from policies.atomic import atomic_write_json
+from dsd.common.atomic import atomic_write_json
 
 
 def _counts() -> dict[str, dict[str, int]]:

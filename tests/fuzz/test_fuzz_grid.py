@@ -34,9 +34,9 @@ from fuzz_helpers import (
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from reports.grid import MAX_GRID_CELLS, expand_grid, load_grid
-from sim.runner import SimulationConfig
+from dsd.common.errors import InputError
+from dsd.reports.grid import MAX_GRID_CELLS, expand_grid, load_grid
+from dsd.sim.runner import SimulationConfig
 
 # A small workload file written beside every grid (our CSV schema).
 WORKLOAD_CSV = "prompt_len,output_len,arrival_s\n8,4,0\n12,6,0.5\n"

@@ -16,11 +16,11 @@ from fuzz_helpers import H100_PROFILE, corrupted_bytes, count_case
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from policies.profile_io import load_profile
-from policies.range_table import expand_ranges, read_ranges, synthetic_view
-from policies.spec import POLICY_BUILDERS, parse_policy
-from policies.types import StepFeedback
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import load_profile
+from dsd.policies.range_table import expand_ranges, read_ranges, synthetic_view
+from dsd.policies.spec import POLICY_BUILDERS, parse_policy
+from dsd.policies.types import StepFeedback
 
 PROFILE = load_profile(H100_PROFILE)
 

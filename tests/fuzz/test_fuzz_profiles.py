@@ -18,17 +18,17 @@ from fuzz_helpers import FIXTURE_PROFILE, H100_PROFILE, count_case, mutated_json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from policies.goodput import GoodputPolicy
-from policies.profile import Profile
-from policies.profile_io import (
+from dsd.common.errors import InputError
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import (
     load_profile,
     parse_profile,
     profile_to_native,
     profile_to_pr32374,
     save_profile,
 )
-from policies.range_table import synthetic_view
+from dsd.policies.range_table import synthetic_view
 
 PR_DOCUMENTS = [json.loads(path.read_text()) for path in (H100_PROFILE, FIXTURE_PROFILE)]
 NATIVE_DOCUMENT = profile_to_native(load_profile(H100_PROFILE))

@@ -18,8 +18,8 @@ from fuzz_helpers import corrupted_bytes, count_case
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from traces.loaders import load_workload_file
+from dsd.common.errors import InputError
+from dsd.traces.loaders import load_workload_file
 
 # Cell texts that break a token count or a timestamp.
 _BAD_CELLS = ("", "nan", "inf", "-1", "0", "1.5", "abc", "1e400", "99999999999999999999999",

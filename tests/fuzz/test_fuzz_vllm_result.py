@@ -33,8 +33,8 @@ from fuzz_helpers import (
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from backend.validate import VllmBenchResult, load_vllm_result
-from policies.errors import InputError
+from dsd.backend.validate import VllmBenchResult, load_vllm_result
+from dsd.common.errors import InputError
 
 VLLM_RESULT = REPO_ROOT / "tests" / "data" / "vllm_bench_result_small.json"
 SMALL_DOCUMENT = json.loads(VLLM_RESULT.read_text(encoding="utf-8"))

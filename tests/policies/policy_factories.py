@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from policies.profile import LatencyPoint, Profile
-from policies.profile_io import load_profile
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.policies.profile_io import load_profile
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "policies" / "profiles"
 H100_PROFILE = PROFILES_DIR / "pr32374_llama31_8b_eagle_h100.json"

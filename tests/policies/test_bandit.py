@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_factories import h100_profile
 
-from policies.bandit import (
+from dsd.common.errors import InputError
+from dsd.policies.bandit import (
     PREFILL_TOKENS_UNIT,
     AcceptancePosterior,
     BanditConfig,
@@ -24,12 +25,11 @@ from policies.bandit import (
     conditional_counts,
     profile_prior_rewards,
 )
-from policies.errors import InputError
-from policies.goodput import ItlTable, acceptance_lengths
-from policies.profile_io import load_profile, parse_profile, profile_to_native, save_profile
-from policies.range_table import synthetic_view
-from policies.spec import parse_policy
-from policies.types import StepFeedback
+from dsd.policies.goodput import ItlTable, acceptance_lengths
+from dsd.policies.profile_io import load_profile, parse_profile, profile_to_native, save_profile
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.spec import parse_policy
+from dsd.policies.types import StepFeedback
 
 # Synthetic engine: per-position rates and an ITL(B, K) with a known best K per B.
 RATES = np.array([0.85, 0.65, 0.3, 0.1, 0.03])

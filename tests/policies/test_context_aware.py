@@ -7,17 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from policies.context_aware import (
+from dsd.common.errors import InputError
+from dsd.policies.context_aware import (
     ContextGoodputPolicy,
     ContextLatencyGrid,
     ContextRangeTablePolicy,
     compile_context_table,
     validate_context_ranges,
 )
-from policies.errors import InputError
-from policies.profile import LatencyPoint, Profile
-from policies.range_table import synthetic_view
-from policies.spec import parse_policy
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.spec import parse_policy
 
 RATES = (0.7, 0.45, 0.25, 0.12, 0.06)
 

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from policies.envelope import EnvelopePolicy, StaticSweep
-from policies.errors import InputError
-from policies.range_table import expand_ranges, synthetic_view
-from policies.spec import parse_policy
+from dsd.common.errors import InputError
+from dsd.policies.envelope import EnvelopePolicy, StaticSweep
+from dsd.policies.range_table import expand_ranges, synthetic_view
+from dsd.policies.spec import parse_policy
 
 RECORDS = [
     {"concurrency": 1, "k": 0, "mean_tpot_ms": 6.5},

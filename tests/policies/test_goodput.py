@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import fixture_profile, h100_profile, make_profile
 
-from policies.goodput import GoodputPolicy, ItlTable, acceptance_lengths, goodput_table
-from policies.range_table import synthetic_view
+from dsd.policies.goodput import GoodputPolicy, ItlTable, acceptance_lengths, goodput_table
+from dsd.policies.range_table import synthetic_view
 
 
 def test_h100_batch_size_1_by_hand() -> None:
@@ -71,7 +71,7 @@ def test_ties_pick_the_smallest_k() -> None:
 
 
 def test_batch_size_past_max_num_seqs_is_an_error() -> None:
-    from policies.errors import InputError
+    from dsd.common.errors import InputError
 
     policy = GoodputPolicy(h100_profile(), 8)
     with pytest.raises(InputError, match="exceeds max_num_seqs 8"):

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import fixture_profile, h100_profile
 
-from policies.goodput import ItlTable, interpolate_itl_ms
+from dsd.policies.goodput import ItlTable, interpolate_itl_ms
 
 NAN = float("nan")
 BS = np.array([1, 4, 16])

@@ -8,11 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import h100_profile
 
-from policies.errors import InputError
-from policies.goodput import GoodputPolicy
-from policies.online import NaiveCumulativeAcceptancePolicy, OnlineAcceptancePolicy, OnlineConfig
-from policies.range_table import synthetic_view
-from policies.types import KPolicy, StepFeedback
+from dsd.common.errors import InputError
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.online import (
+    NaiveCumulativeAcceptancePolicy,
+    OnlineAcceptancePolicy,
+    OnlineConfig,
+)
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.types import KPolicy, StepFeedback
 
 BATCH_SIZE = 4
 K_MAX = 5

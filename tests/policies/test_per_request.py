@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import h100_profile
 
-from policies.errors import InputError
-from policies.goodput import GoodputPolicy
-from policies.per_request import (
+from dsd.common.errors import InputError
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.per_request import (
     PerRequestConfig,
     PerRequestPolicy,
     best_allocation,
@@ -20,8 +20,8 @@ from policies.per_request import (
     beta_power_moments,
     pooled_conditional_rate,
 )
-from policies.range_table import synthetic_view
-from policies.types import StepFeedback, StepView
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.types import StepFeedback, StepView
 
 
 def _view(req_ids: list[int], step: int = 0, k_max: int = 5) -> StepView:
@@ -216,7 +216,7 @@ def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-d
 def test_new_policies_return_k_in_range_for_any_view(
     spec: str, batch_size: int, num_decode: int, k_max: int
 ) -> None:
-    from policies.spec import parse_policy
+    from dsd.policies.spec import parse_policy
 
     num_decode = min(num_decode, batch_size)  # prefill chunks make up the rest; may be 0
     view = StepView(

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from policy_factories import FIXTURE_PROFILE
 
-from policies.errors import InputError
-from policies.profile import HostOverhead, HostOverheadLine
-from policies.profile_io import load_profile, profile_to_native, save_profile
+from dsd.common.errors import InputError
+from dsd.policies.profile import HostOverhead, HostOverheadLine
+from dsd.policies.profile_io import load_profile, profile_to_native, save_profile
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "profile_host_overhead.json"
 

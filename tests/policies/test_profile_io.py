@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from policy_factories import FIXTURE_PROFILE, H100_PROFILE
 
-from policies.errors import InputError
-from policies.profile_io import (
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import (
     load_profile,
     profile_to_native,
     profile_to_pr32374,

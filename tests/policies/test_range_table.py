@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from policies.range_table import (
+from dsd.common.errors import InputError
+from dsd.policies.range_table import (
     RangeTablePolicy,
     compile_range_table,
     read_ranges,
     synthetic_view,
 )
-from policies.static import StaticPolicy
+from dsd.policies.static import StaticPolicy
 
 LOOKUP_CASES = [
     # (ranges, k_max, max_num_seqs, {B: expected K})

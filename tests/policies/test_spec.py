@@ -8,15 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 from policy_factories import h100_profile
 
-from policies.bandit import StructuredBanditPolicy
-from policies.envelope import EnvelopePolicy, StaticSweep
-from policies.errors import MAX_NUM_SEQS, InputError
-from policies.goodput import GoodputPolicy
-from policies.online import OnlineAcceptancePolicy
-from policies.range_table import RangeTablePolicy, synthetic_view
-from policies.spec import POLICY_BUILDERS, parse_policy
-from policies.static import StaticPolicy
-from policies.types import StepView
+from dsd.common.errors import InputError
+from dsd.policies.bandit import StructuredBanditPolicy
+from dsd.policies.envelope import EnvelopePolicy, StaticSweep
+from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.online import OnlineAcceptancePolicy
+from dsd.policies.range_table import RangeTablePolicy, synthetic_view
+from dsd.policies.spec import POLICY_BUILDERS, parse_policy
+from dsd.policies.static import StaticPolicy
+from dsd.policies.types import MAX_NUM_SEQS, StepView
 
 
 def _parse(spec: str, profile: bool = True):  # type: ignore[no-untyped-def]

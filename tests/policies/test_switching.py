@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from policies.range_table import RangeTablePolicy, synthetic_view
-from policies.spec import parse_policy
-from policies.switching import HysteresisConfig, HysteresisPolicy
-from policies.types import StepView
+from dsd.common.errors import InputError
+from dsd.policies.range_table import RangeTablePolicy, synthetic_view
+from dsd.policies.spec import parse_policy
+from dsd.policies.switching import HysteresisConfig, HysteresisPolicy
+from dsd.policies.types import StepView
 
 EDGE_TABLE = [[1, 17, 3], [18, 256, 2]]  # one edge between B=17 and B=18
 
@@ -116,7 +116,7 @@ def test_observe_reaches_the_base() -> None:
     )
     assert isinstance(policy, HysteresisPolicy)
     assert policy.config.margin == 0.1
-    from policies.types import StepFeedback
+    from dsd.policies.types import StepFeedback
 
     policy.observe(StepFeedback(0, 0.0, 2, np.arange(2), np.array([3, 3]), np.array([0, 0]), 0.01))
     assert policy.base.num_observed_steps == 1  # type: ignore[attr-defined]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from policies.range_table import synthetic_view
-from policies.static import StaticPolicy
-from reports.cold_start import CASES, ForcedSteps, markdown
+from dsd.policies.range_table import synthetic_view
+from dsd.policies.static import StaticPolicy
+from dsd.reports.cold_start import CASES, ForcedSteps, markdown
 
 
 def test_forced_steps_override_only_the_chosen_decode_steps() -> None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from policies.errors import InputError
-from reports.grid import expand_grid, load_grid
-from reports.sweep import cell_seed, load_seed
+from dsd.common.errors import InputError
+from dsd.reports.grid import expand_grid, load_grid
+from dsd.reports.sweep import cell_seed, load_seed
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

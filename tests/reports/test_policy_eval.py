@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reports import policy_eval
-from reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
-from sim.acceptance import (
+from dsd.reports import policy_eval
+from dsd.reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
+from dsd.sim.acceptance import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from traces.registry import build_workload
+from dsd.traces.registry import build_workload
 
 
 def test_phased_categories_are_the_recordings_extremes() -> None:

@@ -11,9 +11,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dsd import cmd_report, cmd_sim
 from dsd.cli import main
-from reports.report import pareto_frontier
+from dsd.cli import report as cmd_report
+from dsd.cli import simulate as cmd_sim
+from dsd.reports.report import pareto_frontier
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from reports.grid import expand_grid, load_grid
-from reports.sweep import cell_file, identify, run_sweep_to_dir
+from dsd.reports.grid import expand_grid, load_grid
+from dsd.reports.sweep import cell_file, identify, run_sweep_to_dir
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.errors import InputError
-from policies.profile import LatencyPoint, Profile
-from sim.acceptance import (
+from dsd.common.errors import InputError
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.sim.acceptance import (
     DEFAULT_RECORDING_PATH,
     CategoryAcceptance,
     HeterogeneousAcceptance,
@@ -24,7 +24,7 @@ from sim.acceptance import (
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from traces.workload import RequestSpec
+from dsd.traces.workload import RequestSpec
 
 H100_RATES = (0.6811801775995416, 0.3914351188771126, 0.20352334574620454, 0.1014036092810083)
 H100_RATES = (*H100_RATES, 0.051417931824692065)

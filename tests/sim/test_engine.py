@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from utils import create_scheduler
 
-from sim.engine import Engine, EngineConfig, EngineEvent
-from sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
-from traces.workload import RequestSpec, Workload
+from dsd.sim.engine import Engine, EngineConfig, EngineEvent
+from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
+from dsd.traces.workload import RequestSpec, Workload
 
 STEP_S = 0.01
 

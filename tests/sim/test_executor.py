@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.profile import Profile
-from policies.profile_io import load_profile
-from sim.acceptance import HeterogeneousAcceptance
-from sim.executor import FittedExecutor, LatencyJitter, build_fitted_executor
-from sim.latency import TableLatencyModel
-from sim.types import ScheduledBatch
-from traces.workload import RequestSpec
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile
+from dsd.sim.acceptance import HeterogeneousAcceptance
+from dsd.sim.executor import FittedExecutor, LatencyJitter, build_fitted_executor
+from dsd.sim.latency import TableLatencyModel
+from dsd.sim.types import ScheduledBatch
+from dsd.traces.workload import RequestSpec
 
 PROFILE_PATH = (
     Path(__file__).resolve().parents[2]

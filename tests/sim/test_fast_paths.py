@@ -16,16 +16,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.goodput import GoodputPolicy, lookup_batch_k
-from policies.profile_io import load_profile
-from policies.types import StepFeedback, StepView, position_counts
-from sim.acceptance import _sample_leading_successes, _widen, count_leading
-from sim.engine import Engine, EngineConfig, RunResult
-from sim.executor import build_fitted_executor
-from sim.kv import KVBlockPool
-from sim.metrics import _stable_order, request_gaps
-from sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats
-from traces.workload import RequestSpec, Workload
+from dsd.policies.goodput import GoodputPolicy, lookup_batch_k
+from dsd.policies.profile_io import load_profile
+from dsd.policies.types import StepFeedback, StepView, position_counts
+from dsd.sim.acceptance import _sample_leading_successes, _widen, count_leading
+from dsd.sim.engine import Engine, EngineConfig, RunResult
+from dsd.sim.executor import build_fitted_executor
+from dsd.sim.kv import KVBlockPool
+from dsd.sim.metrics import _stable_order, request_gaps
+from dsd.sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats
+from dsd.traces.workload import RequestSpec, Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROFILE_PATH = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"

@@ -10,11 +10,11 @@ import pytest
 from test_executor import RecordingAcceptance, h100_profile, make_batch
 from test_runner import write_flat_profile, write_workload_file
 
-from policies.profile import HostOverhead, HostOverheadLine
-from reports.run_outputs import bench_result
-from sim.executor import FittedExecutor
-from sim.latency import TableLatencyModel
-from sim.runner import SimulationConfig, build_engine, resolve, resolved_config_dict
+from dsd.policies.profile import HostOverhead, HostOverheadLine
+from dsd.reports.run_outputs import bench_result
+from dsd.sim.executor import FittedExecutor
+from dsd.sim.latency import TableLatencyModel
+from dsd.sim.runner import SimulationConfig, build_engine, resolve, resolved_config_dict
 
 MODEL = HostOverhead(
     plain=HostOverheadLine(intercept_ms=1.0, per_row_ms=0.5),

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.goodput import ItlTable
-from policies.profile import LatencyPoint, PrefillPoint, Profile
-from policies.profile_io import load_profile
-from sim.latency import (
+from dsd.policies.goodput import ItlTable
+from dsd.policies.profile import LatencyPoint, PrefillPoint, Profile
+from dsd.policies.profile_io import load_profile
+from dsd.sim.latency import (
     PARAM_NAMES,
     ParametricLatencyModel,
     PrefillCost,
     TableLatencyModel,
     fit_latency_model,
 )
-from sim.types import ScheduledBatch
+from dsd.sim.types import ScheduledBatch
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
 

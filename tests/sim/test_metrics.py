@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.metrics import bench_metrics_from
-from sim.pooled import PooledValues
-from sim.scheduler import SpecDecodeStats
+from dsd.sim.metrics import bench_metrics_from
+from dsd.sim.pooled import PooledValues
+from dsd.sim.scheduler import SpecDecodeStats
 
 
 def metrics(**overrides):

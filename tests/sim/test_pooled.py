@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from sim.pooled import PooledValues
+from dsd.sim.pooled import PooledValues
 
 finite = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64)
 value_arrays = arrays(np.float64, st.integers(1, 200), elements=finite)

@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from utils import create_requests, create_scheduler
 
-from sim.reference import ReferenceScheduler
-from sim.scheduler import Scheduler
-from sim.types import StepOutcome
+from dsd.sim.reference import ReferenceScheduler
+from dsd.sim.scheduler import Scheduler
+from dsd.sim.types import StepOutcome
 
 
 def _run_reference(reference: ReferenceScheduler, k: int, accept_all: bool = True):

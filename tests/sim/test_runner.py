@@ -13,8 +13,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies.errors import InputError
-from sim.runner import (
+from dsd.common.errors import InputError
+from dsd.sim.runner import (
     FixedBatchPolicy,
     SimulationConfig,
     resolve,
@@ -262,7 +262,7 @@ def test_fixed_batch_policy_shows_the_fixed_b() -> None:
         def observe(self, feedback: Any) -> None:
             return None
 
-    from policies.types import StepView
+    from dsd.policies.types import StepView
 
     view = StepView(0, 0.0, 3, 3, np.arange(3), np.zeros(3, dtype=np.int64), 5)
     FixedBatchPolicy(Recorder(), 64).choose_k(view)
@@ -282,9 +282,9 @@ def test_resolved_config_dict_is_json_and_names_versions_and_seeds() -> None:
 
 def test_streamed_metrics_equal_kept_metrics(monkeypatch):
     """Tiny compaction, spill and block sizes change memory use, not results."""
-    import sim.metrics as metrics_module
-    from sim.engine import EngineConfig
-    from sim.runner import build_engine, resolve
+    import dsd.sim.metrics as metrics_module
+    from dsd.sim.engine import EngineConfig
+    from dsd.sim.runner import build_engine, resolve
 
     config = _config(num_prompts=40, max_concurrency=8, request_rate=20.0)
     kept = run_simulation(config)

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from policies.errors import InputError
-from sim.latency import ParametricLatencyModel, TableLatencyModel
-from sim.runner import SimulationConfig, context_latency_fn, resolve, run_simulation
+from dsd.common.errors import InputError
+from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel
+from dsd.sim.runner import SimulationConfig, context_latency_fn, resolve, run_simulation
 
 H100 = str(
     Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from utils import create_requests, create_scheduler, drive
 
-from policies.errors import InputError
-from sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
-from sim.scheduler import SchedulerConfig, SpecDecodeStats
-from sim.types import StepOutcome
-from traces.workload import RequestSpec
+from dsd.common.errors import InputError
+from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
+from dsd.sim.scheduler import SchedulerConfig, SpecDecodeStats
+from dsd.sim.types import StepOutcome
+from dsd.traces.workload import RequestSpec
 
 
 def add_all(scheduler, requests):

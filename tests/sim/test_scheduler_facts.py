@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from utils import create_requests, create_scheduler
 
-from policies.errors import InputError
-from sim.fakes import ScriptedExecutor
-from sim.scheduler import Scheduler, SchedulerConfig
-from sim.types import ScheduledBatch, StepOutcome
+from dsd.common.errors import InputError
+from dsd.sim.fakes import ScriptedExecutor
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.types import ScheduledBatch, StepOutcome
 
 
 def _prefill_all(scheduler: Scheduler, num_requests: int) -> None:

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 from hypothesis import settings
 
-from policies.profile_io import load_profile
-from policies.spec import parse_policy
-from policies.types import KPolicy
-from sim.fakes import RandomAcceptanceExecutor
-from sim.scheduler import SchedulerConfig
-from sim.testing import make_scheduler_machine, scheduler_configs
-from sim.types import Executor
+from dsd.policies.profile_io import load_profile
+from dsd.policies.spec import parse_policy
+from dsd.policies.types import KPolicy
+from dsd.sim.fakes import RandomAcceptanceExecutor
+from dsd.sim.scheduler import SchedulerConfig
+from dsd.sim.testing import make_scheduler_machine, scheduler_configs
+from dsd.sim.types import Executor
 
 H100_PROFILE = (
     Path(__file__).resolve().parents[2] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"

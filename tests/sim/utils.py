@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.types import KPolicy
-from sim.scheduler import Scheduler, SchedulerConfig, StepResult
-from sim.types import Executor, ScheduledBatch
-from traces.workload import RequestSpec
+from dsd.policies.types import KPolicy
+from dsd.sim.scheduler import Scheduler, SchedulerConfig, StepResult
+from dsd.sim.types import Executor, ScheduledBatch
+from dsd.traces.workload import RequestSpec
 
 
 def create_scheduler(**overrides: Any) -> Scheduler:

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from traces.arrivals import arrival_times_s, closed_loop, with_arrivals
-from traces.datasets import prompt_set_workload
+from dsd.common.errors import InputError
+from dsd.traces.arrivals import arrival_times_s, closed_loop, with_arrivals
+from dsd.traces.datasets import prompt_set_workload
 
 
 def test_infinite_rate_sends_everything_at_zero() -> None:

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from traces.datasets import (
+from dsd.common.errors import InputError
+from dsd.traces.datasets import (
     DEFAULT_OUTPUT_LEN,
     PROMPT_SET_NAMES,
     RandomLengths,
@@ -137,8 +137,8 @@ def test_shipped_lengths_equal_a_fresh_tokenization() -> None:
     pytest.importorskip("jinja2")
     import json
 
-    from traces.datasets import PROMPT_LENGTHS_PATH
-    from traces.scripts.compute_prompt_lengths import compute_lengths
+    from dsd.traces.datasets import PROMPT_LENGTHS_PATH
+    from dsd.traces.scripts.compute_prompt_lengths import compute_lengths
 
     shipped = json.loads(PROMPT_LENGTHS_PATH.read_text(encoding="utf-8"))
     assert shipped == compute_lengths()

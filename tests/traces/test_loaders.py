@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from traces.loaders import (
+from dsd.common.errors import InputError
+from dsd.traces.loaders import (
     TRACE_FILES,
     TRACES_DIR,
     TraceOptions,
@@ -17,7 +17,7 @@ from traces.loaders import (
     load_trace,
     load_workload_file,
 )
-from traces.workload import Workload
+from dsd.traces.workload import Workload
 
 
 def _arrivals(workload: Workload) -> np.ndarray:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from policies.errors import InputError
-from traces.export import write_workload_table
-from traces.loaders import TraceOptions
-from traces.registry import KNOWN_NAMES, build_workload
+from dsd.common.errors import InputError
+from dsd.traces.export import write_workload_table
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import KNOWN_NAMES, build_workload
 
 
 @pytest.mark.parametrize("name", KNOWN_NAMES)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from traces.rollout import RolloutConfig, rollout_output_lens, rollout_workload
+from dsd.common.errors import InputError
+from dsd.traces.rollout import RolloutConfig, rollout_output_lens, rollout_workload
 
 
 @pytest.mark.parametrize(

@@ -8,16 +8,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policies.errors import InputError
-from traces.export import (
+from dsd.common.errors import InputError
+from dsd.traces.export import (
     SYNTHETIC_WORDS,
     summarize,
     synthetic_prompt,
     write_vllm_custom_jsonl,
     write_workload_table,
 )
-from traces.loaders import TOKENIZER_PATH, load_workload_file
-from traces.registry import build_workload
+from dsd.traces.loaders import TOKENIZER_PATH, load_workload_file
+from dsd.traces.registry import build_workload
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])

@@ -23,7 +23,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
-from traces.datasets import (  # noqa: E402
+from dsd.traces.datasets import (  # noqa: E402
     PROMPT_LENGTHS_PATH,
     PROMPT_SET_NAMES,
     PROMPT_SET_READERS,

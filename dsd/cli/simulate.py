@@ -24,8 +24,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd import invocation
-from dsd.options import (
+from dsd.cli import invocation
+from dsd.cli.flags import (
     Burstiness,
     DatasetName,
     DatasetPath,
@@ -56,8 +56,8 @@ from dsd.options import (
     WorkloadFlags,
     dataset_source,
 )
-from policies.errors import InputError
-from policies.user_files import read_user_text
+from dsd.common.errors import InputError
+from dsd.common.user_files import read_user_text
 
 Profile = Annotated[
     str, typer.Option(help="Profile JSON (ours or vLLM PR #32374's dynamic_speculative_config).")
@@ -101,7 +101,7 @@ def _base_config(
     options: dict[str, Any],
 ) -> Any:
     """A SimulationConfig from flags (sim.runner validates every field)."""
-    from sim.runner import ACCEPTANCE_MODEL_KINDS, LATENCY_MODEL_KINDS, SimulationConfig
+    from dsd.sim.runner import ACCEPTANCE_MODEL_KINDS, LATENCY_MODEL_KINDS, SimulationConfig
 
     _choice("--scheduling", options["scheduling"], ("sync", "async"))
     _choice("--latency-model", options["latency_model"], LATENCY_MODEL_KINDS)
@@ -126,8 +126,8 @@ def _base_config(
 
 def policy_from_spec_config(text: str) -> tuple[str, int]:
     """(policy SPEC, k_max) of a vLLM --speculative-config given inline or as a file path."""
-    from backend.vllm import read_speculative_config
-    from policies.range_table import TABLE_FIELD, validate_ranges
+    from dsd.backend.vllm import read_speculative_config
+    from dsd.policies.range_table import TABLE_FIELD, validate_ranges
 
     if text.lstrip().startswith("{"):
         source = "--speculative-config"
@@ -320,14 +320,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Simulate one serving run (like `vllm bench serve`) from a profile and a K policy."""
-        from reports.run_outputs import (
+        from dsd.reports.run_outputs import (
             bench_result,
             result_json_text,
             step_parquet_sink,
             write_run_outputs,
         )
-        from sim.engine import EngineConfig
-        from sim.runner import (
+        from dsd.sim.engine import EngineConfig
+        from dsd.sim.runner import (
             build_engine,
             latency_description,
             learned_profile,
@@ -467,7 +467,7 @@ def register(app: typer.Typer) -> None:
             TimeRemainingColumn,
         )
 
-        from reports.sweep import (
+        from dsd.reports.sweep import (
             RESOLVED_GRID_FILE,
             WorkerDied,
             default_workers,
@@ -475,7 +475,7 @@ def register(app: typer.Typer) -> None:
             run_sweep_to_dir,
             write_sweep_outputs,
         )
-        from sim.runner import resolve, resolved_config_dict
+        from dsd.sim.runner import resolve, resolved_config_dict
 
         options = dict(locals())
         if workers is not None and workers < 1:
@@ -517,8 +517,8 @@ def register(app: typer.Typer) -> None:
             ],
             "base": resolved_config_dict(cells[0].config),
         }
-        from policies.atomic import atomic_write_text
-        from reports.run_outputs import result_json_text
+        from dsd.common.atomic import atomic_write_text
+        from dsd.reports.run_outputs import result_json_text
 
         Path(out).mkdir(parents=True, exist_ok=True)
         atomic_write_text(Path(out) / RESOLVED_GRID_FILE, result_json_text(resolved_grid) + "\n")
@@ -563,7 +563,7 @@ def register(app: typer.Typer) -> None:
         """Cells of a TOML grid; grid flags given alongside it are an InputError."""
         import inspect
 
-        from reports.grid import expand_grid, load_grid
+        from dsd.reports.grid import expand_grid, load_grid
 
         allowed = {"out", "grid", "workers", "ray", "ray_address", "seed"}
         for name, parameter in inspect.signature(sweep).parameters.items():
@@ -594,7 +594,7 @@ def register(app: typer.Typer) -> None:
 
     def _flag_cells(options: dict[str, Any]) -> tuple[list[Any], dict[str, Any], str]:
         """Cells of the flag grid: policies x concurrencies (closed loop)."""
-        from reports.sweep import sweep_cells
+        from dsd.reports.sweep import sweep_cells
 
         profile = options["profile"]
         if profile is None:

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 zoo_app = typer.Typer(
     help="Train a target/draft pair, or distill a draft for a target, on offline corpora.",
@@ -75,8 +75,8 @@ def generate(
     """Generate text for a few prompts (speculative decoding when --draft is given)."""
     import torch
 
-    from backend.generate import GenerationConfig, generate_texts
-    from backend.weights import load_model
+    from dsd.backend.generate import GenerationConfig, generate_texts
+    from dsd.backend.weights import load_model
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if dtype not in dtypes:
@@ -146,8 +146,8 @@ def zoo_train(
     eval_k: EvalK = 5,
 ) -> None:
     """Train a target and a smaller draft from scratch on the same corpus and tokenizer."""
-    from backend.corpus import parse_corpus_names
-    from backend.zoo import TrainConfig, train_pair
+    from dsd.backend.corpus import parse_corpus_names
+    from dsd.backend.zoo import TrainConfig, train_pair
 
     config = TrainConfig(
         out_dir=str(out),
@@ -205,8 +205,8 @@ def zoo_distill_draft(
     eval_k: EvalK = 5,
 ) -> None:
     """Train a draft from scratch for a given target (distillation on an offline corpus)."""
-    from backend.corpus import parse_corpus_names
-    from backend.zoo import TrainConfig, distill_draft
+    from dsd.backend.corpus import parse_corpus_names
+    from dsd.backend.zoo import TrainConfig, distill_draft
 
     if loss not in ("kl", "greedy"):
         raise InputError(f"--loss must be kl or greedy, got {loss!r}")

@@ -7,8 +7,6 @@ re-run after the writer was killed (SIGKILL, Ctrl-C, out of memory, power loss a
 fsync), sees either the old complete file or the new complete file, never a prefix. On an
 exception the temporary file is removed and the target is left untouched.
 
-It lives in `policies/` because that is the lowest layer (every other package may import it).
-
 Deliberately not done: no locking between concurrent writers (the last `os.replace` wins, each
 file whole), no cleanup of temporary files left by a process killed mid-write (they are hidden
 dot-files beside the target; `stale_temp_files` lists them), no writing across file systems.

@@ -1,16 +1,12 @@
 """The one error type for bad user input, shared by every layer.
 
-`policies` is the bottom layer of dsd (it imports nothing from the rest), so the error that
-every loader and validator raises for bad input lives here. The CLI turns an `InputError` into
+Every loader and validator raises `InputError` for bad input; `require_int` and
+`require_number` are the field checks they share. The CLI turns an `InputError` into
 one line `error: <message>` and exit code 2; anything else is a bug and keeps its traceback.
 Messages name the file, line or field that is wrong.
 """
 
 from __future__ import annotations
-
-# Largest running-set cap (max_num_seqs) any policy or the simulator accepts: per-B tables are
-# built for B = 1..max_num_seqs, so an absurd cap would be a huge allocation, not an answer.
-MAX_NUM_SEQS = 1 << 20
 
 
 class InputError(ValueError):

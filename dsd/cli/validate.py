@@ -22,8 +22,8 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
-from dsd import invocation
-from policies.errors import InputError
+from dsd.cli import invocation
+from dsd.common.errors import InputError
 
 PROFILE_FORMATS = ("dsd-profile", "dsd-json")
 
@@ -40,7 +40,7 @@ def _int_list(text: str, flag: str, minimum: int) -> tuple[int, ...]:
 
 def _check_fast_path(fast_path: str, device: str) -> None:
     """--fast-path names a known kind that the device can run (checked before any model)."""
-    from backend.fast_path import FAST_PATH_KINDS
+    from dsd.backend.fast_path import FAST_PATH_KINDS
 
     if fast_path not in FAST_PATH_KINDS:
         raise InputError(f"--fast-path: choose {', '.join(FAST_PATH_KINDS)}, got {fast_path!r}")
@@ -58,9 +58,9 @@ def _load_pair(
     """(target model, Draft or None, tokenizer name, torch dtype) as `dsd run` builds them."""
     import torch
 
-    from backend.engine import Draft
-    from backend.weights import check_pair
-    from dsd.cmd_backend import _build_model, _dtype
+    from dsd.backend.engine import Draft
+    from dsd.backend.weights import check_pair
+    from dsd.cli.run import _build_model, _dtype
 
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise InputError(f"--device: choose cpu or cuda, got {device!r}")
@@ -86,7 +86,7 @@ def _load_pair(
 def _tokenizer_fn(tokenizer_name: str | None) -> Callable[[str], list[int]] | None:
     if tokenizer_name is None:
         return None
-    from backend.tokenizer import chat_prompt, load_tokenizer
+    from dsd.backend.tokenizer import chat_prompt, load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_name)
 
@@ -146,9 +146,9 @@ def run_profile(
     host_overhead_output_len: int = 32,
 ) -> Any:
     """Measure and write a profile; returns the Profile."""
-    from backend.profiler import ProfileConfig, profile_pair, synthetic_ids
-    from policies.profile_io import save_pr32374, save_profile
-    from traces.registry import build_workload
+    from dsd.backend.profiler import ProfileConfig, profile_pair, synthetic_ids
+    from dsd.policies.profile_io import save_pr32374, save_profile
+    from dsd.traces.registry import build_workload
 
     if file_format not in PROFILE_FORMATS:
         raise InputError(f"--format: choose {' or '.join(PROFILE_FORMATS)}, got {file_format!r}")
@@ -227,7 +227,7 @@ def run_profile(
 
 
 def _versions_and_device(target_model: Any, dtype: Any) -> dict[str, Any]:
-    from backend.profiler import environment_metadata
+    from dsd.backend.profiler import environment_metadata
 
     param = next(target_model.parameters())
     return environment_metadata(param.device, dtype)
@@ -255,9 +255,9 @@ def run_validate_cells(
     show_progress: bool = True,
 ) -> list[Any]:
     """Every (policy, C) cell on both sides; writes the report; returns the cells."""
-    from backend.validate import compare_cell, workload_resolved
-    from reports.validation import write_validation_report
-    from sim.runner import SimulationConfig, resolve
+    from dsd.backend.validate import compare_cell, workload_resolved
+    from dsd.reports.validation import write_validation_report
+    from dsd.sim.runner import SimulationConfig, resolve
 
     policy_specs = [p.strip() for p in policies.split(",") if p.strip()]
     # "static:0,static:3": split on commas, but a SPEC may itself hold commas after ':' keys
@@ -373,9 +373,9 @@ def run_validate_vllm(
     out: str | None,
 ) -> Any:
     """The simulator against a vLLM bench result file; writes a report when out is given."""
-    from backend.validate import load_vllm_result, validate_against_vllm
-    from reports.validation import write_validation_report
-    from sim.runner import SimulationConfig
+    from dsd.backend.validate import load_vllm_result, validate_against_vllm
+    from dsd.reports.validation import write_validation_report
+    from dsd.sim.runner import SimulationConfig
 
     result = load_vllm_result(measured, seed=seed)
     config = SimulationConfig(

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from policies.errors import InputError
+from dsd.common.errors import InputError
 
 
 def decode_user_text(data: bytes, source: str) -> str:

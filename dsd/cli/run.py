@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.options import (
+from dsd.cli.flags import (
     Burstiness,
     EndS,
     Fraction,
@@ -55,8 +55,8 @@ from dsd.options import (
     TimeScale,
     WorkloadFlags,
 )
-from policies.errors import InputError
-from reports.run_outputs import json_default
+from dsd.common.errors import InputError
+from dsd.reports.run_outputs import json_default
 
 
 def _dtype(name: str, device: str) -> Any:
@@ -72,8 +72,8 @@ def _dtype(name: str, device: str) -> Any:
 
 def _build_model(spec: str, device: str, dtype: Any, seed: int) -> tuple[Any, str | None]:
     """(Transformer, tokenizer name or None) for a model spec (see module docstring)."""
-    from backend.model import MODEL_CONFIGS, Transformer, init_random_
-    from backend.weights import SMOLLM2_SPEC, load_model
+    from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
+    from dsd.backend.weights import SMOLLM2_SPEC, load_model
 
     name = spec.removeprefix("random:")
     if spec.startswith("random:") or (spec in MODEL_CONFIGS and spec != SMOLLM2_SPEC):
@@ -115,16 +115,16 @@ def run_backend(
     step."""
     import torch
 
-    from backend.engine import Draft
-    from backend.executor import TorchExecutor
-    from backend.tokenizer import chat_prompt, load_tokenizer
-    from backend.weights import check_pair
-    from policies.profile_io import load_profile, save_profile
-    from policies.spec import parse_policy
-    from sim.engine import Engine, EngineConfig
-    from sim.runner import learned_profile
-    from sim.scheduler import Scheduler, SchedulerConfig
-    from traces.registry import build_workload
+    from dsd.backend.engine import Draft
+    from dsd.backend.executor import TorchExecutor
+    from dsd.backend.tokenizer import chat_prompt, load_tokenizer
+    from dsd.backend.weights import check_pair
+    from dsd.policies.profile_io import load_profile, save_profile
+    from dsd.policies.spec import parse_policy
+    from dsd.sim.engine import Engine, EngineConfig
+    from dsd.sim.runner import learned_profile
+    from dsd.sim.scheduler import Scheduler, SchedulerConfig
+    from dsd.traces.registry import build_workload
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise InputError("--device cuda: CUDA is not available on this machine")
@@ -300,7 +300,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Run a workload on the real SD engine and report vLLM bench metrics."""
-        from policies.atomic import atomic_write_text
+        from dsd.common.atomic import atomic_write_text
 
         workload_flags = WorkloadFlags.from_values(locals())
         workload_flags.arguments()  # bad workload flags fail here, before any model is built

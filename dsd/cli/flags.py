@@ -25,11 +25,11 @@ from typing import Annotated, Any
 
 import typer
 
-from policies.errors import InputError
-from traces.datasets import RandomLengths
-from traces.loaders import TraceOptions
-from traces.registry import KNOWN_NAMES
-from traces.rollout import RolloutConfig
+from dsd.common.errors import InputError
+from dsd.traces.datasets import RandomLengths
+from dsd.traces.loaders import TraceOptions
+from dsd.traces.registry import KNOWN_NAMES
+from dsd.traces.rollout import RolloutConfig
 
 # The simulator's workload when neither --dataset-name nor --dataset-path is given.
 DEFAULT_DATASET = "mt-bench"

@@ -18,12 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from backend.vllm import profile_to_pr32374, speculative_config
-from policies.atomic import atomic_write_text
-from policies.errors import MAX_NUM_SEQS, InputError
-from policies.profile_io import load_profile
-from policies.range_table import compile_range_table, evaluate_policy
-from policies.spec import parse_policy
+from dsd.backend.vllm import profile_to_pr32374, speculative_config
+from dsd.common.atomic import atomic_write_text
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import load_profile
+from dsd.policies.range_table import compile_range_table, evaluate_policy
+from dsd.policies.spec import parse_policy
+from dsd.policies.types import MAX_NUM_SEQS
 
 export_app = typer.Typer(
     help="Export profiles and policies to vLLM's formats.", no_args_is_help=True

@@ -14,17 +14,15 @@ from typing import cast
 import click
 import typer
 
-from dsd import (
-    cmd_backend,
-    cmd_export,
-    cmd_report,
-    cmd_sim,
-    cmd_traces,
-    cmd_validate,
-    cmd_zoo,
-    invocation,
-)
-from policies.errors import InputError
+from dsd.cli import export as cmd_export
+from dsd.cli import invocation
+from dsd.cli import report as cmd_report
+from dsd.cli import run as cmd_backend
+from dsd.cli import simulate as cmd_sim
+from dsd.cli import traces as cmd_traces
+from dsd.cli import validate as cmd_validate
+from dsd.cli import zoo as cmd_zoo
+from dsd.common.errors import InputError
 
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dsd.options import (
+from dsd.cli.flags import (
     Burstiness,
     EndS,
     Fraction,
@@ -43,14 +43,14 @@ from dsd.options import (
     TimeScale,
     WorkloadFlags,
 )
-from traces.export import (
+from dsd.traces.export import (
     plot_workload,
     summarize,
     write_vllm_custom_jsonl,
     write_workload_table,
 )
-from traces.registry import KNOWN_NAMES, build_workload
-from traces.workload import Workload
+from dsd.traces.registry import KNOWN_NAMES, build_workload
+from dsd.traces.workload import Workload
 
 traces_app = typer.Typer(
     help="Workloads: show statistics and plots, convert to our table schema, export for vLLM.",

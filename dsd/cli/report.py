@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dsd import invocation
+from dsd.cli import invocation
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Write DIR/report.md (+ PNGs): TPOT vs C, envelope distance, frontier, K trace."""
-        from reports.report import build_report
+        from dsd.reports.report import build_report
 
         path = build_report(out, k_trace_cell=k_trace_cell, command_line=invocation.command_line())
         typer.echo(f"wrote {path}")

@@ -1,0 +1,5 @@
+"""The `dsd` command (entry point `dsd.cli:main`)."""
+
+from dsd.cli.app import app, main
+
+__all__ = ["app", "main"]
