@@ -78,7 +78,7 @@ class Draft:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class SpecDecodeConfig:
     """Capacity and sampling of one engine."""
 
     num_slots: int  # requests that can hold KV at once (max_num_seqs); >= 1
@@ -118,7 +118,7 @@ class StepResult:
 class SpecDecodeEngine:
     """Batched speculative decoding over slots. See the module docstring for the step."""
 
-    def __init__(self, target: Transformer, draft: Draft | None, config: EngineConfig) -> None:
+    def __init__(self, target: Transformer, draft: Draft | None, config: SpecDecodeConfig) -> None:
         if draft is not None and draft.model.config.vocab_size != target.config.vocab_size:
             raise ValueError(
                 f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "

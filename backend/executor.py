@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
-from dsd.backend.fast_path import build_engine
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
@@ -75,10 +75,10 @@ class TorchExecutor:
         that stop a request (default: the target config's); `ignore_eos`: never stop early
         (like `vllm bench serve --ignore-eos`), so output lengths follow the workload;
         `fast_path`: "off" (reference step), "eager" or "cuda-graphs" (`backend.fast_path`)."""
-        self.engine: SpecDecodeEngine = build_engine(
+        self.engine: SpecDecodeEngine = build_spec_decode_engine(
             target,
             draft,
-            EngineConfig(
+            SpecDecodeConfig(
                 num_slots=max_num_seqs,
                 max_model_len=max_model_len,
                 k_max=k_max,

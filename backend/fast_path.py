@@ -42,16 +42,25 @@ from typing import Literal
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, StepResult
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, StepResult
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import Transformer
 from dsd.backend.sampling import greedy_accept
 from dsd.common.arrays import IntArray
+from dsd.common.errors import InputError
 
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
 DEFAULT_MIN_KV_LEN = 256  # smallest attention span bucket; smaller spans round up to it
 _NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs
+
+
+def check_fast_path(kind: str, device: str) -> None:
+    """`kind` is a known fast path that `device` can run (checked before any model runs)."""
+    if kind not in FAST_PATH_KINDS:
+        raise InputError(f"--fast-path: choose {', '.join(FAST_PATH_KINDS)}, got {kind!r}")
+    if kind == "cuda-graphs" and not device.startswith("cuda"):
+        raise InputError(f"--fast-path cuda-graphs: needs --device cuda, got {device!r}")
 
 
 def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -239,7 +248,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         self,
         target: Transformer,
         draft: Draft | None,
-        config: EngineConfig,
+        config: SpecDecodeConfig,
         runner: Literal["eager", "cuda-graphs"] = "eager",
         min_kv_len: int = DEFAULT_MIN_KV_LEN,
     ) -> None:
@@ -323,10 +332,10 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         cache.lengths[lagging] = lengths[behind]
 
 
-def build_engine(
+def build_spec_decode_engine(
     target: Transformer,
     draft: Draft | None,
-    config: EngineConfig,
+    config: SpecDecodeConfig,
     fast_path: str = "off",
 ) -> SpecDecodeEngine:
     """The reference engine ("off") or the fast path ("eager", "cuda-graphs")."""

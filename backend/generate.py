@@ -4,7 +4,7 @@
   temperature 0, else a sample from softmax(logits / T) drawn from a seeded torch.Generator).
   It is deliberately independent of the SD engine, so it doubles as the reference that greedy SD
   must reproduce token for token.
-- With a draft (a model of the same vocabulary, or `exit:N`, the target cut after N layers):
+- With a draft (a model of the same vocabulary, or `early-exit:N`, the target cut after N layers):
   `backend.engine.SpecDecodeEngine` runs all prompts as one batch, K drafts per request per step,
   and we count drafted/accepted per position for the acceptance report.
 
@@ -20,18 +20,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import Transformer
+from dsd.backend.pair import ModelPair
 from dsd.backend.tokenizer import TextTokenizer, chat_prompt, load_tokenizer
-from dsd.backend.weights import LoadedModel, check_pair, load_model
 from dsd.common.errors import InputError
-
-EARLY_EXIT_PREFIX = "exit:"
 
 
 @dataclass(frozen=True)
@@ -147,21 +145,18 @@ class SpeculativeCounts:
 
 def _speculative(
     target: Transformer,
-    draft_model: Transformer,
-    draft_layers: int | None,
+    draft: Draft,
     prompts_ids: list[list[int]],
     config: GenerationConfig,
     stop_ids: Sequence[int],
 ) -> SpeculativeCounts:
     """All prompts as one batch through the SD engine."""
-    from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
-
     k = config.num_spec_tokens
     longest = max(len(ids) for ids in prompts_ids)
     engine = SpecDecodeEngine(
         target,
-        Draft(draft_model, draft_layers),
-        EngineConfig(
+        draft,
+        SpecDecodeConfig(
             num_slots=len(prompts_ids),
             max_model_len=longest + config.max_tokens + 1,
             k_max=k,
@@ -207,44 +202,24 @@ def _speculative(
     return SpeculativeCounts(trimmed, steps, drafted, accepted, accepted_at_pos, drafted_at_pos)
 
 
-def resolve_draft(
-    spec: str | None, target: LoadedModel, device: Any, dtype: torch.dtype
-) -> tuple[Transformer | None, int | None, str | None]:
-    """(draft model, early-exit depth, tokenizer name) for a --draft spec; None for no draft."""
-    if spec is None:
-        return None, None, None
-    if spec.startswith(EARLY_EXIT_PREFIX):
-        depth_text = spec[len(EARLY_EXIT_PREFIX) :]
-        if not depth_text.isdigit() or not 1 <= int(depth_text) < target.config.num_layers:
-            raise InputError(
-                f"--draft {spec}: early-exit depth must be an integer in "
-                f"[1, {target.config.num_layers - 1}]"
-            )
-        return target.model, int(depth_text), target.tokenizer_name
-    draft = load_model(spec, device=device, dtype=dtype)
-    check_pair(target.config, draft.config, target.tokenizer_name, draft.tokenizer_name)
-    return draft.model, None, draft.tokenizer_name
-
-
 def generate_texts(
-    target: LoadedModel,
+    pair: ModelPair,
     prompts: Sequence[str],
     config: GenerationConfig,
-    draft_spec: str | None = None,
     tokenizer: TextTokenizer | None = None,
 ) -> GenerationReport:
-    """Generate for each prompt; with a draft spec, by speculative decoding."""
+    """Generate for each prompt; with the pair's draft, by speculative decoding."""
     if not prompts:
         raise InputError("--prompt: give at least one prompt")
     if tokenizer is None:
-        if target.tokenizer_name is None:
+        if pair.tokenizer_name is None:
             raise InputError(
-                f"{target.source}: cannot tell the model's tokenizer (only SmolLM2-vocabulary "
-                "and byte-level models are supported)"
+                f"{pair.target_spec}: cannot tell the model's tokenizer (only SmolLM2-vocabulary "
+                "and byte-level models with real weights are supported)"
             )
-        tokenizer = load_tokenizer(target.tokenizer_name)
-    param = next(target.model.parameters())
-    draft_model, draft_layers, _ = resolve_draft(draft_spec, target, param.device, param.dtype)
+        tokenizer = load_tokenizer(pair.tokenizer_name)
+    target = pair.target
+    param = next(target.parameters())
     chat = config.chat and tokenizer.name == "smollm2"
     prompts_ids = [tokenizer.encode(format_prompt(prompt, chat)) for prompt in prompts]
     for prompt, ids in zip(prompts, prompts_ids, strict=True):
@@ -259,10 +234,10 @@ def generate_texts(
     generator.manual_seed(config.seed)
     start_s = time.perf_counter()
     k = config.num_spec_tokens
-    if draft_model is None:
+    if pair.draft is None:
         outputs = [
             generate_plain(
-                target.model,
+                target,
                 ids,
                 config.max_tokens,
                 tokenizer.stop_ids,
@@ -280,9 +255,7 @@ def generate_texts(
             drafted_at_pos=[0] * k,
         )
     else:
-        counts = _speculative(
-            target.model, draft_model, draft_layers, prompts_ids, config, tokenizer.stop_ids
-        )
+        counts = _speculative(target, pair.draft, prompts_ids, config, tokenizer.stop_ids)
     if param.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed_s = time.perf_counter() - start_s

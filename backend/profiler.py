@@ -41,19 +41,20 @@ import numpy as np
 import scipy.optimize
 import torch
 
-from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, StepResult
-from dsd.backend.executor import TorchExecutor
-from dsd.backend.fast_path import FAST_PATH_KINDS, build_engine
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
+from dsd.backend.pair import ModelPair
+from dsd.backend.real import torch_executor
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, HostOverheadLine, LatencyPoint, PrefillPoint, Profile
-from dsd.policies.static import StaticPolicy
-from dsd.policies.types import KPolicy
-from dsd.sim.engine import Engine
-from dsd.sim.engine import EngineConfig as LoopConfig
-from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.build import build_engine
+from dsd.sim.config import DEFAULT_BLOCK_SIZE, RunConfig
+from dsd.sim.engine import LoopConfig
+from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
+from dsd.traces.registry import build_workload
 from dsd.traces.workload import RequestSpec, Workload
 
 ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
@@ -134,6 +135,16 @@ class ProfileConfig:
     @property
     def k_max(self) -> int:
         return max(self.spec_tokens)
+
+    def num_units(self, num_prompts: int) -> int:
+        """Progress units of `profile_pair` over `num_prompts` acceptance prompts: one per
+        decode point, prefill point, prompt and host-overhead loop run."""
+        return (
+            len(self.batch_sizes) * len(self.spec_tokens) * len(self.context_lens)
+            + len(self.prefill_token_counts)
+            + num_prompts
+            + (2 * len(self.batch_sizes) if self.host_overhead_output_len > 0 else 0)
+        )
 
 
 @dataclass(frozen=True)
@@ -420,27 +431,15 @@ class _ForwardTimedExecutor:
 
 
 def loop_host_samples(
-    executor: Executor,
-    take_forward_ms: Callable[[], float],
-    policy: KPolicy,
-    workload: Workload,
-    scheduler_config: SchedulerConfig,
+    resolved: ResolvedRun, executor: Executor, take_forward_ms: Callable[[], float]
 ) -> list[HostOverheadSample]:
-    """Run `workload` through the engine loop with the wall clock; one sample per iteration.
+    """Run a resolved run through the engine loop with the wall clock; one sample per iteration.
 
     `take_forward_ms()` returns the model-forward ms since its last call (a `ForwardTimer`'s
     `take_ms`); iteration time is the wall time the loop advanced for the step.
     """
     timed = _ForwardTimedExecutor(executor, take_forward_ms)
-    capacity = max(64, 2 * min(scheduler_config.max_num_seqs, len(workload.requests)))
-    engine = Engine(
-        Scheduler(scheduler_config, capacity=capacity),
-        timed,
-        policy,
-        workload,
-        LoopConfig(clock="wall"),
-    )
-    steps = engine.run().steps
+    steps = build_engine(resolved, timed, LoopConfig(clock="wall")).run().steps
     samples = []
     for step_index, duration_s in zip(
         steps["step_index"].tolist(), steps["duration_s"].tolist(), strict=True
@@ -455,6 +454,32 @@ def loop_host_samples(
             )
         )
     return samples
+
+
+def host_overhead_run(batch_size: int, k: int, config: ProfileConfig) -> tuple[RunConfig, Workload]:
+    """One loop run of `measure_host_overhead`: static K at C = max_num_seqs = B over 2 x B
+    synthetic requests of min(context_lens) prompt tokens (the config and its workload)."""
+    output_len = config.host_overhead_output_len
+    prompt_len = min(config.context_lens)
+    k_max = config.k_max
+    max_model_len = prompt_len + output_len + k_max + 1
+    workload = Workload(
+        name=f"host-overhead-B{batch_size}",
+        requests=tuple(
+            RequestSpec(prompt_len=prompt_len, output_len=output_len) for _ in range(2 * batch_size)
+        ),
+        max_concurrency=batch_size,
+    )
+    run_config = RunConfig(
+        policy=f"static:{k}",
+        dataset=workload.name,
+        k_max=k_max,
+        max_num_seqs=batch_size,
+        max_model_len=max_model_len,
+        num_kv_blocks=batch_size * -(-max_model_len // DEFAULT_BLOCK_SIZE),
+        seed=config.seed,
+    )
+    return run_config, workload
 
 
 def _fit_line(
@@ -527,44 +552,21 @@ def measure_host_overhead(
     tokens and `host_overhead_output_len` output tokens (EOS ignored), closed loop at C = B,
     max_num_seqs = B, a fresh TorchExecutor (the same fast path as the profile) each run.
     """
-    output_len = config.host_overhead_output_len
-    prompt_len = min(config.context_lens)
-    k_max = config.k_max
-    max_model_len = prompt_len + output_len + k_max + 1
-    block_size = 16
     samples: list[HostOverheadSample] = []
     for batch_size in sorted(config.batch_sizes):
-        for k in (0, k_max):
-            workload = Workload(
-                name=f"host-overhead-B{batch_size}",
-                requests=tuple(
-                    RequestSpec(prompt_len=prompt_len, output_len=output_len)
-                    for _ in range(2 * batch_size)
-                ),
-                max_concurrency=batch_size,
-            )
-            scheduler_config = SchedulerConfig(
-                max_model_len=max_model_len,
-                num_kv_blocks=batch_size * -(-max_model_len // block_size),
-                k_max=k_max,
-                max_num_seqs=batch_size,
-                block_size=block_size,
-            )
-            executor = TorchExecutor(
+        for k in (0, config.k_max):
+            run_config, workload = host_overhead_run(batch_size, k, config)
+            resolved = resolve(run_config, workload=workload)
+            executor = torch_executor(
+                resolved,
                 target,
                 draft,
-                max_num_seqs=batch_size,
-                max_model_len=max_model_len,
-                k_max=k_max,
                 temperature=config.temperature,
-                seed=config.seed,
                 ignore_eos=True,
                 fast_path=config.fast_path,
             )
             timer = ForwardTimer(executor.engine, time.perf_counter)
-            samples += loop_host_samples(
-                executor, timer.take_ms, StaticPolicy(k), workload, scheduler_config
-            )
+            samples += loop_host_samples(resolved, executor, timer.take_ms)
             del executor, timer
             if on_progress is not None:
                 on_progress(f"host overhead B={batch_size} K={k}")
@@ -614,10 +616,10 @@ def profile_pair(
     max_model_len = max(
         max(config.context_lens) + 2, max(config.prefill_token_counts) + 2, longest_request + 1
     )
-    engine = build_engine(
+    engine = build_spec_decode_engine(
         target,
         draft,
-        EngineConfig(
+        SpecDecodeConfig(
             num_slots=max(config.batch_sizes),
             max_model_len=max_model_len,
             k_max=k_max,
@@ -680,3 +682,32 @@ def profile_pair(
         host_overhead=host_overhead,
         metadata=info,
     )
+
+
+def dataset_prompts(
+    pair: ModelPair,
+    dataset: str,
+    *,
+    num_prompts: int | None,
+    output_len: int | None,
+    seed: int,
+) -> tuple[list[IntArray], list[int]]:
+    """The acceptance prompt set as token ids and output lengths: the dataset's prompts
+    chat-templated and tokenized when the target names a tokenizer, else synthetic ids of the
+    dataset's lengths (special ids avoided)."""
+    workload = build_workload(dataset, num_prompts=num_prompts, seed=seed, output_len=output_len)
+    config = pair.target.config
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
+    specials = set(config.eos_token_ids)
+    if config.bos_token_id is not None:
+        specials.add(config.bos_token_id)
+    tokenize = pair.tokenize
+    prompts = []
+    for request in workload.requests:
+        if tokenize is not None and request.prompt:
+            prompts.append(np.asarray(tokenize(request.prompt), dtype=np.int64))
+        else:
+            prompts.append(
+                synthetic_ids(rng, request.prompt_len, config.vocab_size, sorted(specials))
+            )
+    return prompts, [max(2, r.output_len) for r in workload.requests]

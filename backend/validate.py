@@ -1,15 +1,14 @@
 """Simulated vs measured: run the same cells on the fitted simulator and on the real backend.
 
-A **cell** is one (policy SPEC, max concurrency C). For every cell:
-- the **simulator** run is `sim.runner` on a `SimulationConfig` whose latency and acceptance
-  models are fitted from the PROFILE ONLY (never from the validation runs);
-- the **measured** run is the real SD engine (`backend.executor.TorchExecutor`) in the same
-  engine loop with the wall clock, exactly like `dsd run`; its scheduler and policy are built by
-  the same `sim.runner.build_engine` call as the simulator's, so limits (max_num_seqs = C,
-  max_model_len, KV pool, token budget), K policy and workload are identical, and the seed is
-  the same. Requests ignore EOS (like `vllm bench serve --ignore-eos`) so output lengths match.
-  The simulator charges the profile's measured host overhead per step unless the config sets
-  `host_overhead_ms` (`CellResult.host_overhead_source` says which).
+A **cell** is one `RunConfig` (a policy SPEC at a max concurrency C), resolved once
+(`backend.real.resolve_real`) and run twice through `sim.build.build_engine`:
+- the **simulator** with `fitted_executor`: latency and acceptance models fitted from the
+  PROFILE ONLY (never from the validation runs); it charges the profile's measured host
+  overhead per step unless the config sets `host_overhead_ms` (`CellResult.host_overhead_source`);
+- the **real engine** with a `TorchExecutor` on the wall clock, exactly like `dsd run`, with
+  EOS ignored (like `vllm bench serve --ignore-eos`) so output lengths match.
+So limits (max_num_seqs, max_model_len, KV pool, token budget), policy, workload and seed are
+identical on both sides.
 
 `validate_against_vllm` does the simulator half for a `vllm bench serve --save-result` file: its
 per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
@@ -21,7 +20,6 @@ models or write files (`dsd validate` and `reports.validation` do).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,13 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from dsd.backend.engine import Draft
-from dsd.backend.executor import TorchExecutor
-from dsd.backend.model import Transformer
+from dsd.backend.pair import ModelPair
+from dsd.backend.real import real_engine
 from dsd.common.errors import InputError
 from dsd.common.user_files import parse_user_json, read_user_text
-from dsd.sim.engine import Engine, EngineConfig, RunResult
-from dsd.sim.runner import ResolvedSimulation, SimulationConfig, build_engine, resolve
+from dsd.sim.build import build_engine, fitted_executor
+from dsd.sim.config import RunConfig
+from dsd.sim.engine import RunResult
+from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.traces.arrivals import validate_rate, with_arrivals
 from dsd.traces.workload import RequestSpec, Workload
 
@@ -93,90 +92,24 @@ def _as_float(value: Any) -> float:
         return float("nan")
 
 
-def workload_resolved(config: SimulationConfig, workload: Workload | None) -> ResolvedSimulation:
-    """`sim.runner.resolve(config)`, with its workload replaced when one is given.
-
-    With a replacement, max_model_len and the KV pool are re-derived from it by the runner's
-    own defaults (longest request + k_max + 1; every running sequence fits), unless the config
-    fixes them.
-    """
-    resolved = resolve(config)
-    if workload is None:
-        return resolved
-    if not workload.requests:
-        raise InputError("workload: no requests")
-    longest = max(r.prompt_len + r.output_len for r in workload.requests)
-    max_model_len = (
-        longest + resolved.k_max + 1 if config.max_model_len is None else resolved.max_model_len
-    )
-    if max(r.prompt_len for r in workload.requests) >= max_model_len:
-        raise InputError(f"max_model_len: {max_model_len} must exceed the longest prompt")
-    num_kv_blocks = resolved.num_kv_blocks
-    if config.num_kv_blocks is None:
-        running = min(resolved.max_num_seqs, len(workload.requests))
-        num_kv_blocks = running * math.ceil(max_model_len / resolved.block_size)
-    return dataclasses.replace(
-        resolved, workload=workload, max_model_len=max_model_len, num_kv_blocks=num_kv_blocks
-    )
-
-
-def run_simulated(resolved: ResolvedSimulation) -> RunResult:
-    """The simulator run of a resolved cell."""
-    return build_engine(resolved).run()
-
-
-def run_measured(
-    resolved: ResolvedSimulation,
-    target: Transformer,
-    draft: Draft | None,
-    *,
-    tokenize: Callable[[str], Sequence[int]] | None = None,
-    temperature: float = 0.0,
-    fast_path: str = "off",
-) -> RunResult:
-    """The real run of a resolved cell: TorchExecutor in the engine loop, wall clock.
-
-    Scheduler and policy come from the same `build_engine` as the simulator's (fresh objects),
-    so both runs share every limit and the policy construction.
-    """
-    config = resolved.config
-    template = build_engine(resolved)  # fresh scheduler and policy, configured as the sim's
-    executor = TorchExecutor(
-        target,
-        draft,
-        max_num_seqs=resolved.max_num_seqs,
-        max_model_len=resolved.max_model_len,
-        k_max=resolved.k_max,
-        temperature=temperature,
-        seed=config.seed,
-        tokenize=tokenize,
-        ignore_eos=True,
-        fast_path=fast_path,
-    )
-    engine = Engine(
-        template.scheduler,
-        executor,
-        template.policy,
-        resolved.workload,
-        EngineConfig(clock="wall"),
-    )
-    return engine.run()
+def simulated_run(resolved: ResolvedRun) -> RunResult:
+    """The simulator's run of a resolved cell."""
+    return build_engine(resolved, fitted_executor(resolved)).run()
 
 
 def compare_cell(
-    resolved: ResolvedSimulation,
-    target: Transformer,
-    draft: Draft | None,
+    resolved: ResolvedRun,
+    pair: ModelPair,
     *,
-    tokenize: Callable[[str], Sequence[int]] | None = None,
     temperature: float = 0.0,
     fast_path: str = "off",
 ) -> CellResult:
-    """Both runs of one cell."""
-    simulated = run_simulated(resolved)
-    measured = run_measured(
-        resolved, target, draft, tokenize=tokenize, temperature=temperature, fast_path=fast_path
-    )
+    """Both runs of one cell (resolved by `backend.real.resolve_real`): the simulator, then the
+    real engine with EOS ignored."""
+    simulated = simulated_run(resolved)
+    measured = real_engine(
+        resolved, pair, temperature=temperature, ignore_eos=True, fast_path=fast_path
+    ).run()
     return CellResult(
         policy=resolved.config.policy,
         max_concurrency=resolved.workload.max_concurrency,
@@ -186,6 +119,24 @@ def compare_cell(
         simulated_steps=simulated.steps,
         host_overhead_source=resolved.host_overhead_source,
     )
+
+
+def validation_cells(
+    resolved_cells: Sequence[ResolvedRun],
+    pair: ModelPair,
+    *,
+    fast_path: str = "off",
+    on_progress: Callable[[str], None] | None = None,
+) -> list[CellResult]:
+    """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
+    bad cell fails before any runs)."""
+    cells = []
+    for resolved in resolved_cells:
+        cell = compare_cell(resolved, pair, fast_path=fast_path)
+        cells.append(cell)
+        if on_progress is not None:
+            on_progress(f"{cell.policy} C={cell.max_concurrency}")
+    return cells
 
 
 # ---------------------------------------------------------------------------- vLLM result file
@@ -352,10 +303,10 @@ def load_vllm_result(path: str | Path, seed: int = 0) -> VllmBenchResult:
     return parse_vllm_result(data, source, seed=seed)
 
 
-def validate_against_vllm(result: VllmBenchResult, config: SimulationConfig) -> CellResult:
+def validate_against_vllm(result: VllmBenchResult, config: RunConfig) -> CellResult:
     """The simulator on the file's workload (profile and policy from `config`) vs the file."""
-    resolved = workload_resolved(config, result.workload)
-    simulated = run_simulated(resolved)
+    resolved = resolve(config, workload=result.workload)
+    simulated = simulated_run(resolved)
     return CellResult(
         policy=config.policy,
         max_concurrency=result.workload.max_concurrency,

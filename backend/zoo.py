@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from dsd.backend.corpus import TokenCorpus, heldout_windows, sample_windows, tokenize_corpus
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.pair import check_device
 from dsd.backend.tokenizer import TOKENIZER_NAMES, load_tokenizer
 from dsd.backend.weights import check_pair, load_model, save_checkpoint
 from dsd.common.atomic import atomic_write_json
@@ -142,10 +143,7 @@ class TrainConfig:
         for flag, ok in checks.items():
             if not ok:
                 raise InputError(f"{flag}: invalid value in {self.__class__.__name__}")
-        if self.device not in ("cpu", "cuda"):
-            raise InputError(f"--device must be cpu or cuda, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise InputError("--device cuda: CUDA is not available on this machine")
+        check_device(self.device)
         if self.tokenizer not in TOKENIZER_NAMES:
             raise InputError(f"--tokenizer must be one of {', '.join(TOKENIZER_NAMES)}")
         if self.max_minutes is not None and not self.max_minutes > 0:

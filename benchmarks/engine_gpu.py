@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, EngineConfig
-from dsd.backend.fast_path import build_engine
+from dsd.backend.engine import Draft, SpecDecodeConfig
+from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
 from dsd.backend.profiler import environment_metadata, synthetic_ids
 from dsd.common.atomic import atomic_write_text
@@ -146,10 +146,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     # (a) plain decode vs roofline
-    plain = build_engine(
+    plain = build_spec_decode_engine(
         target,
         None,
-        EngineConfig(num_slots=max(batch_sizes), max_model_len=max_model_len, k_max=0),
+        SpecDecodeConfig(num_slots=max(batch_sizes), max_model_len=max_model_len, k_max=0),
         fast_path=fast_path,
     )
     bytes_of_weights = weight_bytes(target)
@@ -178,16 +178,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # (b) dynamic engine at K = 0 vs plain decode, B = 1
     draft_model = init_random_(Transformer(draft_config, device=device, dtype=dtype), 1).eval()
     draft = Draft(draft_model)
-    dynamic = build_engine(
+    dynamic = build_spec_decode_engine(
         target,
         draft,
-        EngineConfig(num_slots=1, max_model_len=max_model_len, k_max=max(k, 1)),
+        SpecDecodeConfig(num_slots=1, max_model_len=max_model_len, k_max=max(k, 1)),
         fast_path=fast_path,
     )
-    plain = build_engine(
+    plain = build_spec_decode_engine(
         target,
         None,
-        EngineConfig(num_slots=1, max_model_len=max_model_len, k_max=0),
+        SpecDecodeConfig(num_slots=1, max_model_len=max_model_len, k_max=0),
         fast_path=fast_path,
     )
     plain_ms = time_steps(plain, 1, 0, context_len, args)

@@ -41,12 +41,19 @@ def measure(fraction: float) -> dict[str, float]:
 
     import numpy as np
 
-    from dsd.reports.run_outputs import bench_result, step_parquet_sink, write_run_outputs
-    from dsd.sim.engine import EngineConfig
-    from dsd.sim.runner import SimulationConfig, build_engine, resolve
+    from dsd.reports.run_outputs import (
+        bench_result,
+        simulator_settings,
+        step_parquet_sink,
+        write_run_outputs,
+    )
+    from dsd.sim.build import build_engine, fitted_executor
+    from dsd.sim.config import RunConfig
+    from dsd.sim.engine import LoopConfig
+    from dsd.sim.resolve import resolve
     from dsd.traces.loaders import TraceOptions
 
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(H100),
         policy="goodput",
         dataset="azure-conv",
@@ -57,8 +64,8 @@ def measure(fraction: float) -> dict[str, float]:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder, step_parquet_sink(Path(folder) / "run") as sink:
         resolved = resolve(config)
-        result = build_engine(resolved, EngineConfig(step_sink=sink)).run()
-        metrics = bench_result(result, resolved)
+        result = build_engine(resolved, fitted_executor(resolved), LoopConfig(step_sink=sink)).run()
+        metrics = bench_result(result, resolved, simulator_settings(resolved))
         write_run_outputs(Path(folder) / "run", result, resolved, metrics, {}, sink)
     wall_s = time.perf_counter() - start
     peak_rss = _peak_rss_bytes()

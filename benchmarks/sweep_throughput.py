@@ -19,7 +19,8 @@ from pathlib import Path
 
 from dsd.reports.ablation import PR_PROFILE
 from dsd.reports.sweep import identify, run_sweep_to_dir, sweep_cells
-from dsd.sim.runner import SimulationConfig, resolve
+from dsd.sim.config import RunConfig
+from dsd.sim.resolve import resolve
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrencies", default="1,4,16,64,128,256")
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
-    base = SimulationConfig(profile=str(PR_PROFILE), policy="static:0", dataset="mt-bench")
+    base = RunConfig(profile=str(PR_PROFILE), policy="static:0", dataset="mt-bench")
     cells = identify(
         sweep_cells(
             base, ["static:0", "static:3", "goodput"], concurrencies, num_prompts_per_concurrency=20

@@ -12,7 +12,7 @@ follow vLLM's speculative config:
 
 `compile_range_table` turns any batch-level policy into such a table for a given max_num_seqs
 by asking it for B = 1..max_num_seqs and merging runs of equal K. This module does not read
-vLLM's whole `--speculative-config` (see `backend.vllm`), only the table inside it.
+vLLM's whole `--speculative-config` (see `policies.speculative_config`), only the table inside it.
 """
 
 from __future__ import annotations

@@ -311,3 +311,33 @@ def _parse_with_context(spec: str, context: PolicyContext) -> KPolicy:
     if builder is None:
         raise InputError(f"unknown policy {spec!r}; known: {', '.join(sorted(POLICY_BUILDERS))}")
     return builder(argument if sep else None, context)
+
+
+def split_policy_list(text: str) -> list[str]:
+    """SPECs from a comma-separated list: commas inside [...] (inline tables) do not split, and
+    a `key=value` piece without a `:` continues the SPEC before it
+    (`online:warmup_steps=10,decay=0.99,static:3` is two SPECs). Empty or repeated SPECs are
+    refused."""
+    pieces: list[str] = []
+    depth = 0
+    current = ""
+    for char in text:
+        depth += char == "["
+        depth -= char == "]"
+        if char == "," and depth == 0:
+            pieces.append(current.strip())
+            current = ""
+        else:
+            current += char
+    pieces.append(current.strip())
+    specs: list[str] = []
+    for piece in pieces:
+        if specs and piece and "=" in piece and ":" not in piece:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    if any(not spec for spec in specs):
+        raise InputError(f"--policies: empty SPEC in {text!r}")
+    if len(set(specs)) != len(specs):
+        raise InputError(f"--policies: duplicate SPEC in {text!r}")
+    return specs

@@ -52,7 +52,8 @@ from dsd.reports.sweep import (
     run_sweep,
     sweep_table,
 )
-from dsd.sim.runner import SimulationConfig, load_profile_cached, resolve, resolved_config_dict
+from dsd.sim.config import RunConfig
+from dsd.sim.resolve import load_profile_cached, resolve, resolved_config_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PR_PROFILE = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
@@ -75,7 +76,7 @@ VARIANTS: tuple[str, ...] = (
 
 
 def variant_overrides(variant: str, concurrency: int) -> dict[str, Any]:
-    """SimulationConfig fields of a row, at concurrency C (baseline: none)."""
+    """RunConfig fields of a row, at concurrency C (baseline: none)."""
     table: dict[str, dict[str, Any]] = {
         BASELINE: {},
         "homogeneous acceptance": {"acceptance_model": "per-position"},
@@ -94,7 +95,7 @@ def ablation_cells(
     seed: int,
 ) -> list[SweepCell]:
     """Variants x concurrencies x policies, baseline settings + each variant's overrides."""
-    base = SimulationConfig(
+    base = RunConfig(
         profile=profile,
         policy=policies[0],
         dataset="mt-bench",
@@ -121,8 +122,9 @@ def ablation_cells(
 def analytic_tpot_ms(profile_path: str, policy: str, concurrency: int) -> tuple[int, float]:
     """(K, ITL(C, K) / AL(K)): the profile's steady-state TPOT at B = C, no other effect."""
     profile = load_profile_cached(profile_path)
-    config = SimulationConfig(profile=profile_path, policy=policy, num_prompts=1)
+    config = RunConfig(profile=profile_path, policy=policy, num_prompts=1)
     latency = resolve(config).latency
+    assert latency is not None  # the config names a profile
     max_num_seqs = max(concurrency, 1)
     k_policy = parse_policy(
         policy, profile=profile, k_max=profile.k_max, max_num_seqs=max(max_num_seqs, 256)

@@ -75,7 +75,7 @@ def _mean_tpot(task: tuple[dict[str, Any], int, tuple[int, ...], int, int]) -> f
 
 
 def _seeds(out: Path, case: Case) -> tuple[dict[str, Any], tuple[int, ...]]:
-    """(SimulationConfig kwargs, seeds) of the case's workload point."""
+    """(RunConfig kwargs, seeds) of the case's workload point."""
     workload = next(w for w in workloads(out) if w.name == case.workload)
     labels = [label for label, _ in workload.points]
     index = labels.index(case.point)

@@ -19,7 +19,7 @@ File layout (every key optional unless marked; a scalar where a list is allowed 
     output_len = 128                    # burstiness, output_len, chat_template, shuffle, and
     random_lengths = { input_len = 512 }  # tables random_lengths / trace_options / rollout
 
-    [config]                            # any other SimulationConfig field:
+    [config]                            # any other RunConfig field:
     host_overhead_ms = 0.5              #   a scalar is fixed,
     latency_model = ["table", "parametric"]  # a list is swept
 
@@ -56,7 +56,7 @@ from dsd.common.errors import InputError
 from dsd.common.user_files import decode_user_text
 from dsd.policies.spec import POLICY_BUILDERS
 from dsd.reports.sweep import SweepCell, load_seed
-from dsd.sim.runner import SimulationConfig
+from dsd.sim.config import RunConfig
 from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
 from dsd.traces.registry import KNOWN_NAMES, MAX_COUNT
@@ -80,7 +80,7 @@ TOP_KEYS: tuple[str, ...] = (
     "workloads",
     "config",
 )
-# Workload-table keys that are SimulationConfig fields of the workload itself.
+# Workload-table keys that are RunConfig fields of the workload itself.
 WORKLOAD_FIELDS: tuple[str, ...] = (
     "burstiness",
     "output_len",
@@ -99,7 +99,7 @@ WORKLOAD_KEYS: tuple[str, ...] = (
     "num_prompts",
     *WORKLOAD_FIELDS,
 )
-# SimulationConfig fields the grid sets through its own keys, so `[config]` may not.
+# RunConfig fields the grid sets through its own keys, so `[config]` may not.
 _OWNED_FIELDS = frozenset(
     {
         "profile",
@@ -114,7 +114,7 @@ _OWNED_FIELDS = frozenset(
     }
 )
 CONFIG_KEYS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(SimulationConfig) if f.name not in _OWNED_FIELDS
+    f.name for f in dataclasses.fields(RunConfig) if f.name not in _OWNED_FIELDS
 )
 _NESTED: dict[str, type] = {
     "random_lengths": RandomLengths,
@@ -133,7 +133,7 @@ class GridWorkload:
     request_rate: tuple[float, ...]  # arrival rates, req/s (inf = all at t=0)
     num_prompts_per_concurrency: int | None  # N = this x C when C is set and num_prompts is None
     num_prompts: int | None  # a fixed N (wins over the per-concurrency count)
-    fields: tuple[tuple[str, Any], ...]  # other SimulationConfig fields of this workload
+    fields: tuple[tuple[str, Any], ...]  # other RunConfig fields of this workload
 
 
 @dataclass(frozen=True)
@@ -236,10 +236,10 @@ def _accepts(hint: Any, value: Any) -> bool:
 
 
 def _check_fields(source: str, where: str, fields: dict[str, Any]) -> None:
-    """Each workload or [config] value alone through SimulationConfig's checks (key named)."""
+    """Each workload or [config] value alone through RunConfig's checks (key named)."""
     for key, value in fields.items():
         try:
-            SimulationConfig(profile="-", policy="-", **{key: value})
+            RunConfig(profile="-", policy="-", **{key: value})
         except InputError as exc:
             raise InputError(f"{source}: {where}{exc}") from None
         except TypeError as exc:
@@ -548,7 +548,7 @@ def _cell(
         count = None
     fields: dict[str, Any] = {**dict(workload.fields), **dict(grid.fixed), **dict(swept)}
     try:
-        config = SimulationConfig(
+        config = RunConfig(
             profile=profile,
             policy=policy,
             dataset=workload.dataset,

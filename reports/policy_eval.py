@@ -65,8 +65,10 @@ from dsd.sim.acceptance import (
     load_replay_recording,
     per_position_rates_from_recording,
 )
+from dsd.sim.build import build_engine, fitted_executor, learned_profile
+from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine
-from dsd.sim.runner import SimulationConfig, build_engine, learned_profile, resolve
+from dsd.sim.resolve import resolve
 from dsd.traces.loaders import TraceOptions
 from dsd.traces.registry import build_workload
 from dsd.traces.rollout import RolloutConfig
@@ -128,7 +130,7 @@ class Workload:
     name: str  # key and file suffix
     description: str  # one line for the report
     axis: str  # x-axis label
-    points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, SimulationConfig kwargs)
+    points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, RunConfig kwargs)
     requests_per_run: tuple[int, ...]  # requests one run of each point sends (sets its seeds)
 
 
@@ -268,15 +270,16 @@ def write_phased_workload(path: Path) -> None:
 
 
 def point_engine(kwargs: dict[str, Any], spec: str, seed: int, mixed_k: str = "padded") -> Engine:
-    """The engine of one run at a workload point (its SimulationConfig kwargs) on PROFILE."""
-    config = SimulationConfig(
+    """The engine of one run at a workload point (its RunConfig kwargs) on PROFILE."""
+    config = RunConfig(
         profile=PROFILE,
         policy=spec,
         seed=seed,
         mixed_k=mixed_k,  # type: ignore[arg-type]
         **kwargs,
     )
-    return build_engine(resolve(config))
+    resolved = resolve(config)
+    return build_engine(resolved, fitted_executor(resolved))
 
 
 def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:

@@ -1,9 +1,11 @@
-"""A simulated run's outputs: the result dict, its JSON text, and the files of `--out DIR`.
+"""A run's outputs (simulated or real): the result dict, its JSON, the files of `--out DIR`.
 
-- `bench_result(run, resolved)`: the `vllm bench serve` result keys (sim.metrics) plus the run's
-  settings under vLLM's names (`backend`, `num_prompts`, `request_rate` ("inf" when infinite, as
-  vLLM writes it), `burstiness`, `max_concurrency`) and ours (`policy`, `k_max`, `scheduling`,
-  `latency_model`, `prefill_source`, `acceptance_model`, `num_preemptions`, `seed`).
+- `bench_result(run, resolved, executor_settings)`: the `vllm bench serve` result keys
+  (sim.metrics) plus the run's settings under vLLM's names (`backend`, `num_prompts`,
+  `request_rate` ("inf" when infinite, as vLLM writes it), `burstiness`, `max_concurrency`) and
+  ours (`policy`, `k_max`, `scheduling`, `num_preemptions`, `seed`), plus the executor's
+  (`simulator_settings`: latency and acceptance models; a real run: the model pair).
+- `format_summary(result, latency_info)`: the readable `vllm bench serve` block.
 - `result_json_text(result)`: one JSON object, keys sorted, floats as Python writes them
   (shortest round-trip repr; NaN as `NaN`, like vLLM's `json.dump`), so the same seed gives
   byte-identical text in any process.
@@ -41,7 +43,7 @@ from dsd.common.atomic import atomic_write_bytes
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
 from dsd.sim.engine import RunResult
-from dsd.sim.runner import ResolvedSimulation
+from dsd.sim.resolve import ResolvedRun
 
 RESULT_FILE = "result.json"
 REQUESTS_FILE = "requests.csv"
@@ -51,14 +53,15 @@ RUN_FILES: tuple[str, ...] = (RESULT_FILE, REQUESTS_FILE, STEPS_FILE, CONFIG_FIL
 LEARNED_PROFILE_FILE = "learned_profile.json"  # only for policies that learn one (bandit)
 
 
-def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]:
-    """The result dict of one run: vLLM bench metrics + the run's settings."""
+def bench_result(
+    run: RunResult, resolved: ResolvedRun, executor_settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The result dict of one run: vLLM bench metrics + the run's settings + what its executor
+    was (`simulator_settings`, or the real pair's)."""
     config = resolved.config
-    latency = resolved.latency
     result = dict(run.metrics)
     result.update(
         {
-            "backend": "dsd-sim",
             "profile": config.profile,
             "policy": config.policy,
             "dataset_name": config.dataset,
@@ -69,17 +72,27 @@ def bench_result(run: RunResult, resolved: ResolvedSimulation) -> dict[str, Any]
             "scheduling": config.scheduling,
             "k_max": resolved.k_max,
             "max_num_seqs": resolved.max_num_seqs,
-            "latency_model": resolved.latency_kind,
-            "prefill_source": latency.prefill_source,
-            "acceptance_model": config.acceptance_model,
-            "host_overhead_ms": config.host_overhead_ms,
-            # "measured" (the profile's model), "flag" (the constant above) or "none"
-            "host_overhead_source": resolved.host_overhead_source,
             "num_preemptions": run.num_preemptions,
             "seed": config.seed,
+            **executor_settings,
         }
     )
     return result
+
+
+def simulator_settings(resolved: ResolvedRun) -> dict[str, Any]:
+    """What the simulator's executor was: its latency and acceptance models, its host overhead."""
+    config = resolved.config
+    assert resolved.latency is not None  # the simulator runs only with a profile
+    return {
+        "backend": "dsd-sim",
+        "latency_model": resolved.latency_kind,
+        "prefill_source": resolved.latency.prefill_source,
+        "acceptance_model": config.acceptance_model,
+        "host_overhead_ms": config.host_overhead_ms,
+        # "measured" (the profile's model), "flag" (the constant above) or "none"
+        "host_overhead_source": resolved.host_overhead_source,
+    }
 
 
 def json_default(value: Any) -> Any:
@@ -96,7 +109,7 @@ def result_json_text(result: Mapping[str, Any]) -> str:
     return json.dumps(result, indent=2, sort_keys=True, default=json_default, allow_nan=True)
 
 
-def request_frame(run: RunResult, resolved: ResolvedSimulation) -> pd.DataFrame:
+def request_frame(run: RunResult, resolved: ResolvedRun) -> pd.DataFrame:
     """Per-request table: the engine's columns plus what was asked (max_tokens, tag)."""
     frame = run.requests.copy()
     requests = resolved.workload.requests
@@ -114,7 +127,7 @@ def step_frame(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 class StepParquetSink:
-    """An `EngineConfig.step_sink` that appends each block of step rows to a parquet file."""
+    """An `LoopConfig.step_sink` that appends each block of step rows to a parquet file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -220,7 +233,7 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Pat
 def write_run_outputs(
     out_dir: str | os.PathLike[str],
     run: RunResult,
-    resolved: ResolvedSimulation,
+    resolved: ResolvedRun,
     result: Mapping[str, Any],
     config: Mapping[str, Any],
     streamed_steps: StepParquetSink | None = None,
@@ -229,10 +242,79 @@ def write_run_outputs(
     """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc).
 
     `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty).
-    `learned`: the profile a learning policy built (`sim.runner.learned_profile`), written as
+    `learned`: the profile a learning policy built (`sim.build.learned_profile`), written as
     learned_profile.json (native profile format)."""
     steps = run.steps if streamed_steps is None else streamed_steps.finish(run.steps)
     files = serialise_run(result, request_frame(run, resolved), steps, config)
     if learned is not None:
         files[LEARNED_PROFILE_FILE] = profile_json_text(learned).encode()
     return write_files(out_dir, files)
+
+
+def _line(label: str, value: Any) -> str:
+    if isinstance(value, float):
+        return f"{label:<40} {value:<10.2f}"
+    return f"{label:<40} {value!s:<10}"
+
+
+def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
+    """The `vllm bench serve` result block, a speculative-decoding block and the K histogram."""
+    lines = ["{:=^50}".format(" Serving Benchmark Result ")]
+    lines.append(_line("Successful requests:", result["completed"]))
+    if result.get("max_concurrency") is not None:
+        lines.append(_line("Maximum request concurrency:", result["max_concurrency"]))
+    lines += [
+        _line("Benchmark duration (s):", float(result["duration"])),
+        _line("Total input tokens:", result["total_input_tokens"]),
+        _line("Total generated tokens:", result["total_output_tokens"]),
+        _line("Request throughput (req/s):", float(result["request_throughput"])),
+        _line("Output token throughput (tok/s):", float(result["output_throughput"])),
+        _line("Total Token throughput (tok/s):", float(result["total_token_throughput"])),
+    ]
+    sections = (
+        ("ttft", "Time to First Token", "TTFT"),
+        ("tpot", "Time per Output Token (excl. 1st token)", "TPOT"),
+        ("itl", "Inter-token Latency", "ITL"),
+        ("e2el", "End-to-end Latency", "E2EL"),
+    )
+    for key, title, short in sections:
+        lines.append(f"{title:-^50}")
+        for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
+            lines.append(_line(f"{label} {short} (ms):", float(result[f"{stat}_{key}_ms"])))
+    lines.append("{:-^50}".format("Speculative Decoding"))
+    rate = result["spec_decode_acceptance_rate"]
+    lines.append(_line("Acceptance rate (%):", float(rate) * 100.0))
+    lines.append(_line("Acceptance length:", float(result["spec_decode_acceptance_length"])))
+    lines.append(_line("Drafts:", result["spec_decode_num_drafts"]))
+    lines.append(_line("Draft tokens:", result["spec_decode_draft_tokens"]))
+    lines.append(_line("Accepted tokens:", result["spec_decode_accepted_tokens"]))
+    per_position = result["spec_decode_per_position_acceptance_rates"]
+    shown = ", ".join("-" if math.isnan(r) else f"{100 * r:.1f}" for r in per_position)
+    lines.append(_line("Per-position acceptance (%):", shown or "-"))
+    lines.append("{:-^50}".format("K histogram (decode rows)"))
+    histogram = result["k_histogram"]
+    total_rows = sum(histogram.values())
+    for k in sorted(histogram):
+        share = 100.0 * histogram[k] / total_rows if total_rows else 0.0
+        lines.append(f"{f'K={k}:':<40} {histogram[k]:<10} ({share:.1f}%)")
+    lines.append(_line("Steps:", result["num_steps"]))
+    lines.append(_line("Preemptions:", result["num_preemptions"]))
+    lines.append("=" * 50)
+    if latency_info.get("kind") is not None:
+        latency_line = (
+            f"latency model: {latency_info['kind']} (asked {latency_info['requested']}); "
+            f"prefill cost: {latency_info['prefill_source']}"
+        )
+        if "fit_summary" in latency_info:
+            latency_line += f"; {latency_info['fit_summary']}"
+        lines.append(latency_line)
+    executor = (
+        f"acceptance model: {result['acceptance_model']}"
+        if "acceptance_model" in result
+        else f"model: {result.get('model_id')}, draft: {result.get('draft')}"
+    )
+    lines.append(
+        f"policy: {result['policy']}; k_max {result['k_max']}; {executor}; "
+        f"scheduling: {result['scheduling']}; seed {result['seed']}"
+    )
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """A grid of simulated runs in a process pool or on Ray, saved per cell, and its table.
 
-- `SweepCell`: one picklable run spec (a `SimulationConfig` with its own seed, plus labels).
+- `SweepCell`: one picklable run spec (a `RunConfig` with its own seed, plus labels).
   `run_cell(cell)` is a top-level function, so any pool (processes, Ray tasks) can run cells;
   it returns a `CellResult` with the metrics and the per-step K trace.
 - `sweep_cells(base, policies, concurrencies, ...)`: the flag-built grid in a fixed order
@@ -22,6 +22,8 @@
   recomputed and replaced), so a killed sweep loses no finished cell. Local process pool by
   default; Ray tasks with `ray_address` (imported only there).
 - `run_sweep(cells, workers)`: in memory, results in cell order (the ablation report uses it).
+- `sweep_to_folder(cells, out_dir, ...)`: the whole `dsd sweep`: check every cell, record the
+  resolved grid, run and save, write the tables.
 - `sweep_frame` / `write_sweep_outputs`: CSV + markdown (mean/median/p99 TPOT and TTFT, output
   throughput, AL per cell) and a PNG of mean TPOT vs concurrency per policy (log x).
 
@@ -37,6 +39,7 @@ import io
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -47,11 +50,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsd.common.atomic import atomic_write_bytes
-from dsd.common.errors import InputError
+from dsd.common import invocation
+from dsd.common.atomic import atomic_write_bytes, atomic_write_text
+from dsd.common.errors import InputError, WorkerDied
+from dsd.common.progress import ProgressFactory, no_progress
 from dsd.reports.png import figure_png_bytes
 from dsd.reports.run_outputs import result_json_text, write_files
-from dsd.sim.runner import SimulationConfig, plain_config_value, run_simulation
+from dsd.sim.build import run_simulation
+from dsd.sim.config import RunConfig
+from dsd.sim.resolve import plain_config_value, resolve, resolved_config_dict
 
 TABLE_FILE_CSV = "sweep.csv"
 TABLE_FILE_MD = "sweep.md"
@@ -127,7 +134,7 @@ class SweepCell:
     index: int  # position in the grid (results come back in this order)
     policy: str  # policy SPEC (also in config)
     max_concurrency: int | None  # C (also in config); None: no cap (open loop)
-    config: SimulationConfig  # the full run config, seed included
+    config: RunConfig  # the full run config, seed included
     variant: str = ""  # label of a config variant (ablation rows); "" for a plain sweep
     labels: tuple[tuple[str, Any], ...] = ()  # (column, value) shown in tables (workload, ...)
     sweep_seed: int | None = None  # the sweep seed the cell seed came from
@@ -155,7 +162,7 @@ def run_cell(cell: SweepCell) -> CellResult:
 
 
 def sweep_cells(
-    base: SimulationConfig,
+    base: RunConfig,
     policies: Sequence[str],
     concurrencies: Sequence[int],
     *,
@@ -167,7 +174,7 @@ def sweep_cells(
     """The grid variants x concurrencies x policies, in that order (see module doc for seeds).
 
     Exactly one of `num_prompts_per_concurrency` (N = value * C) and `num_prompts` is used:
-    `num_prompts` when given. `variants` are (label, SimulationConfig field overrides).
+    `num_prompts` when given. `variants` are (label, RunConfig field overrides).
     """
     cells: list[SweepCell] = []
     for label, overrides in variants:
@@ -211,10 +218,11 @@ def cell_spec(cell: SweepCell, digests: dict[str, str] | None = None) -> dict[st
     """What a cell computes, independent of folder and machine (files by name + SHA-256)."""
     digests = {} if digests is None else digests
     config = plain_config_value(cell.config)
-    config["profile"] = {
-        "name": Path(cell.config.profile).name,
-        "sha256": _file_digest(cell.config.profile, digests),
-    }
+    if cell.config.profile is not None:
+        config["profile"] = {
+            "name": Path(cell.config.profile).name,
+            "sha256": _file_digest(cell.config.profile, digests),
+        }
     dataset = cell.config.dataset
     if Path(dataset).suffix.lower() in (".csv", ".parquet", ".jsonl") and Path(dataset).is_file():
         config["dataset"] = {"name": Path(dataset).name, "sha256": _file_digest(dataset, digests)}
@@ -336,10 +344,6 @@ class SweepRun:
     num_reused: int  # cells whose saved file was reused
 
 
-class WorkerDied(RuntimeError):
-    """A worker process died (killed, out of memory); finished cells are saved."""
-
-
 def run_sweep_to_dir(
     cells: Sequence[SweepCell],
     out_dir: str | os.PathLike[str],
@@ -354,8 +358,6 @@ def run_sweep_to_dir(
     `on_done` is called for every cell, reused ones first. Raises `WorkerDied` when a pool
     process dies; everything finished before stays saved.
     """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
     rows: dict[int, dict[str, Any]] = {}
     todo: list[SweepCell] = []
     for cell in cells:
@@ -375,11 +377,8 @@ def run_sweep_to_dir(
 
     if use_ray:
         _run_on_ray(todo, workers, ray_address, store)
-    elif workers == 1 or len(todo) <= 1:
-        for cell in todo:
-            store(run_cell(cell))
     else:
-        _run_in_pool(todo, workers, store)
+        _run_local(todo, workers, store)
     return SweepRun(
         rows=[rows[cell.index] for cell in cells],
         num_computed=len(cells) - num_reused,
@@ -387,9 +386,24 @@ def run_sweep_to_dir(
     )
 
 
-def _run_in_pool(
+def run_sweep(cells: Sequence[SweepCell], workers: int) -> list[CellResult]:
+    """Run every cell in memory (nothing saved); results in cell order."""
+    results: dict[int, CellResult] = {}
+    _run_local(cells, workers, lambda done: results.__setitem__(done.cell.index, done))
+    return [results[cell.index] for cell in cells]
+
+
+def _run_local(
     cells: Sequence[SweepCell], workers: int, store: Callable[[CellResult], None]
 ) -> None:
+    """Run the cells here (one worker or one cell) or in a process pool; `store` each result
+    as it finishes. A cell's error is raised here; a dead worker raises `WorkerDied`."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if workers == 1 or len(cells) <= 1:
+        for cell in cells:
+            store(run_cell(cell))
+        return
     with ProcessPoolExecutor(max_workers=min(workers, len(cells))) as pool:
         pending: set[Future[CellResult]] = {pool.submit(run_cell, cell) for cell in cells}
         while pending:
@@ -433,32 +447,88 @@ def _run_on_ray(
             ray.shutdown()
 
 
-def run_sweep(
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What a sweep into a folder produced."""
+
+    frame: pd.DataFrame  # one row per cell (`sweep_frame`), cell order
+    num_computed: int  # cells run now
+    num_reused: int  # cells read back from an earlier run of the same sweep
+    elapsed_s: float  # wall time of the whole sweep
+
+
+def sweep_to_folder(
     cells: Sequence[SweepCell],
-    workers: int,
-    on_done: Callable[[CellResult], None] | None = None,
-) -> list[CellResult]:
-    """Run every cell in memory; results in cell order. workers = 1 runs here, else a pool."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    results: dict[int, CellResult] = {}
-    if workers == 1 or len(cells) <= 1:
-        for cell in cells:
-            done = run_cell(cell)
-            results[cell.index] = done
-            if on_done is not None:
-                on_done(done)
-    else:
-        with ProcessPoolExecutor(max_workers=min(workers, len(cells))) as pool:
-            pending: set[Future[CellResult]] = {pool.submit(run_cell, cell) for cell in cells}
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    done = future.result()  # re-raises a cell's error here
-                    results[done.cell.index] = done
-                    if on_done is not None:
-                        on_done(done)
-    return [results[cell.index] for cell in cells]
+    out_dir: str | os.PathLike[str],
+    *,
+    grid_record: dict[str, Any],
+    title: str,
+    workers: int | None = None,
+    use_ray: bool = False,
+    ray_address: str | None = None,
+    progress: ProgressFactory = no_progress,
+) -> SweepOutcome:
+    """A whole sweep: every cell checked (profile, policy, workload) before any runs, the
+    resolved grid written, the cells run and saved (resuming a previous run), the tables and
+    plot written. `grid_record` says where the cells came from (flags or a grid file)."""
+    started_s = time.perf_counter()
+    cells = identify(cells)
+    for cell in cells:
+        resolve(cell.config)
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise InputError(f"--out {out_dir}: exists and is not a folder")
+    num_workers = default_workers() if workers is None else workers
+    if num_workers < 1:
+        raise InputError(f"--workers: must be >= 1, got {num_workers}")
+    if ray_address is not None and not use_ray:
+        raise InputError("--ray-address needs --ray")
+    resolved_grid = {
+        "command_line": invocation.command_line(),
+        **grid_record,
+        "cell_seed_rule": (
+            "closed loop: SeedSequence([seed, C]).generate_state(1)[0]; finite rate r: "
+            "SeedSequence([seed, C or 0, 1, round(1000 r)]); shared by policies"
+        ),
+        "cell_id_rule": "sha256(spec_json)[:16]",
+        "cells": [
+            {
+                "cell_id": c.cell_id,
+                "index": c.index,
+                "policy": c.policy,
+                "max_concurrency": c.max_concurrency,
+                "labels": dict(c.labels),
+                "sweep_seed": c.sweep_seed,
+                "seed": c.config.seed,
+            }
+            for c in cells
+        ],
+        "base": resolved_config_dict(cells[0].config),
+    }
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(out_dir) / RESOLVED_GRID_FILE, result_json_text(resolved_grid) + "\n")
+    runner = f"ray {ray_address or 'local'}" if use_ray else f"{num_workers} workers"
+    with progress(len(cells), f"sweep ({runner})") as advance:
+        try:
+            run = run_sweep_to_dir(
+                cells,
+                out_dir,
+                num_workers,
+                use_ray=use_ray,
+                ray_address=ray_address,
+                on_done=lambda cell: advance(f"{cell.policy} C={cell.max_concurrency}"),
+            )
+        except WorkerDied as exc:
+            raise WorkerDied(
+                f"{exc}; finished cells are saved in {out_dir}/cells; run the same command "
+                "again to resume"
+            ) from None
+    frame = write_sweep_outputs(out_dir, run.rows, resolved_grid, title=title)
+    return SweepOutcome(
+        frame=frame,
+        num_computed=run.num_computed,
+        num_reused=run.num_reused,
+        elapsed_s=time.perf_counter() - started_s,
+    )
 
 
 def default_workers() -> int:

@@ -47,7 +47,7 @@ ClockMode = Literal["model", "wall"]
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class LoopConfig:
     """How the engine loop runs (the scheduler has its own config)."""
 
     # "model": advance by the executor's duration; "wall": by measured wall time.
@@ -87,9 +87,9 @@ class RunResult:
 
     metrics: dict[str, Any]  # `vllm bench serve` keys plus ours (see sim.metrics)
     requests: pd.DataFrame  # one row per request
-    steps: pd.DataFrame  # one row per step (empty when EngineConfig.step_sink took them)
+    steps: pd.DataFrame  # one row per step (empty when LoopConfig.step_sink took them)
     spec_stats: SpecDecodeStats  # spec-decode counters of the run
-    events: tuple[EngineEvent, ...]  # empty unless EngineConfig.record_events
+    events: tuple[EngineEvent, ...]  # empty unless LoopConfig.record_events
     num_preemptions: int  # preemptions by recompute during the run
 
 
@@ -153,13 +153,13 @@ class Engine:
         executor: Executor,
         policy: KPolicy,
         workload: Workload,
-        config: EngineConfig | None = None,
+        config: LoopConfig | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.policy = policy
         self.workload = workload
-        self.config = config or EngineConfig()
+        self.config = config or LoopConfig()
         self._env = simpy.Environment()
         self._client = _Client(self, workload)
         self._metrics = MetricsRecorder(

@@ -41,6 +41,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from dsd.common.arrays import FloatArray, IntArray
+from dsd.policies.context_aware import ContextLatencyFn
 from dsd.policies.goodput import ItlTable
 from dsd.policies.profile import Profile
 from dsd.sim.types import ScheduledBatch
@@ -453,3 +454,35 @@ def fit_latency_model(
             return TableLatencyModel(profile, mixed_k=mixed_k)
         return ParametricLatencyModel.fit(profile)
     raise ValueError(f"unknown latency model kind {kind!r}: table, parametric or auto")
+
+
+def context_latency_fn(
+    latency: TableLatencyModel | ParametricLatencyModel,
+) -> ContextLatencyFn:
+    """ITL(B, K [n], total context tokens) ms [n] of the run's fitted decode model.
+
+    What the `context` policy optimises against: the parametric model prices the KV read of
+    `context_tokens` (uniform K per row, so B (K + 1) verified tokens); the table model has no
+    context axis and reads ITL(B, K).
+    """
+    if isinstance(latency, ParametricLatencyModel):
+        parametric = latency
+
+        def parametric_ms(batch_size: float, ks: FloatArray, context_tokens: float) -> FloatArray:
+            k_values = np.asarray(ks, dtype=np.float64)  # [n]
+            return np.array(
+                [
+                    parametric._decode_ms(batch_size, k, batch_size * (k + 1.0), context_tokens)
+                    for k in k_values.tolist()
+                ],
+                dtype=np.float64,
+            )  # [n]
+
+        return parametric_ms
+    table = latency.itl_table
+
+    def table_ms(batch_size: float, ks: FloatArray, context_tokens: float) -> FloatArray:
+        del context_tokens  # the PR table has no context axis
+        return np.asarray(table.itl_ms_at(batch_size, ks), dtype=np.float64)  # [n]
+
+    return table_ms

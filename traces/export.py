@@ -22,6 +22,7 @@ module does not build workloads and does not tokenize.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,3 +212,29 @@ def plot_workload(workload: Workload, out_dir: Path) -> list[Path]:
     plt.close(fig)
     written.append(arrivals_path)
     return written
+
+
+def summary_rows(summary: WorkloadSummary) -> list[tuple[str, str]]:
+    """(label, value) rows of a workload summary, formatted for a two-column table."""
+    rate = "inf" if math.isinf(summary.request_rate) else f"{summary.request_rate:.3f}"
+    rows = [
+        ("requests", f"{summary.num_requests:,}"),
+        ("duration (s)", f"{summary.duration_s:.2f}"),
+        ("request rate (req/s)", rate),
+        ("max concurrency", str(summary.max_concurrency or "-")),
+        ("total prompt tokens", f"{summary.total_prompt_tokens:,}"),
+        ("total output tokens", f"{summary.total_output_tokens:,}"),
+    ]
+    for label, stats in (("prompt_len", summary.prompt), ("output_len", summary.output)):
+        rows.append(
+            (
+                f"{label} mean / p50 / p90 / p99 / max",
+                f"{stats.mean:.1f} / {stats.p50:.0f} / {stats.p90:.0f} / "
+                f"{stats.p99:.0f} / {stats.max}",
+            )
+        )
+    top_tags = list(summary.tags.items())[:8]
+    more = len(summary.tags) - len(top_tags)
+    tags_text = ", ".join(f"{tag} {count}" for tag, count in top_tags)
+    rows.append(("tags", tags_text + (f", +{more} more" if more > 0 else "")))
+    return rows

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +40,9 @@ from dsd.traces.loaders import TRACE_NAMES, TraceOptions, load_trace, load_workl
 from dsd.traces.rollout import RolloutConfig, rollout_workload
 from dsd.traces.workload import Workload
 
+# The workload when a command names none (vLLM bench serve's MT-Bench prompt set).
+DEFAULT_DATASET = "mt-bench"
+ROLLOUT_DISTRIBUTIONS = ("lognormal", "pareto")
 ROLLOUT_NAME = "rl-rollout"
 RANDOM_NAME = "random"
 KNOWN_NAMES: tuple[str, ...] = (*PROMPT_SET_NAMES, RANDOM_NAME, *TRACE_NAMES, ROLLOUT_NAME)
@@ -167,3 +172,118 @@ def build_workload(
             workload, request_rate, burstiness, rng=_stream(seed, _STREAM_ARRIVALS)
         )
     return dataclasses.replace(workload, max_concurrency=max_concurrency)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadOptions:
+    """The values of the workload flags of one command; a flag it lacks keeps the default here.
+
+    The defaults are the commands' flag defaults (checked by tests/cli/test_options.py) and the
+    defaults of the traces objects they become. Field checks beyond --rollout-dist happen where
+    the values land (RandomLengths, TraceOptions, RolloutConfig, build_workload,
+    RunConfig), so every command reports them with the same message.
+    """
+
+    num_prompts: int | None = None  # --num-prompts: requests (None: the workload's own count)
+    max_concurrency: int | None = None  # --max-concurrency: cap on requests in flight
+    request_rate: float = math.inf  # --request-rate: mean requests/s (inf: all at 0)
+    burstiness: float = 1.0  # --burstiness: gamma shape of arrival gaps (1 = Poisson)
+    output_len: int | None = None  # --output-len: every request's max_tokens (None: dataset's)
+    raw_prompt: bool = False  # --raw-prompt: prompt-set lengths without the chat template
+    shuffle: bool = False  # --shuffle: permute a prompt set with the seed
+    random_input_len: int = 1024  # --random-input-len: `random` mean prompt tokens
+    random_output_len: int = 128  # --random-output-len: `random` mean output tokens
+    random_range_ratio: float = 0.0  # --random-range-ratio: `random` length spread r
+    time_scale: float = 1.0  # --time-scale: trace rate multiplier
+    start_s: float = 0.0  # --start-s: trace window start, s since the first row
+    end_s: float = math.inf  # --end-s: trace window end (exclusive), s
+    fraction: float | None = None  # --fraction: share of trace rows kept (seeded)
+    num_rows: int | None = None  # --num-rows: trace rows kept (seeded)
+    max_prompt_len: int | None = None  # --max-prompt-len: clip trace prompt tokens
+    max_output_len: int | None = None  # --max-output-len: clip trace output tokens
+    rollout_dist: str = "lognormal"  # --rollout-dist: rl-rollout output family
+    rollout_median: float = 1024.0  # --rollout-median: lognormal median output tokens
+    rollout_sigma: float = 1.0  # --rollout-sigma: lognormal sigma
+    rollout_alpha: float = 1.5  # --rollout-alpha: Pareto tail index
+    rollout_min: float = 256.0  # --rollout-min: Pareto minimum length
+    rollout_max: int = 16384  # --rollout-max: rl-rollout output cap
+    rollout_prompt_len: int = 512  # --rollout-prompt-len: rl-rollout fixed prompt tokens
+    rollout_prompt_set: str | None = None  # --rollout-prompt-set: prompts from this set
+    seed: int = 0  # --seed: roots the workload's random streams (and the trace sampling)
+
+    def __post_init__(self) -> None:
+        # The one check with no home downstream: RolloutConfig's message names its own field.
+        if self.rollout_dist not in ROLLOUT_DISTRIBUTIONS:
+            raise InputError(
+                f"rollout_dist: choose from {', '.join(ROLLOUT_DISTRIBUTIONS)}; "
+                f"got {self.rollout_dist!r}"
+            )
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> WorkloadOptions:
+        """The workload flags among a command's parameter values (e.g. its `locals()`).
+
+        Names that are not workload flags are ignored; a flag the command does not take keeps
+        its default.
+        """
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in values.items() if name in names})
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of `build_workload` and `RunConfig` (same names in both).
+
+        The traces objects are built in a fixed order (random lengths, trace options, rollout),
+        so with several bad flags every command reports the same one first.
+        """
+        random_lengths = RandomLengths(
+            self.random_input_len, self.random_output_len, self.random_range_ratio
+        )
+        trace_options = TraceOptions(
+            start_s=self.start_s,
+            end_s=self.end_s,
+            fraction=self.fraction,
+            num_rows=self.num_rows,
+            seed=self.seed,
+            max_prompt_len=self.max_prompt_len,
+            max_output_len=self.max_output_len,
+            time_scale=self.time_scale,
+        )
+        rollout = RolloutConfig(
+            output_dist="pareto" if self.rollout_dist == "pareto" else "lognormal",
+            output_median=self.rollout_median,
+            output_sigma=self.rollout_sigma,
+            pareto_alpha=self.rollout_alpha,
+            pareto_min_len=self.rollout_min,
+            max_output_len=self.rollout_max,
+            prompt_len=self.rollout_prompt_len,
+            prompt_set=self.rollout_prompt_set,
+        )
+        return {
+            "num_prompts": self.num_prompts,
+            "max_concurrency": self.max_concurrency,
+            "request_rate": self.request_rate,
+            "burstiness": self.burstiness,
+            "seed": self.seed,
+            "output_len": self.output_len,
+            "chat_template": not self.raw_prompt,
+            "shuffle": self.shuffle,
+            "random_lengths": random_lengths,
+            "trace_options": trace_options,
+            "rollout": rollout,
+        }
+
+
+def dataset_source(dataset_name: str | None, dataset_path: str | None) -> str:
+    """The workload name or file of vLLM's `--dataset-name` / `--dataset-path` flags."""
+    if dataset_path is not None:
+        if dataset_name not in (None, "custom"):
+            raise InputError(
+                f"--dataset-name {dataset_name} and --dataset-path {dataset_path}: give one "
+                "(or --dataset-name custom with --dataset-path)"
+            )
+        return dataset_path
+    if dataset_name in (None, "custom"):
+        if dataset_name == "custom":
+            raise InputError("--dataset-name custom needs --dataset-path FILE")
+        return DEFAULT_DATASET
+    return dataset_name

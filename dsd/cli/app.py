@@ -1,8 +1,9 @@
-"""The `dsd` command: one typer app; each command group lives in its own `dsd/cmd_*.py`.
+"""The `dsd` command: one typer app; each command group lives in its own `dsd/cli/*.py`.
 
 This module only assembles the app and enforces the error contract: bad user input
-(`policies.errors.InputError`, missing files, bad flags) prints one line `error: ...` on stderr
-and exits with code 2, with no traceback; outputs are written atomically by the commands, so a
+(`dsd.common.errors.InputError`, missing files, bad flags) prints one line `error: ...` on
+stderr and exits with code 2, with no traceback; a sweep whose worker process died prints one
+line and exits 1 (finished cells are kept); outputs are written atomically by the API, so a
 failed command leaves nothing half-written.
 """
 
@@ -14,15 +15,9 @@ from typing import cast
 import click
 import typer
 
-from dsd.cli import export as cmd_export
-from dsd.cli import invocation
-from dsd.cli import report as cmd_report
-from dsd.cli import run as cmd_backend
-from dsd.cli import simulate as cmd_sim
-from dsd.cli import traces as cmd_traces
-from dsd.cli import validate as cmd_validate
-from dsd.cli import zoo as cmd_zoo
-from dsd.common.errors import InputError
+from dsd.cli import export, report, run, simulate, traces, validate, zoo
+from dsd.common import invocation
+from dsd.common.errors import InputError, WorkerDied
 
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
@@ -50,7 +45,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-for _module in (cmd_export, cmd_sim, cmd_traces, cmd_backend, cmd_validate, cmd_report, cmd_zoo):
+for _module in (export, simulate, traces, run, validate, report, zoo):
     _module.register(app)
 
 
@@ -59,6 +54,12 @@ def fail(message: str) -> None:
     first_line = " ".join(str(message).split())
     print(f"error: {first_line}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def _path_of(error: OSError) -> str:
+    """The path an OS error is about (the second one of a rename when the first is missing)."""
+    path = error.filename if error.filename is not None else error.filename2
+    return str(path) if path is not None else str(error)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,12 +74,15 @@ def main(argv: list[str] | None = None) -> None:
         fail(exc.format_message())
     except InputError as exc:
         fail(str(exc))
+    except WorkerDied as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except FileNotFoundError as exc:
-        fail(f"{exc.filename}: no such file")
+        fail(f"{_path_of(exc)}: no such file or folder")
     except IsADirectoryError as exc:
-        fail(f"{exc.filename}: is a directory, expected a file")
+        fail(f"{_path_of(exc)}: is a directory, expected a file")
     except PermissionError as exc:
-        fail(f"{exc.filename}: permission denied")
+        fail(f"{_path_of(exc)}: permission denied")
     if isinstance(result, int) and result != 0:
         raise SystemExit(result)
 

@@ -1,204 +1,254 @@
-"""The workload flags of `dsd simulate`, `dsd sweep`, `dsd traces ...` and `dsd run`, declared once.
+"""Every flag of the `dsd` command, declared once, and the `command` decorator that adds them.
 
-Each flag is an `Annotated[...]` alias (its type and its `typer.Option` with the help text).
-A command lists the aliases it takes in its signature with the default `WorkloadFlags` gives
-the field of the same name: typer reads defaults only from the signature, and
-tests/cli/test_options.py checks every command's declaration (flag name, default, help)
-against this module. `WorkloadFlags.from_values` collects a command's values (its `locals()`)
-and `WorkloadFlags.arguments` turns them into the keyword arguments that both
-`traces.registry.build_workload` and `sim.runner.SimulationConfig` take (the `RandomLengths`,
-`TraceOptions` and `RolloutConfig` objects among them), so a new workload flag is an alias, a
-field and a line in `arguments`, plus its line in each command's signature.
+A flag is a name (the API's keyword: a `RunConfig` field, a `WorkloadOptions` knob, or an API
+argument), its type with its `typer.Option` (spelling, help) and its default. Flags come in
+groups (`SOURCE`, `REQUESTS`, `ARRIVALS`, `ENGINE`, `SIMULATOR`, `PAIR`, `REAL`, `SEED`); a
+command lists the groups it takes, like vLLM's benchmarks share `add_dataset_parser`:
 
-Deliberately not here: the workload source (a positional argument of `dsd traces`,
-`--dataset-name`/`--dataset-path` of the simulator, `--dataset-name` of `dsd run`, each
-resolved by its command), `--seed`'s help (the seed roots different streams in each command),
-and every flag that is not about the workload (scheduler, latency, model, output flags).
+    @command(app, "simulate", SOURCE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, SEED)
+    def simulate(profile: Profile, **flags: Any) -> None: ...
+
+The command receives only the group flags the user gave (so the API's defaults apply, and a
+grid file can refuse flags given beside it); its own parameters arrive as usual. This module
+imports no dsd package beyond `common` (the CLI starts fast and calls `dsd.api` inside each
+command), and holds no logic beyond turning flag text into values.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import functools
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
 from dsd.common.errors import InputError
-from dsd.traces.datasets import RandomLengths
-from dsd.traces.loaders import TraceOptions
-from dsd.traces.registry import KNOWN_NAMES
-from dsd.traces.rollout import RolloutConfig
-
-# The simulator's workload when neither --dataset-name nor --dataset-path is given.
-DEFAULT_DATASET = "mt-bench"
-
-ROLLOUT_DISTRIBUTIONS = ("lognormal", "pareto")
-
-# --- the simulator's workload source -----------------------------------------------------------
-DatasetName = Annotated[
-    str | None,
-    typer.Option(help=f"Workload: {', '.join(KNOWN_NAMES)}, or a .csv/.parquet/.jsonl file."),
-]
-DatasetPath = Annotated[
-    str | None, typer.Option(help="Workload file (vLLM's --dataset-path); same as a file name.")
-]
-
-# --- how many requests, when they arrive ---------------------------------------------------------
-NumPrompts = Annotated[
-    int | None,
-    typer.Option(help="Requests to send (default: the whole set; random 1000, rl-rollout 256)."),
-]
-MaxConcurrency = Annotated[int | None, typer.Option(help="Cap on requests in flight.")]
-RequestRate = Annotated[
-    float,
-    typer.Option(help="Mean requests/s; inf sends all at once (a trace keeps its own times)."),
-]
-Burstiness = Annotated[float, typer.Option(help="Gamma shape of arrival gaps; 1.0 = Poisson.")]
-OutputLen = Annotated[int | None, typer.Option(help="Override every request's max_tokens.")]
-
-# --- prompt sets and the `random` dataset --------------------------------------------------------
-RawPrompt = Annotated[
-    bool, typer.Option("--raw-prompt", help="Prompt-set lengths without the chat template.")
-]
-Shuffle = Annotated[bool, typer.Option("--shuffle", help="Permute a prompt set with the seed.")]
-RandomInputLen = Annotated[int, typer.Option(help="random: mean prompt tokens.")]
-RandomOutputLen = Annotated[int, typer.Option(help="random: mean output tokens.")]
-RandomRangeRatio = Annotated[float, typer.Option(help="random: lengths in [L(1-r), L(1+r)].")]
-
-# --- traces and workload files -------------------------------------------------------------------
-TimeScale = Annotated[float, typer.Option(help="Traces: rate multiplier (2 = twice as fast).")]
-StartS = Annotated[float, typer.Option(help="Traces: window start, s since the first row.")]
-EndS = Annotated[float, typer.Option(help="Traces: window end (exclusive), s.")]
-Fraction = Annotated[float | None, typer.Option(help="Traces: keep this share of rows (seeded).")]
-NumRows = Annotated[int | None, typer.Option(help="Traces: keep this many rows (seeded).")]
-MaxPromptLen = Annotated[int | None, typer.Option(help="Traces: clip prompt tokens.")]
-MaxOutputLen = Annotated[int | None, typer.Option(help="Traces: clip output tokens.")]
-
-# --- the rl-rollout workload ---------------------------------------------------------------------
-RolloutDist = Annotated[str, typer.Option(help="rl-rollout: lognormal or pareto.")]
-RolloutMedian = Annotated[float, typer.Option(help="rl-rollout: lognormal median output.")]
-RolloutSigma = Annotated[float, typer.Option(help="rl-rollout: lognormal sigma.")]
-RolloutAlpha = Annotated[float, typer.Option(help="rl-rollout: Pareto tail index.")]
-RolloutMin = Annotated[float, typer.Option(help="rl-rollout: Pareto minimum length.")]
-RolloutMax = Annotated[int, typer.Option(help="rl-rollout: output cap (max_tokens).")]
-RolloutPromptLen = Annotated[int, typer.Option(help="rl-rollout: fixed prompt tokens.")]
-RolloutPromptSet = Annotated[
-    str | None, typer.Option(help="rl-rollout: take prompts from this set instead.")
-]
+from dsd.common.progress import Advance
 
 
-@dataclasses.dataclass(frozen=True)
-class WorkloadFlags:
-    """The values of the workload flags of one command; a flag it lacks keeps the default here.
+@dataclass(frozen=True)
+class Flag:
+    """One flag: its annotation (type + typer.Option) and default."""
 
-    The defaults are the commands' flag defaults (checked by tests/cli/test_options.py) and the
-    defaults of the traces objects they become. Field checks beyond --rollout-dist happen where
-    the values land (RandomLengths, TraceOptions, RolloutConfig, build_workload,
-    SimulationConfig), so every command reports them with the same message.
-    """
-
-    num_prompts: int | None = None  # --num-prompts: requests (None: the workload's own count)
-    max_concurrency: int | None = None  # --max-concurrency: cap on requests in flight
-    request_rate: float = math.inf  # --request-rate: mean requests/s (inf: all at 0)
-    burstiness: float = 1.0  # --burstiness: gamma shape of arrival gaps (1 = Poisson)
-    output_len: int | None = None  # --output-len: every request's max_tokens (None: dataset's)
-    raw_prompt: bool = False  # --raw-prompt: prompt-set lengths without the chat template
-    shuffle: bool = False  # --shuffle: permute a prompt set with the seed
-    random_input_len: int = 1024  # --random-input-len: `random` mean prompt tokens
-    random_output_len: int = 128  # --random-output-len: `random` mean output tokens
-    random_range_ratio: float = 0.0  # --random-range-ratio: `random` length spread r
-    time_scale: float = 1.0  # --time-scale: trace rate multiplier
-    start_s: float = 0.0  # --start-s: trace window start, s since the first row
-    end_s: float = math.inf  # --end-s: trace window end (exclusive), s
-    fraction: float | None = None  # --fraction: share of trace rows kept (seeded)
-    num_rows: int | None = None  # --num-rows: trace rows kept (seeded)
-    max_prompt_len: int | None = None  # --max-prompt-len: clip trace prompt tokens
-    max_output_len: int | None = None  # --max-output-len: clip trace output tokens
-    rollout_dist: str = "lognormal"  # --rollout-dist: rl-rollout output family
-    rollout_median: float = 1024.0  # --rollout-median: lognormal median output tokens
-    rollout_sigma: float = 1.0  # --rollout-sigma: lognormal sigma
-    rollout_alpha: float = 1.5  # --rollout-alpha: Pareto tail index
-    rollout_min: float = 256.0  # --rollout-min: Pareto minimum length
-    rollout_max: int = 16384  # --rollout-max: rl-rollout output cap
-    rollout_prompt_len: int = 512  # --rollout-prompt-len: rl-rollout fixed prompt tokens
-    rollout_prompt_set: str | None = None  # --rollout-prompt-set: prompts from this set
-    seed: int = 0  # --seed: roots the workload's random streams (and the trace sampling)
-
-    def __post_init__(self) -> None:
-        # The one check with no home downstream: RolloutConfig's message names its own field.
-        if self.rollout_dist not in ROLLOUT_DISTRIBUTIONS:
-            raise InputError(
-                f"--rollout-dist: choose from {', '.join(ROLLOUT_DISTRIBUTIONS)}; "
-                f"got {self.rollout_dist!r}"
-            )
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> WorkloadFlags:
-        """The workload flags among a command's parameter values (e.g. its `locals()`).
-
-        Names that are not workload flags are ignored; a flag the command does not take keeps
-        its default.
-        """
-        names = {field.name for field in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in values.items() if name in names})
-
-    def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of `build_workload` and `SimulationConfig` (same names in both).
-
-        The traces objects are built in a fixed order (random lengths, trace options, rollout),
-        so with several bad flags every command reports the same one first.
-        """
-        random_lengths = RandomLengths(
-            self.random_input_len, self.random_output_len, self.random_range_ratio
-        )
-        trace_options = TraceOptions(
-            start_s=self.start_s,
-            end_s=self.end_s,
-            fraction=self.fraction,
-            num_rows=self.num_rows,
-            seed=self.seed,
-            max_prompt_len=self.max_prompt_len,
-            max_output_len=self.max_output_len,
-            time_scale=self.time_scale,
-        )
-        rollout = RolloutConfig(
-            output_dist="pareto" if self.rollout_dist == "pareto" else "lognormal",
-            output_median=self.rollout_median,
-            output_sigma=self.rollout_sigma,
-            pareto_alpha=self.rollout_alpha,
-            pareto_min_len=self.rollout_min,
-            max_output_len=self.rollout_max,
-            prompt_len=self.rollout_prompt_len,
-            prompt_set=self.rollout_prompt_set,
-        )
-        return {
-            "num_prompts": self.num_prompts,
-            "max_concurrency": self.max_concurrency,
-            "request_rate": self.request_rate,
-            "burstiness": self.burstiness,
-            "seed": self.seed,
-            "output_len": self.output_len,
-            "chat_template": not self.raw_prompt,
-            "shuffle": self.shuffle,
-            "random_lengths": random_lengths,
-            "trace_options": trace_options,
-            "rollout": rollout,
-        }
+    annotation: Any  # Annotated[type, typer.Option(...)]
+    default: Any
 
 
-def dataset_source(dataset_name: str | None, dataset_path: str | None) -> str:
-    """The workload name or file of `--dataset-name`/`--dataset-path` (vLLM's spellings)."""
-    if dataset_path is not None:
-        if dataset_name not in (None, "custom"):
-            raise InputError(
-                f"--dataset-name {dataset_name} and --dataset-path {dataset_path}: give one "
-                "(or --dataset-name custom with --dataset-path)"
-            )
-        return dataset_path
-    if dataset_name in (None, "custom"):
-        if dataset_name == "custom":
-            raise InputError("--dataset-name custom needs --dataset-path FILE")
-        return DEFAULT_DATASET
-    return dataset_name
+FlagGroup = dict[str, Flag]
+
+
+def option(kind: Any, default: Any, help_text: str, *spelling: str) -> Flag:
+    return Flag(Annotated[kind, typer.Option(*spelling, help=help_text)], default)
+
+
+# --- where the requests come from (the simulator's, run's and validate's workload) -------------
+SOURCE: FlagGroup = {
+    "dataset_name": option(
+        str | None,
+        None,
+        "Workload: a prompt set, trace or generator name (docs/workloads.md), or a "
+        ".csv/.parquet/.jsonl file. Default mt-bench.",
+    ),
+    "dataset_path": option(str | None, None, "Workload file (vLLM's --dataset-path)."),
+}
+
+# --- what the requests are (REQUEST_SHAPE: all but how many) -----------------------------------
+REQUEST_SHAPE: FlagGroup = {
+    "output_len": option(int | None, None, "Override every request's max_tokens."),
+    "raw_prompt": option(
+        bool, False, "Prompt-set lengths without the chat template.", "--raw-prompt"
+    ),
+    "shuffle": option(bool, False, "Permute a prompt set with the seed.", "--shuffle"),
+    "random_input_len": option(int, 1024, "random: mean prompt tokens."),
+    "random_output_len": option(int, 128, "random: mean output tokens."),
+    "random_range_ratio": option(float, 0.0, "random: lengths in [L(1-r), L(1+r)]."),
+    "time_scale": option(float, 1.0, "Traces: rate multiplier (2 = twice as fast)."),
+    "start_s": option(float, 0.0, "Traces: window start, s since the first row."),
+    "end_s": option(float, math.inf, "Traces: window end (exclusive), s."),
+    "fraction": option(float | None, None, "Traces: keep this share of rows (seeded)."),
+    "num_rows": option(int | None, None, "Traces: keep this many rows (seeded)."),
+    "max_prompt_len": option(int | None, None, "Traces: clip prompt tokens."),
+    "max_output_len": option(int | None, None, "Traces: clip output tokens."),
+    "rollout_dist": option(str, "lognormal", "rl-rollout: lognormal or pareto."),
+    "rollout_median": option(float, 1024.0, "rl-rollout: lognormal median output."),
+    "rollout_sigma": option(float, 1.0, "rl-rollout: lognormal sigma."),
+    "rollout_alpha": option(float, 1.5, "rl-rollout: Pareto tail index."),
+    "rollout_min": option(float, 256.0, "rl-rollout: Pareto minimum length."),
+    "rollout_max": option(int, 16384, "rl-rollout: output cap (max_tokens)."),
+    "rollout_prompt_len": option(int, 512, "rl-rollout: fixed prompt tokens."),
+    "rollout_prompt_set": option(
+        str | None, None, "rl-rollout: take prompts from this set instead."
+    ),
+}
+
+REQUESTS: FlagGroup = {
+    "num_prompts": option(
+        int | None, None, "Requests to send (default: the whole set; random 1000, rl-rollout 256)."
+    ),
+    **REQUEST_SHAPE,
+}
+
+# --- when they arrive -------------------------------------------------------------------------
+ARRIVALS: FlagGroup = {
+    "max_concurrency": option(int | None, None, "Cap on requests in flight."),
+    "request_rate": option(
+        float, math.inf, "Mean requests/s; inf sends all at once (a trace keeps its own times)."
+    ),
+    "burstiness": option(float, 1.0, "Gamma shape of arrival gaps; 1.0 = Poisson."),
+}
+
+# --- the engine: scheduler limits and what the policy plans with --------------------------------
+ENGINE: FlagGroup = {
+    "scheduling": option(str, "sync", "sync or async (vLLM async scheduling)."),
+    "max_num_seqs": option(int | None, None, "Running-set cap (default 256)."),
+    "max_num_batched_tokens": option(int, 8192, "Token budget per step."),
+    "max_model_len": option(
+        int | None, None, "Longest context (default: longest request + k_max + 1)."
+    ),
+    "num_kv_blocks": option(
+        int | None, None, "KV pool in 16-token blocks (default: no preemption)."
+    ),
+    "k_max": option(
+        int | None,
+        None,
+        "k_max, num_speculative_tokens (default: the profile's, else 4).",
+        "--num-spec-tokens",
+    ),
+    "latency_model": option(str, "auto", "Profile latency model: auto, table or parametric."),
+}
+
+# --- the simulator's executor -----------------------------------------------------------------
+SIMULATOR: FlagGroup = {
+    "acceptance_model": option(str, "heterogeneous", "heterogeneous, per-position or replay."),
+    "host_overhead_ms": option(
+        float | None,
+        None,
+        "Extra host time per step, ms (default: the profile's measured model, if any).",
+    ),
+    "jitter_sigma": option(
+        float, 0.0, "Lognormal step-latency noise sigma (0: none).", "--latency-jitter"
+    ),
+}
+
+# --- a real model pair --------------------------------------------------------------------------
+PAIR: FlagGroup = {
+    "target": option(
+        str | None, None, "Target model: a named shape, smollm2-135m, a .gguf file or a folder."
+    ),
+    "draft": option(str, "none", "Draft: a model spec, early-exit:N, or none."),
+    "device": option(str, "cpu", "cpu or cuda."),
+    "dtype": option(str, "auto", "auto, float32, bfloat16, float16."),
+}
+
+# --- how the real engine runs -------------------------------------------------------------------
+REAL: FlagGroup = {
+    "temperature": option(float, 0.0, "0: greedy; > 0: sampling."),
+    "fast_path": option(str, "off", "Decode path: off (reference), eager, cuda-graphs."),
+}
+
+SEED: FlagGroup = {
+    "seed": option(int, 0, "Run seed: roots every random stream (workload, acceptance, weights)."),
+}
+
+WORKLOAD = {**REQUESTS, **ARRIVALS}
+PAIR_FLAGS = frozenset(PAIR)
+
+
+def command(
+    parent: typer.Typer, name: str, *groups: FlagGroup
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Register `fn(own params..., **flags)` as `parent`'s command `name` with the groups'
+    flags added; `flags` holds only the group flags the user gave."""
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        own = [
+            p
+            for p in inspect.signature(fn, eval_str=True).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]
+        own_names = {p.name for p in own}
+        group_flags = {n: f for group in groups for n, f in group.items() if n not in own_names}
+        parameters = [
+            inspect.Parameter(
+                "ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context
+            ),
+            *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own),
+            *(
+                inspect.Parameter(
+                    n, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.annotation
+                )
+                for n, f in group_flags.items()
+            ),
+        ]
+
+        @functools.wraps(fn)
+        def run(ctx: typer.Context, **values: Any) -> None:
+            given = {
+                n: values[n]
+                for n in group_flags
+                if getattr(ctx.get_parameter_source(n), "name", "DEFAULT")
+                not in ("DEFAULT", "DEFAULT_MAP")
+            }
+            fn(**{n: values[n] for n in own_names}, **given)
+
+        run.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in parameters}
+        parent.command(name)(run)
+        return fn
+
+    return decorate
+
+
+def int_list(flag: str, text: str, minimum: int) -> tuple[int, ...]:
+    """Comma-separated integers >= minimum, no duplicates (`--batch-sizes 1,4,16`)."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise InputError(f"{flag}: expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < minimum for v in values):
+        raise InputError(f"{flag}: every value must be an integer >= {minimum}, got {text!r}")
+    if len(set(values)) != len(values):
+        raise InputError(f"{flag}: duplicate values in {text!r}")
+    return values
+
+
+def split_flags(
+    flags: dict[str, Any], names: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the flags named in `names`, the rest)."""
+    return (
+        {k: v for k, v in flags.items() if k in names},
+        {k: v for k, v in flags.items() if k not in names},
+    )
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, title: str) -> Iterator[Advance]:
+    """A `ProgressFactory` drawing a rich progress bar on stderr (gone when done)."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(
+        TextColumn(title),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("", total=total)
+        yield lambda label: progress.update(task, advance=1, description=label)

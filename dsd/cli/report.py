@@ -1,15 +1,10 @@
-"""`dsd report DIR`: the markdown report of a sweep folder (wiring only; reports.report draws).
-
-What this module does not do: run cells (`dsd sweep`) or choose what the report shows.
-"""
+"""`dsd report DIR`: the markdown report of a sweep folder (`dsd.api.report`)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
-
-from dsd.cli import invocation
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +19,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Write DIR/report.md (+ PNGs): TPOT vs C, envelope distance, frontier, K trace."""
-        from dsd.reports.report import build_report
+        from dsd import api
 
-        path = build_report(out, k_trace_cell=k_trace_cell, command_line=invocation.command_line())
-        typer.echo(f"wrote {path}")
+        typer.echo(f"wrote {api.report(out, k_trace_cell=k_trace_cell)}")

@@ -1,24 +1,56 @@
-"""The one error type for bad user input, shared by every layer.
+"""The one error type for bad user input, and the field checks every layer shares.
 
-Every loader and validator raises `InputError` for bad input; `require_int` and
-`require_number` are the field checks they share. The CLI turns an `InputError` into
-one line `error: <message>` and exit code 2; anything else is a bug and keeps its traceback.
-Messages name the file, line or field that is wrong.
+Every loader and validator raises `InputError` for bad input. The CLI turns it into one line
+`error: <message>` and exit code 2; anything else is a bug and keeps its traceback. Messages
+name the file, line or field that is wrong: `<name>: must be ..., got <value>`.
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 
 class InputError(ValueError):
     """Bad user input (a file, a field, a flag). The message says what and where."""
 
 
-def require_int(value: object, name: str, minimum: int, maximum: int | None = None) -> None:
-    """InputError `<name> must be an integer >= <minimum>, got <value>` (`in [<minimum>,
-    <maximum>]` when a maximum is given) unless it is one (bool is not an integer here)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        pass
-    elif maximum is None or value <= maximum:
+class WorkerDied(RuntimeError):
+    """A worker process of a sweep died (killed, out of memory); finished cells are saved."""
+
+
+def require_int(
+    value: object, name: str, minimum: int, maximum: int | None = None, *, optional: bool = False
+) -> None:
+    """InputError `<name>: must be an integer >= <minimum>, got <value>` (`in [<minimum>,
+    <maximum>]` with a maximum) unless it is one. numpy integers count; bool does not. With
+    `optional`, None passes."""
+    if value is None and optional:
         return
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+        if number >= minimum and (maximum is None or number <= maximum):
+            return
     bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-    raise InputError(f"{name} must be an integer {bound}, got {value!r}")
+    raise InputError(f"{name}: must be an integer {bound}, got {value!r}")
+
+
+def require_number(
+    value: object, name: str, *, minimum: float, allow_inf: bool = False, optional: bool = False
+) -> None:
+    """InputError unless `value` is a real number >= `minimum` (not NaN; infinite only with
+    `allow_inf`; bool is not a number). With `optional`, None passes."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputError(f"{name}: must be a number, got {value!r}")
+    number = float(value)
+    if math.isnan(number) or (math.isinf(number) and not allow_inf) or number < minimum:
+        bound = f">= {minimum}" + (" (inf allowed)" if allow_inf else ", finite")
+        raise InputError(f"{name}: must be {bound}, got {value!r}")
+
+
+def require_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
+    """InputError `<name>: choose from a, b, c; got <value>` unless `value` is one of `choices`."""
+    if value not in choices:
+        raise InputError(f"{name}: choose from {', '.join(choices)}; got {value!r}")

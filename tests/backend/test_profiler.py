@@ -9,8 +9,8 @@ import pytest
 import torch
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
-from dsd.backend.engine import Draft, EngineConfig
-from dsd.backend.fast_path import build_engine
+from dsd.backend.engine import Draft, SpecDecodeConfig
+from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.profiler import ProfileConfig, measure_acceptance, profile_pair
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile, save_profile
@@ -65,7 +65,9 @@ def test_profile_has_every_point_and_round_trips(target, tmp_path, fast_path: st
 
 def test_acceptance_counts_are_unconditional_and_consistent(target) -> None:
     draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
-    engine = build_engine(target, draft, EngineConfig(num_slots=2, max_model_len=64, k_max=3))
+    engine = build_spec_decode_engine(
+        target, draft, SpecDecodeConfig(num_slots=2, max_model_len=64, k_max=3)
+    )
     counts = measure_acceptance(engine, prompts(4), [12, 9, 15, 6], k_max=3)
     drafted = np.array(counts.drafted_at_pos)
     accepted = np.array(counts.accepted_at_pos)
@@ -137,24 +139,9 @@ def true_host_ms(batch_size: int, has_spec: bool) -> float:
     return 0.5 + 0.125 * batch_size if has_spec else 0.3 + 0.05 * batch_size
 
 
-class ClockedPolicy:
-    """static:k that spends the known host time of the step on the fake clock (in choose_k)."""
-
-    def __init__(self, k: int, clock: FakeClock) -> None:
-        self.k = k
-        self.clock = clock
-
-    def choose_k(self, view) -> int:
-        has_spec = self.k > 0 and view.num_decode_reqs > 0
-        self.clock.advance_ms(true_host_ms(view.batch_size, has_spec))
-        return self.k
-
-    def observe(self, feedback) -> None:
-        pass
-
-
 class ClockedExecutor:
-    """Accepts nothing; its 'forward' costs 1 + 0.5 B + 0.25 K ms on the fake clock."""
+    """Accepts nothing; its 'forward' costs 1 + 0.5 B + 0.25 K ms on the fake clock, and it
+    spends the known host time of the step outside the forward (`true_host_ms`)."""
 
     def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
@@ -167,6 +154,7 @@ class ClockedExecutor:
         from dsd.sim.types import StepOutcome
 
         num_decode = batch.num_decode_reqs
+        self.clock.advance_ms(true_host_ms(batch.batch_size, batch.has_drafts))
         cost_ms = 1.0 + 0.5 * batch.batch_size + 0.25 * int(batch.num_spec_tokens.max(initial=0))
         self.clock.advance_ms(cost_ms)
         self.forward_ms += cost_ms
@@ -182,7 +170,8 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
 
     import dsd.sim.engine
     from dsd.backend.profiler import fit_host_overhead, loop_host_samples
-    from dsd.sim.scheduler import SchedulerConfig
+    from dsd.sim.config import RunConfig
+    from dsd.sim.resolve import resolve
     from dsd.traces.workload import RequestSpec, Workload
 
     clock = FakeClock()
@@ -199,12 +188,15 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
                 ),
                 max_concurrency=batch_size,
             )
-            config = SchedulerConfig(
-                max_model_len=32, num_kv_blocks=batch_size * 2, k_max=2, max_num_seqs=batch_size
+            config = RunConfig(
+                policy=f"static:{k}",
+                max_model_len=32,
+                num_kv_blocks=batch_size * 2,
+                k_max=2,
+                max_num_seqs=batch_size,
             )
-            samples += loop_host_samples(
-                executor, executor.take_forward_ms, ClockedPolicy(k, clock), workload, config
-            )
+            resolved = resolve(config, workload=workload)
+            samples += loop_host_samples(resolved, executor, executor.take_forward_ms)
     for sample in samples:
         assert sample.overhead_ms == pytest.approx(true_host_ms(sample.batch_size, sample.has_spec))
     model = fit_host_overhead(samples)

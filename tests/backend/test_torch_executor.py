@@ -16,7 +16,7 @@ from mock_models import MockModel, perturbed_copy, tiny_target
 from dsd.backend.engine import Draft, target_greedy_decode
 from dsd.backend.executor import TorchExecutor
 from dsd.common.errors import InputError
-from dsd.sim.engine import Engine, EngineConfig
+from dsd.sim.engine import Engine, LoopConfig
 from dsd.sim.fakes import ScriptedK, StaticK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
 from dsd.traces.workload import RequestSpec, Workload
@@ -57,7 +57,7 @@ def run_loop(
     )
     workload = Workload("test", tuple(requests), max_concurrency=max_concurrency)
     engine = Engine(
-        scheduler, executor, policy, workload, EngineConfig(clock="wall", check_invariants=True)
+        scheduler, executor, policy, workload, LoopConfig(clock="wall", check_invariants=True)
     )
     return engine.run()
 
@@ -203,32 +203,30 @@ def test_dsd_run_bad_input_exits_2_with_one_line(args, fragment, capsys) -> None
     assert err.startswith("error: ") and fragment in err and err.count("\n") == 1
 
 
-def test_dsd_run_writes_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
+def test_dsd_run_writes_the_run_outputs_and_the_profile_the_bandit_learnt(tmp_path, capsys) -> None:
     from dsd.cli import main
     from dsd.policies.profile_io import load_profile
 
-    path = tmp_path / "learnt.json"
+    out = tmp_path / "run"
     args = ["run", "--target", "tiny", "--draft", "early-exit:1", "--num-spec-tokens", "2",
             "--num-prompts", "3", "--output-len", "8", "--max-model-len", "256", "--json",
-            "--learned-profile", str(path)]  # fmt: skip
+            "--out", str(out)]  # fmt: skip
     main([*args, "--policy", "bandit"])
     metrics = json.loads(capsys.readouterr().out)
-    assert metrics["learned_profile"] == str(path)
-    learnt = load_profile(path)
+    assert metrics["backend"] == "dsd-torch" and metrics["completed"] == 3
+    assert json.loads((out / "result.json").read_text()) == metrics
+    assert {p.name for p in out.iterdir()} >= {"requests.csv", "steps.parquet", "config.json"}
+    learnt = load_profile(out / "learned_profile.json")
     assert learnt.k_max == 2 and learnt.metadata["observed_steps"] > 0
-    # A policy that learns nothing is refused before the run, with one line.
+    # A policy that learns nothing writes no learned profile.
+    main([*args[:-1], str(tmp_path / "static"), "--policy", "static:2"])
+    assert not (tmp_path / "static" / "learned_profile.json").exists()
+    # An --out that is a file is refused before the run, with one line.
     with pytest.raises(SystemExit) as exit_info:
-        main([*args, "--policy", "static:2"])
+        main([*args[:-1], str(out / "result.json"), "--policy", "bandit"])
     assert exit_info.value.code == 2
-    assert "learns no profile" in capsys.readouterr().err
-    # A path it could not write at the end is refused before the run.
-    for bad, message in ((tmp_path, "is a folder"), (tmp_path / "no" / "x.json", "no folder")):
-        args[-1] = str(bad)
-        with pytest.raises(SystemExit) as exit_info:
-            main([*args, "--policy", "bandit"])
-        assert exit_info.value.code == 2
-        err = capsys.readouterr().err
-        assert message in err and err.count("\n") == 1
+    err = capsys.readouterr().err
+    assert "is not a folder" in err and err.count("\n") == 1
 
 
 def test_dsd_run_takes_the_simulators_workload_flags(capsys) -> None:

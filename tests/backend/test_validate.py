@@ -10,22 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from mock_models import perturbed_copy, random_prompt, tiny_target
+from mock_models import mock_pair, perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft
 from dsd.backend.profiler import ProfileConfig, profile_pair
+from dsd.backend.real import resolve_real
 from dsd.backend.validate import (
     CellResult,
     compare_cell,
     load_vllm_result,
     parse_vllm_result,
     validate_against_vllm,
-    workload_resolved,
 )
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import save_profile
 from dsd.reports.validation import write_validation_report
-from dsd.sim.runner import SimulationConfig
+from dsd.sim.config import RunConfig
 from dsd.traces.datasets import RandomLengths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,7 +105,7 @@ def test_unreadable_or_malformed_vllm_file(tmp_path) -> None:
 
 def test_simulator_against_vllm_file_uses_its_workload() -> None:
     result = load_vllm_result(VLLM_RESULT)
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(SHIPPED_PROFILE), policy="static:3", dataset="random", num_prompts=1
     )
     cell = validate_against_vllm(result, config)
@@ -159,7 +159,7 @@ def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path
     target, draft, profile_path = tiny_pair_profile
     cells = []
     for policy in ("static:0", "static:2"):
-        config = SimulationConfig(
+        config = RunConfig(
             profile=str(profile_path),
             policy=policy,
             dataset="random",
@@ -168,8 +168,8 @@ def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path
             max_num_seqs=2,
             random_lengths=RandomLengths(input_len=10, output_len=12),
         )
-        resolved = workload_resolved(config, None)
-        cell = compare_cell(resolved, target, draft)
+        pair = mock_pair(target, draft)
+        cell = compare_cell(resolve_real(config, pair), pair)
         cells.append(cell)
         # ignore_eos on the real side: both complete every request with the same token count
         assert cell.measured["completed"] == cell.simulated["completed"] == 4

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsd.backend.vllm import policy_from_speculative_config, speculative_config
 from dsd.cli import main
 from dsd.common.errors import InputError
 from dsd.policies.goodput import GoodputPolicy
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile, save_profile
 from dsd.policies.range_table import synthetic_view
+from dsd.policies.spec import parse_policy
+from dsd.policies.speculative_config import spec_from_speculative_config, speculative_config
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
 H100 = PROFILES / "pr32374_llama31_8b_eagle_h100.json"
@@ -135,12 +136,12 @@ def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[st
         # max_num_seqs 0
         (
             ["policy", "explain", "--profile", str(H100), "--max-num-seqs", "0"],
-            "--max-num-seqs must be in [1, 1048576]",
+            "max_num_seqs: must be an integer in [1, 1048576]",
         ),
         # max_num_seqs far past any engine: used to allocate a dense table and crash
         (
             ["export", "vllm", "--profile", str(H100), "--max-num-seqs", str(10**20)],
-            "--max-num-seqs must be in [1, 1048576]",
+            "max_num_seqs: must be an integer in [1, 1048576]",
         ),
         # missing required option
         pytest.param(["export", "vllm", "--profile", str(H100)], "--max-num-seqs"),
@@ -208,7 +209,8 @@ def test_export_reload_round_trip_equals_the_policy_for_every_b(
     argv = ["export", "vllm", "--profile", str(profile_path), "--max-num-seqs", str(max_num_seqs)]
     code, out, err = _run(argv, capsys)
     assert code == 0, err
-    reloaded = policy_from_speculative_config(json.loads(out), max_num_seqs)
+    spec, k_max = spec_from_speculative_config(out)
+    reloaded = parse_policy(spec, profile=None, k_max=k_max, max_num_seqs=max_num_seqs)
     direct = GoodputPolicy(load_profile(profile_path), max_num_seqs)
     for batch_size in range(1, max_num_seqs + 1):
         view = synthetic_view(batch_size, profile.k_max)
@@ -221,5 +223,7 @@ def test_speculative_config_rejects_k_above_k_max() -> None:
 
 
 def test_speculative_config_without_table_reads_as_static() -> None:
-    policy = policy_from_speculative_config({"method": "eagle", "num_speculative_tokens": 3}, 8)
+    spec, k_max = spec_from_speculative_config('{"method": "eagle", "num_speculative_tokens": 3}')
+    assert (spec, k_max) == ("static:3", 3)
+    policy = parse_policy(spec, profile=None, k_max=k_max, max_num_seqs=8)
     assert policy.choose_k(synthetic_view(8, 5)) == 3

@@ -1,14 +1,13 @@
-"""dsd.options: every command that takes a workload flag declares it the same way (flag name,
-default, help, type) as dsd.options says, the full-set commands take every workload flag, and
-`WorkloadFlags` turns values into the traces objects field by field, with the same errors from
-every command."""
+"""dsd.cli.flags: each flag is declared once and every command that takes it shows the same
+flag; flag defaults are the API's defaults; commands pass on only the flags the user gave; the
+workload knobs (`WorkloadOptions`) become the traces objects field by field, with the same
+errors from every command."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
 import math
-import typing
 from typing import Any
 
 import pytest
@@ -16,55 +15,42 @@ import typer.main
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsd.cli import app, main
-from dsd.cli import flags as options
-from dsd.cli.flags import DEFAULT_DATASET, WorkloadFlags, dataset_source
+from dsd import api
+from dsd.cli import app, flags, main
 from dsd.common.errors import InputError
+from dsd.sim.config import RunConfig
 from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
-from dsd.traces.registry import build_workload
+from dsd.traces.registry import DEFAULT_DATASET, WorkloadOptions, build_workload, dataset_source
 from dsd.traces.rollout import RolloutConfig
 
-WORKLOAD_FIELDS = tuple(field.name for field in dataclasses.fields(WorkloadFlags))
-# Flags of the workload besides the WorkloadFlags fields: the simulator's source.
-SOURCE_FLAGS = ("dataset_name", "dataset_path")
-# --seed: shared name and default, but its help says what each command seeds (weights in
-# `dsd run`, acceptance and noise in the simulator), so it has no shared alias.
-SEED = "seed"
+WORKLOAD_FIELDS = tuple(field.name for field in dataclasses.fields(WorkloadOptions))
 
-# (command path, workload flags it does not take, flags of the same name it declares as its own)
-COMMANDS: tuple[tuple[tuple[str, ...], frozenset[str], frozenset[str]], ...] = (
-    # the full set, and the simulator's dataset source
-    (("simulate",), frozenset(), frozenset()),
-    # sweep's own --num-prompts (one count for every cell) and --max-concurrency (a list of C)
-    (("sweep",), frozenset(), frozenset({"num_prompts", "max_concurrency"})),
-    # the source is a positional argument
-    (("traces", "show"), frozenset(SOURCE_FLAGS), frozenset()),
-    # a table has no concurrency cap
-    (("traces", "convert"), frozenset({*SOURCE_FLAGS, "max_concurrency"}), frozenset()),
+# (command path, the flag groups it takes, names of group flags it declares as its own)
+COMMANDS: tuple[tuple[tuple[str, ...], tuple[flags.FlagGroup, ...], frozenset[str]], ...] = (
+    (("simulate",), (flags.SOURCE, flags.REQUESTS, flags.ARRIVALS, flags.ENGINE,
+                     flags.SIMULATOR, flags.SEED), frozenset()),
+    # sweep's --max-concurrency is a list of C
+    (("sweep",), (flags.SOURCE, flags.REQUESTS, flags.ARRIVALS, flags.ENGINE, flags.SIMULATOR,
+                  flags.SEED), frozenset({"max_concurrency"})),
+    (("run",), (flags.PAIR, flags.REAL, flags.SOURCE, flags.REQUESTS, flags.ARRIVALS,
+                flags.ENGINE, flags.SEED), frozenset()),
+    # validate sets num_prompts and the cap per cell
+    (("validate",), (flags.PAIR, flags.SOURCE, flags.REQUEST_SHAPE, flags.ENGINE,
+                     flags.SIMULATOR, flags.SEED), frozenset()),
+    (("profile",), (flags.PAIR, flags.SEED), frozenset()),
+    (("generate",), (flags.PAIR, flags.SEED), frozenset()),
+    (("traces", "show"), (flags.REQUESTS, flags.ARRIVALS, flags.SEED), frozenset()),
+    (("traces", "convert"), (flags.REQUESTS, flags.ARRIVALS, flags.SEED), frozenset()),
     # a vLLM JSONL carries no arrival times and no cap
-    (
-        ("traces", "export"),
-        frozenset({*SOURCE_FLAGS, "max_concurrency", "request_rate", "burstiness"}),
-        frozenset(),
-    ),
-    # the real engine: every workload flag; its --dataset-name is its own (default mt-bench
-    # shown in --help, no --dataset-path)
-    (("run",), frozenset({"dataset_path"}), frozenset({"dataset_name"})),
-)
+    (("traces", "export"), (flags.REQUESTS, flags.SEED), frozenset()),
+)  # fmt: skip
 COMMAND_IDS = [" ".join(path) for path, _, _ in COMMANDS]
-
-
-def _alias_name(flag_name: str) -> str:
-    """options.NumPrompts for num_prompts, options.StartS for start_s."""
-    return "".join(part.capitalize() for part in flag_name.split("_"))
-
-
-def _alias_option(flag_name: str) -> tuple[Any, Any]:
-    """(value type, typer OptionInfo) of the shared alias of a flag."""
-    alias = getattr(options, _alias_name(flag_name))
-    value_type, option_info = typing.get_args(alias)
-    return value_type, option_info
+ALL_GROUPS = {
+    name: group
+    for name, group in vars(flags).items()
+    if name.isupper() and isinstance(group, dict) and name not in ("WORKLOAD",)
+}
 
 
 def _click_command(path: tuple[str, ...]) -> Any:
@@ -83,120 +69,91 @@ def _options_of(path: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def _same_default(left: Any, right: Any) -> bool:
-    if isinstance(left, float) and isinstance(right, float) and math.isnan(left):
-        return math.isnan(right)
-    return bool(left == right) and type(left) is type(right)
-
-
-def _default_of(flag_name: str) -> Any:
-    if flag_name in SOURCE_FLAGS:
-        return None  # the simulator resolves None to DEFAULT_DATASET (dataset_source)
-    return next(f.default for f in dataclasses.fields(WorkloadFlags) if f.name == flag_name)
-
-
-def _shared(not_taken: frozenset[str], own: frozenset[str]) -> list[str]:
-    """The workload flags a command takes with the shared declaration."""
-    return [name for name in (*WORKLOAD_FIELDS, *SOURCE_FLAGS) if name not in not_taken | own]
-
-
-@pytest.mark.parametrize(("path", "not_taken", "own"), COMMANDS, ids=COMMAND_IDS)
-def test_command_takes_exactly_its_workload_flags(
-    path: tuple[str, ...], not_taken: frozenset[str], own: frozenset[str]
+@pytest.mark.parametrize(("path", "groups", "own"), COMMANDS, ids=COMMAND_IDS)
+def test_command_takes_exactly_the_flags_of_its_groups(
+    path: tuple[str, ...], groups: tuple[flags.FlagGroup, ...], own: frozenset[str]
 ) -> None:
     declared = _options_of(path)
-    for name in [*_shared(not_taken, own), *own]:
+    taken = {name for group in groups for name in group}
+    for name in taken:
         assert name in declared, f"dsd {' '.join(path)} lacks --{name.replace('_', '-')}"
-    for name in not_taken:
-        assert name not in declared, f"dsd {' '.join(path)} takes --{name.replace('_', '-')}"
+    other_groups = {name for group in ALL_GROUPS.values() for name in group} - taken - own
+    for name in other_groups & set(declared):
+        # a command's own flag may share a name with a group flag it does not take
+        assert name not in taken, f"dsd {' '.join(path)} declares --{name} twice"
 
 
-@pytest.mark.parametrize(("path", "not_taken", "own"), COMMANDS, ids=COMMAND_IDS)
-def test_workload_flags_are_declared_as_options_says(
-    path: tuple[str, ...], not_taken: frozenset[str], own: frozenset[str]
-) -> None:
-    declared = _options_of(path)
-    for name in _shared(not_taken, own):
-        option = declared[name]
-        where = f"dsd {' '.join(path)} --{name}"
-        assert _same_default(option.default, _default_of(name)), f"{where}: default"
-        if name == SEED:
-            assert option.opts == ["--seed"], where
-            continue
-        _, option_info = _alias_option(name)
-        flag = option_info.default if isinstance(option_info.default, str) else None
-        assert option.opts == [flag or "--" + name.replace("_", "-")], f"{where}: flag name"
-        assert option.help == option_info.help, f"{where}: help"
-
-
-def test_shared_flags_are_identical_across_commands() -> None:
-    """One flag, one declaration: flag name, default, help and flag-ness agree."""
+def test_a_flag_is_the_same_in_every_command() -> None:
+    """One flag, one declaration: spelling, default, help and flag-ness agree everywhere."""
     seen: dict[str, tuple[tuple[str, ...], tuple[Any, ...]]] = {}
-    for path, not_taken, own in COMMANDS:
+    for path, groups, own in COMMANDS:
         declared = _options_of(path)
-        for name in _shared(not_taken, own):
+        for name in {n for group in groups for n in group} - own:
             option = declared[name]
-            help_text = None if name == SEED else option.help
-            shape = (
-                tuple(option.opts),
-                repr(option.default),
-                help_text,
-                option.is_flag,
-            )
+            shape = (tuple(option.opts), repr(option.default), option.help, option.is_flag)
             first = seen.setdefault(name, (path, shape))
             assert shape == first[1], f"--{name}: dsd {' '.join(path)} != dsd {' '.join(first[0])}"
 
 
-def _command_function(path: tuple[str, ...]) -> Any:
-    """The Python function behind `dsd PATH`, as registered with typer."""
-    registered = app
-    for word in path[:-1]:
-        group = next(g for g in registered.registered_groups if g.name == word)
-        assert group.typer_instance is not None
-        registered = group.typer_instance
-    command = next(c for c in registered.registered_commands if c.name == path[-1])
-    return command.callback
+def _same_default(left: Any, right: Any) -> bool:
+    if isinstance(left, float) and isinstance(right, float) and math.isnan(left):
+        return math.isnan(right)
+    return bool(left == right)
 
 
-@pytest.mark.parametrize(("path", "not_taken", "own"), COMMANDS, ids=COMMAND_IDS)
-def test_commands_annotate_workload_flags_with_the_shared_alias(
-    path: tuple[str, ...], not_taken: frozenset[str], own: frozenset[str]
-) -> None:
-    """The very alias object of dsd.options (so the type and the Option cannot drift)."""
-    parameters = inspect.signature(_command_function(path), eval_str=True).parameters
-    for name in _shared(not_taken, own):
-        if name == SEED:
-            continue
-        alias = getattr(options, _alias_name(name))
-        assert parameters[name].annotation is alias, f"dsd {' '.join(path)} {name}"
+def _api_default(name: str) -> Any:
+    """The default the API applies when a flag is not given."""
+    for cls in (WorkloadOptions, RunConfig):
+        for field in dataclasses.fields(cls):
+            if field.name == name:
+                return field.default
+    for function in (api.load_pair, api.run):
+        parameters = inspect.signature(function).parameters
+        if name in parameters:
+            return parameters[name].default
+    raise AssertionError(f"--{name}: no API default")
 
 
-def test_every_workload_field_has_a_shared_alias() -> None:
-    for name in (*WORKLOAD_FIELDS, *SOURCE_FLAGS):
-        if name == SEED:
-            continue
-        _, option_info = _alias_option(name)
-        assert isinstance(option_info, typer.models.OptionInfo), name
-        assert option_info.help, name
+def test_flag_defaults_are_the_api_defaults() -> None:
+    """The CLI passes on only the flags given, so the default --help shows must be the API's."""
+    for group_name, group in ALL_GROUPS.items():
+        for name, flag in group.items():
+            if group_name == "SOURCE":
+                assert flag.default is None  # dataset_source: None -> DEFAULT_DATASET
+                continue
+            assert _same_default(flag.default, _api_default(name)), f"--{name}"
 
 
-def test_default_flags_give_the_traces_objects_defaults() -> None:
-    arguments = WorkloadFlags().arguments()
+def test_commands_pass_on_only_the_flags_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_simulate(**fields: Any) -> None:
+        seen.update(fields)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(api, "simulate", fake_simulate)
+    with pytest.raises(SystemExit):
+        main(["simulate", "--profile", "p.json", "--policy", "static:1", "--num-prompts", "3",
+              "--seed", "0", "--latency-jitter", "0.5"])  # fmt: skip
+    passed = {k for k in seen if seen[k] is not None} - {"keep_steps"}
+    assert passed == {"profile", "policy", "num_prompts", "seed", "jitter_sigma"}
+
+
+def test_default_options_give_the_traces_objects_defaults() -> None:
+    arguments = WorkloadOptions().arguments()
     assert arguments["random_lengths"] == RandomLengths()
     assert arguments["trace_options"] == TraceOptions()
     assert arguments["rollout"] == RolloutConfig()
     assert arguments["chat_template"] is True and arguments["shuffle"] is False
 
 
-def test_arguments_are_keywords_of_build_workload_and_simulation_config() -> None:
-    from dsd.sim.runner import SimulationConfig
-
-    keys = set(WorkloadFlags().arguments())
+def test_arguments_are_keywords_of_build_workload_and_run_config() -> None:
+    keys = set(WorkloadOptions().arguments())
     assert keys <= set(inspect.signature(build_workload).parameters)
-    assert keys <= {field.name for field in dataclasses.fields(SimulationConfig)}
+    assert keys <= {field.name for field in dataclasses.fields(RunConfig)}
 
 
-# (flag field, new value, argument key, attribute of that argument or None for the value itself)
+# (option field, new value, argument key, attribute of that argument or None for the value)
 FIELD_ROUTES: tuple[tuple[str, Any, str, str | None], ...] = (
     ("num_prompts", 7, "num_prompts", None),  # passed through
     ("max_concurrency", 3, "max_concurrency", None),  # passed through
@@ -232,11 +189,11 @@ def test_field_routes_cover_every_field() -> None:
 
 
 @pytest.mark.parametrize(("field", "value", "key", "attribute"), FIELD_ROUTES)
-def test_each_flag_changes_only_its_own_argument(
+def test_each_option_changes_only_its_own_argument(
     field: str, value: Any, key: str, attribute: str | None
 ) -> None:
-    default = WorkloadFlags().arguments()
-    changed = WorkloadFlags(**{field: value}).arguments()
+    default = WorkloadOptions().arguments()
+    changed = WorkloadOptions(**{field: value}).arguments()
     landed = changed[key] if attribute is None else getattr(changed[key], attribute)
     expected = (not value) if field == "raw_prompt" else value
     assert landed == expected
@@ -256,21 +213,28 @@ def test_each_flag_changes_only_its_own_argument(
             "shuffle": st.booleans(),
             "raw_prompt": st.booleans(),
             "seed": st.integers(0, 2**32),
-            "out": st.just("not a workload flag"),
+            "out": st.just("not a workload field"),
             "policy": st.just("static:1"),
         },
     )
 )
 def test_from_values_takes_only_workload_fields(values: dict[str, Any]) -> None:
-    flags = WorkloadFlags.from_values(values)
+    options = WorkloadOptions.from_values(values)
     for field in WORKLOAD_FIELDS:
-        expected = values.get(field, getattr(WorkloadFlags(), field))
-        assert getattr(flags, field) == expected
+        expected = values.get(field, getattr(WorkloadOptions(), field))
+        assert getattr(options, field) == expected
 
 
-def test_bad_rollout_dist_is_an_input_error_naming_the_flag() -> None:
-    with pytest.raises(InputError, match=r"^--rollout-dist: choose from lognormal, pareto; got"):
-        WorkloadFlags(rollout_dist="weibull")
+def test_run_config_takes_flat_fields_and_refuses_unknown_ones() -> None:
+    config = api.run_config(profile="p.json", policy="static:1", random_input_len=64, k_max=2)
+    assert config.random_lengths.input_len == 64 and config.k_max == 2
+    with pytest.raises(InputError, match="unknown run field"):
+        api.run_config(policy="static:1", no_such_field=1)
+
+
+def test_bad_rollout_dist_is_an_input_error_naming_the_field() -> None:
+    with pytest.raises(InputError, match=r"^rollout_dist: choose from lognormal, pareto; got"):
+        WorkloadOptions(rollout_dist="weibull")
 
 
 # (dataset_name, dataset_path, source or error pattern)
@@ -303,18 +267,18 @@ def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     return code, capsys.readouterr().err
 
 
-# (argv of a command given a bad workload flag; the simulator runs nothing before the check)
+# (argv of a command given a bad workload flag; nothing runs before the check)
 BAD_FLAG_COMMANDS: tuple[list[str], ...] = (
     ["simulate", "--profile", "x.json", "--policy", "static:1"],  # profile read later
     ["sweep", "--profile", "x.json", "--out", "{tmp}/sweep"],  # nothing written on error
     ["traces", "show", "rl-rollout"],
     ["traces", "convert", "rl-rollout", "--out", "{tmp}/w.csv"],
     ["traces", "export", "rl-rollout", "--out", "{tmp}/w.jsonl"],
-    ["run", "--target", "tiny", "--output", "{tmp}/run.json"],  # checked before any model
+    ["run", "--target", "tiny", "--out", "{tmp}/run"],  # checked before any model
 )
 # (bad flags, the one error line every command prints)
 BAD_FLAGS: tuple[tuple[list[str], str], ...] = (
-    (["--rollout-dist", "x"], "error: --rollout-dist: choose from lognormal, pareto; got 'x'"),
+    (["--rollout-dist", "x"], "error: rollout_dist: choose from lognormal, pareto; got 'x'"),
     (["--fraction", "2"], "error: fraction: must be in (0, 1], got 2.0"),
     (["--random-range-ratio", "1"], "error: random_range_ratio: must be in [0, 1), got 1.0"),
     (["--rollout-max", "0"], "error: max_output_len: must be >= 1, got 0"),

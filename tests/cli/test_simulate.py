@@ -186,7 +186,8 @@ def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
     import pyarrow.parquet as pq
 
     import dsd.sim.metrics
-    from dsd.sim.runner import SimulationConfig, run_simulation
+    from dsd.sim.build import run_simulation
+    from dsd.sim.config import RunConfig
 
     monkeypatch.setattr(dsd.sim.metrics, "STEP_BLOCK_ROWS", 256)  # several row groups
     out_dir = tmp_path / "run"
@@ -194,7 +195,7 @@ def test_out_streams_steps_in_blocks_equal_to_the_kept_table(
     code, _, _ = run_cli([*argv, "--out", str(out_dir)], capsys)
     assert code == 0
     kept = run_simulation(
-        SimulationConfig(
+        RunConfig(
             profile=str(H100),
             policy="goodput",
             dataset="mt-bench",
@@ -276,7 +277,10 @@ def test_speculative_config_becomes_a_table_policy(
             [*GOODPUT, "--dataset-name", "random", "--dataset-path", "x.csv"],
             "give one",
         ),  # conflicting dataset flags
-        (["--profile", str(H100), "--policy", "goodput", "--scheduling", "eager"], "--scheduling"),
+        (
+            ["--profile", str(H100), "--policy", "goodput", "--scheduling", "eager"],
+            "scheduling: choose",
+        ),
         (["--profile", str(H100), "--policy", "goodput", "--max-concurrency", "0"], ">= 1"),
         (["--profile", str(H100), "--speculative-config", "{oops"], "invalid JSON"),  # bad JSON
     ],

@@ -10,7 +10,7 @@ import pytest
 from test_simulate import H100, run_cli
 
 from dsd.reports.sweep import cell_seed, sweep_cells
-from dsd.sim.runner import SimulationConfig
+from dsd.sim.config import RunConfig
 
 TINY = [
     "sweep",
@@ -98,7 +98,7 @@ def test_sweep_bad_inputs_fail_with_one_line_and_no_folder(
 
 
 def test_cell_seeds_depend_on_seed_and_concurrency_only() -> None:
-    base = SimulationConfig(profile=str(H100), policy="static:0")
+    base = RunConfig(profile=str(H100), policy="static:0")
     cells = sweep_cells(base, ["static:0", "goodput"], [1, 16], num_prompts_per_concurrency=3)
     seeds = {(c.policy, c.max_concurrency): c.config.seed for c in cells}
     assert seeds[("static:0", 1)] == seeds[("goodput", 1)] == cell_seed(0, 1)

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 
 from dsd.common.errors import InputError
 from dsd.reports.grid import MAX_GRID_CELLS, expand_grid, load_grid
-from dsd.sim.runner import SimulationConfig
+from dsd.sim.config import RunConfig
 
 # A small workload file written beside every grid (our CSV schema).
 WORKLOAD_CSV = "prompt_len,output_len,arrival_s\n8,4,0\n12,6,0.5\n"
@@ -197,7 +197,7 @@ def _load(path: Path) -> tuple[str, list[Any]]:
     cells = expand_grid(grid)
     assert 1 <= len(cells) <= MAX_GRID_CELLS
     assert [cell.index for cell in cells] == list(range(len(cells)))
-    assert all(isinstance(cell.config, SimulationConfig) for cell in cells)
+    assert all(isinstance(cell.config, RunConfig) for cell in cells)
     assert all(Path(cell.config.profile).is_file() for cell in cells)
     return "ok", cells
 

@@ -97,8 +97,8 @@ def test_spec_reads_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
     [
         ([], "non-empty"),  # nothing
         ([{"concurrency": 1, "k": 0}], "missing 'mean_tpot_ms'"),  # field missing
-        ([{"concurrency": 0, "k": 0, "mean_tpot_ms": 1.0}], "concurrency must be"),  # C = 0
-        ([{"concurrency": 1, "k": -1, "mean_tpot_ms": 1.0}], "k must be"),  # negative K
+        ([{"concurrency": 0, "k": 0, "mean_tpot_ms": 1.0}], "concurrency: must be"),  # C = 0
+        ([{"concurrency": 1, "k": -1, "mean_tpot_ms": 1.0}], "k: must be"),  # negative K
         ([{"concurrency": 1, "k": 0, "mean_tpot_ms": -1.0}], "finite and > 0"),  # bad TPOT
         (RECORDS[:1] * 2, "duplicate"),  # same cell twice
     ],

@@ -145,5 +145,5 @@ def test_registry_is_a_plain_dict_of_builders() -> None:
 )
 def test_constructors_refuse_an_absurd_running_set_cap(build) -> None:  # type: ignore[no-untyped-def]
     # The per-B tables would be a huge allocation: one-line InputError, as parse_policy gives.
-    with pytest.raises(InputError, match=r"max_num_seqs must be an integer in \[1, 1048576\]"):
+    with pytest.raises(InputError, match=r"max_num_seqs: must be an integer in \[1, 1048576\]"):
         build(MAX_NUM_SEQS + 1)

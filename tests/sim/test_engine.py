@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from utils import create_scheduler
 
-from dsd.sim.engine import Engine, EngineConfig, EngineEvent
+from dsd.sim.engine import Engine, EngineEvent, LoopConfig
 from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
 from dsd.traces.workload import RequestSpec, Workload
 
@@ -21,7 +21,7 @@ def run(requests, policy, executor=None, max_concurrency=None, **scheduler_field
         executor or ScriptedExecutor(STEP_S),
         policy,
         workload,
-        EngineConfig(record_events=True, check_invariants=True),
+        LoopConfig(record_events=True, check_invariants=True),
     )
     return engine.run()
 
@@ -183,7 +183,7 @@ def test_wall_clock_advances_by_measured_time():
     scheduler = create_scheduler()
     workload = Workload("wall", tuple(RequestSpec(4, 5) for _ in range(3)))
     engine = Engine(
-        scheduler, ScriptedExecutor(1.0), StaticK(1), workload, EngineConfig(clock="wall")
+        scheduler, ScriptedExecutor(1.0), StaticK(1), workload, LoopConfig(clock="wall")
     )
     result = engine.run()
     durations = result.steps["duration_s"].to_numpy()

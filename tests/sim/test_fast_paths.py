@@ -20,7 +20,7 @@ from dsd.policies.goodput import GoodputPolicy, lookup_batch_k
 from dsd.policies.profile_io import load_profile
 from dsd.policies.types import StepFeedback, StepView, position_counts
 from dsd.sim.acceptance import _sample_leading_successes, _widen, count_leading
-from dsd.sim.engine import Engine, EngineConfig, RunResult
+from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.executor import build_fitted_executor
 from dsd.sim.kv import KVBlockPool
 from dsd.sim.metrics import _stable_order, request_gaps
@@ -182,7 +182,7 @@ def _run(scheduler_class, config: SchedulerConfig, policy_name: str) -> tuple[Ru
         executor,
         policy,
         workload,
-        EngineConfig(check_invariants=True, record_events=True),
+        LoopConfig(check_invariants=True, record_events=True),
     )
     return engine.run(), scheduler.num_fast_updates
 

@@ -11,10 +11,12 @@ from test_executor import RecordingAcceptance, h100_profile, make_batch
 from test_runner import write_flat_profile, write_workload_file
 
 from dsd.policies.profile import HostOverhead, HostOverheadLine
-from dsd.reports.run_outputs import bench_result
+from dsd.reports.run_outputs import bench_result, simulator_settings
+from dsd.sim.build import build_engine, fitted_executor
+from dsd.sim.config import RunConfig
 from dsd.sim.executor import FittedExecutor
 from dsd.sim.latency import TableLatencyModel
-from dsd.sim.runner import SimulationConfig, build_engine, resolve, resolved_config_dict
+from dsd.sim.resolve import resolve, resolved_config_dict
 
 MODEL = HostOverhead(
     plain=HostOverheadLine(intercept_ms=1.0, per_row_ms=0.5),
@@ -99,7 +101,7 @@ def test_runner_resolves_the_host_overhead_source(
         else write_flat_profile(tmp_path / "p.json", itl_ms=10.0)
     )
     workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(profile),
         policy="static:0",
         dataset=str(workload),
@@ -108,7 +110,7 @@ def test_runner_resolves_the_host_overhead_source(
     )
     resolved = resolve(config)
     assert resolved.host_overhead_source == source
-    run = build_engine(resolved).run()
+    run = build_engine(resolved, fitted_executor(resolved)).run()
     # C = 1, K = 0: every step is a plain step of B = 1, prefill included (flat 10 ms).
     assert run.metrics["mean_tpot_ms"] == pytest.approx(tpot_ms)
     assert run.metrics["mean_ttft_ms"] == pytest.approx(tpot_ms)
@@ -118,4 +120,6 @@ def test_runner_resolves_the_host_overhead_source(
         assert record["model"]["plain"] == {"intercept_ms": 1.0, "per_row_ms": 0.5}
     else:
         assert record["ms"] == (flag_ms or 0.0)
-    assert bench_result(run, resolved)["host_overhead_source"] == source
+    assert (
+        bench_result(run, resolved, simulator_settings(resolved))["host_overhead_source"] == source
+    )

@@ -14,13 +14,10 @@ import pandas as pd
 import pytest
 
 from dsd.common.errors import InputError
-from dsd.sim.runner import (
-    FixedBatchPolicy,
-    SimulationConfig,
-    resolve,
-    resolved_config_dict,
-    run_simulation,
-)
+from dsd.sim.ablation import FixedBatchPolicy
+from dsd.sim.build import run_simulation
+from dsd.sim.config import RunConfig
+from dsd.sim.resolve import resolve, resolved_config_dict
 
 H100 = (
     Path(__file__).resolve().parents[2]
@@ -57,7 +54,7 @@ def write_workload_file(path: Path, lengths: list[tuple[int, int]]) -> Path:
     return path
 
 
-def _config(**overrides: Any) -> SimulationConfig:
+def _config(**overrides: Any) -> RunConfig:
     base: dict[str, Any] = {
         "profile": str(H100),
         "policy": "goodput",
@@ -66,20 +63,24 @@ def _config(**overrides: Any) -> SimulationConfig:
         "max_concurrency": 4,
     }
     base.update(overrides)
-    return SimulationConfig(**base)
+    return RunConfig(**base)
 
 
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
         ("num_prompts", 0, "num_prompts: must be an integer >= 1"),  # no requests
-        ("max_num_seqs", 10**11, "max_num_seqs: must be <= 1048576"),  # dense tables over B
+        (
+            "max_num_seqs",
+            10**11,
+            r"max_num_seqs: must be an integer in \[1, 1048576\]",
+        ),  # dense tables over B
         ("max_concurrency", -1, "max_concurrency: must be an integer >= 1"),  # negative cap
         ("request_rate", 0.0, "request_rate: must be > 0"),  # nothing would arrive
         ("request_rate", math.nan, "request_rate: must be"),  # NaN rate
         ("burstiness", 0.0, "burstiness: must be > 0"),  # gamma shape 0
-        ("scheduling", "eager", "scheduling: must be sync or async"),  # unknown mode
-        ("max_num_seqs", 0, "max_num_seqs: must be an integer >= 1"),  # empty running set
+        ("scheduling", "eager", "scheduling: choose from sync, async"),  # unknown mode
+        ("max_num_seqs", 0, r"max_num_seqs: must be an integer in \[1,"),  # empty running set
         ("max_num_batched_tokens", 0, "max_num_batched_tokens"),  # zero budget
         ("max_model_len", 1, "max_model_len: must be an integer >= 2"),  # no room to decode
         ("k_max", -1, "k_max: must be an integer >= 0"),  # negative K
@@ -153,7 +154,7 @@ def test_tpot_matches_hand_calculation_with_a_fixed_latency(tmp_path: Path) -> N
     # request = 1 prefill step (first token at 10 ms) + 4 decode steps (one token each).
     profile = write_flat_profile(tmp_path / "flat.json", itl_ms=10.0)
     workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 3)
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(profile),
         policy="static:0",
         dataset=str(workload),
@@ -174,7 +175,7 @@ def test_tpot_matches_hand_calculation_with_a_fixed_latency(tmp_path: Path) -> N
 def test_host_overhead_adds_to_every_step(tmp_path: Path) -> None:
     profile = write_flat_profile(tmp_path / "flat.json", itl_ms=10.0)
     workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(profile),
         policy="static:0",
         dataset=str(workload),
@@ -238,7 +239,7 @@ def test_fixed_batch_charges_every_decode_step_at_that_batch(tmp_path: Path) -> 
     # batch is 1, but fixed_batch_size=4 charges the decode steps at B=4.
     profile = write_flat_profile(tmp_path / "b.json", itl_ms=10.0, itl_ms_at_b4=40.0)
     workload = write_workload_file(tmp_path / "w.csv", [(16, 5)])
-    config = SimulationConfig(
+    config = RunConfig(
         profile=str(profile),
         policy="static:0",
         dataset=str(workload),
@@ -283,8 +284,9 @@ def test_resolved_config_dict_is_json_and_names_versions_and_seeds() -> None:
 def test_streamed_metrics_equal_kept_metrics(monkeypatch):
     """Tiny compaction, spill and block sizes change memory use, not results."""
     import dsd.sim.metrics as metrics_module
-    from dsd.sim.engine import EngineConfig
-    from dsd.sim.runner import build_engine, resolve
+    from dsd.sim.build import build_engine, fitted_executor
+    from dsd.sim.engine import LoopConfig
+    from dsd.sim.resolve import resolve
 
     config = _config(num_prompts=40, max_concurrency=8, request_rate=20.0)
     kept = run_simulation(config)
@@ -293,7 +295,10 @@ def test_streamed_metrics_equal_kept_metrics(monkeypatch):
     monkeypatch.setattr(metrics_module, "DEFAULT_MAX_IN_MEMORY", 7)
     monkeypatch.setattr(metrics_module, "STEP_BLOCK_ROWS", 512)
     blocks: list[pd.DataFrame] = []
-    streamed = build_engine(resolve(config), EngineConfig(step_sink=blocks.append)).run()
+    resolved = resolve(config)
+    streamed = build_engine(
+        resolved, fitted_executor(resolved), LoopConfig(step_sink=blocks.append)
+    ).run()
 
     assert streamed.steps.empty and list(streamed.steps.columns) == list(kept.steps.columns)
     assert len(blocks) > 1 and all(len(block) <= 512 for block in blocks)

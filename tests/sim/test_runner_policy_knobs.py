@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from dsd.common.errors import InputError
-from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel
-from dsd.sim.runner import SimulationConfig, context_latency_fn, resolve, run_simulation
+from dsd.sim.build import run_simulation
+from dsd.sim.config import RunConfig
+from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel, context_latency_fn
+from dsd.sim.resolve import resolve
 
 H100 = str(
     Path(__file__).resolve().parents[2]
@@ -21,12 +23,12 @@ H100 = str(
 )
 
 
-def _config(**changes: object) -> SimulationConfig:
-    base = SimulationConfig(profile=H100, policy="static:2", num_prompts=24, max_concurrency=8)
+def _config(**changes: object) -> RunConfig:
+    base = RunConfig(profile=H100, policy="static:2", num_prompts=24, max_concurrency=8)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def _tpot(config: SimulationConfig) -> float:
+def _tpot(config: RunConfig) -> float:
     return float(run_simulation(config).metrics["mean_tpot_ms"])
 
 

@@ -1,0 +1,168 @@
+"""A target and its draft, loaded once from specs, with the target's tokenizer.
+
+Model specs (`--target`, `--draft`), one spelling everywhere:
+- a named shape of `backend.model.MODEL_CONFIGS` (`tiny`, `llama-3.1-8b`, ...) with random
+  weights; `random:NAME` forces random weights for any named shape (`random:smollm2-135m`);
+- anything `backend.weights.load_model` reads: `smollm2-135m` (the real weights), a .gguf file,
+  an HF or dsd checkpoint folder;
+- drafts only: `early-exit:N` (the target's first N layers + final norm + head) and `none`.
+
+`load_pair` checks the draft spec's spelling before any weights load and its depth against
+the target once the target is known. `ModelPair.real_workload` turns a workload into the one a
+real run serves: prompt text chat-templated and tokenized (lengths re-measured) when the target
+names a tokenizer, else (random weights) the dataset's lengths with synthetic ids.
+
+This module runs nothing (backend.executor, backend.run do) and knows no policies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dsd.backend.engine import Draft
+from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
+from dsd.backend.tokenizer import chat_prompt, load_tokenizer
+from dsd.backend.weights import SMOLLM2_SPEC, check_pair, load_model
+from dsd.common.errors import InputError
+from dsd.traces.workload import Workload
+
+NO_DRAFT = "none"
+EARLY_EXIT_PREFIX = "early-exit:"
+RANDOM_PREFIX = "random:"
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def check_device(device: str) -> None:
+    """`cpu`, `cuda` or `cuda:N`, and CUDA only where it is available."""
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise InputError(f"--device: choose cpu or cuda, got {device!r}")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("--device cuda: CUDA is not available on this machine")
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`auto` (bfloat16 on CUDA, float32 on CPU) or a dtype name."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if name not in DTYPES:
+        raise InputError(f"--dtype: choose from auto, {', '.join(DTYPES)}; got {name!r}")
+    return DTYPES[name]
+
+
+def check_draft_spec(spec: str) -> int | None:
+    """The early-exit depth of a draft spec (None for any other spec); bad spelling refused."""
+    if not spec.startswith(EARLY_EXIT_PREFIX):
+        if spec.lower() == NO_DRAFT and spec != NO_DRAFT:
+            raise InputError(f"--draft {spec}: write {NO_DRAFT}")
+        return None
+    depth = spec.removeprefix(EARLY_EXIT_PREFIX)
+    if not (depth.isascii() and depth.isdigit()) or int(depth) < 1:
+        raise InputError(f"--draft {spec}: the depth N of {EARLY_EXIT_PREFIX}N must be >= 1")
+    return int(depth)
+
+
+def build_model(
+    spec: str, device: str, dtype: torch.dtype, seed: int
+) -> tuple[Transformer, str | None]:
+    """(Transformer in eval mode, tokenizer name or None) for a model spec (module docstring)."""
+    name = spec.removeprefix(RANDOM_PREFIX)
+    if spec.startswith(RANDOM_PREFIX) or (spec in MODEL_CONFIGS and spec != SMOLLM2_SPEC):
+        if name not in MODEL_CONFIGS:
+            raise InputError(
+                f"model {spec!r}: unknown shape; known: {', '.join(sorted(MODEL_CONFIGS))}"
+            )
+        model = Transformer(MODEL_CONFIGS[name], device=device, dtype=dtype)
+        return init_random_(model, seed).eval(), None
+    loaded = load_model(spec, device=device, dtype=dtype)
+    return loaded.model.eval(), loaded.tokenizer_name
+
+
+@dataclass(frozen=True)
+class ModelPair:
+    """A loaded target and draft (or no draft) on one device."""
+
+    target_spec: str  # the --target spec it was loaded from
+    draft_spec: str  # the --draft spec (`none` without a draft)
+    target: Transformer  # the target model, eval mode
+    draft: Draft | None  # a separate model or an early exit of the target; None: no draft
+    tokenizer_name: str | None  # the target's tokenizer (None: random weights, no text)
+    dtype: torch.dtype  # of both models
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    @functools.cached_property
+    def tokenize(self) -> Callable[[str], list[int]] | None:
+        """Chat-template and tokenize a prompt text (None when the target has no tokenizer)."""
+        if self.tokenizer_name is None:
+            return None
+        tokenizer = load_tokenizer(self.tokenizer_name)
+
+        def tokenize(text: str) -> list[int]:
+            return list(tokenizer.encode(chat_prompt(text)))
+
+        return tokenize
+
+    def real_workload(self, workload: Workload) -> Workload:
+        """Prompt lengths re-measured with the tokenizer, or the text dropped (random weights,
+        whose requests get synthetic ids of the dataset's lengths)."""
+        tokenize = self.tokenize
+        if tokenize is None:
+            requests = tuple(dataclasses.replace(r, prompt=None) for r in workload.requests)
+        else:
+            requests = tuple(
+                dataclasses.replace(r, prompt_len=len(tokenize(r.prompt))) if r.prompt else r
+                for r in workload.requests
+            )
+        return dataclasses.replace(workload, requests=requests)
+
+    def describe(self) -> dict[str, Any]:
+        """What a run's result records about the pair."""
+        return {
+            "model_id": self.target_spec,
+            "draft": self.draft_spec,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+
+def load_pair(
+    target: str, draft: str = NO_DRAFT, *, device: str = "cpu", dtype: str = "auto", seed: int = 0
+) -> ModelPair:
+    """Load a target and its draft from specs (module docstring); random weights from `seed`
+    (the target's) and `seed + 1` (a separate draft's)."""
+    depth = check_draft_spec(draft)
+    check_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    target_model, tokenizer_name = build_model(target, device, torch_dtype, seed)
+    draft_obj: Draft | None = None
+    if depth is not None:
+        if depth >= target_model.config.num_layers:
+            raise InputError(
+                f"--draft {draft}: N must be an integer in [1, "
+                f"{target_model.config.num_layers - 1}] (layers of the target)"
+            )
+        draft_obj = Draft.early_exit(target_model, depth)
+    elif draft != NO_DRAFT:
+        draft_model, draft_tokenizer = build_model(draft, device, torch_dtype, seed + 1)
+        check_pair(target_model.config, draft_model.config, tokenizer_name, draft_tokenizer)
+        draft_obj = Draft(draft_model)
+    return ModelPair(
+        target_spec=target,
+        draft_spec=draft,
+        target=target_model,
+        draft=draft_obj,
+        tokenizer_name=tokenizer_name,
+        dtype=torch_dtype,
+    )

@@ -1,0 +1,77 @@
+"""A real run: a `RunConfig` and a `ModelPair` through the one engine build, on the wall clock.
+
+`resolve_real(config, pair)` resolves the config against the workload the pair really serves
+(prompt lengths re-measured with its tokenizer; k_max 0 without a draft); `real_engine` builds
+the engine with `sim.build.build_engine` and a `TorchExecutor`, so scheduler, policy, limits
+and seeds are exactly the simulator's for the same config (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+from dsd.backend.engine import Draft
+from dsd.backend.executor import TorchExecutor
+from dsd.backend.model import Transformer
+from dsd.backend.pair import ModelPair
+from dsd.sim.build import build_engine
+from dsd.sim.config import RunConfig
+from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.metrics import StepSink
+from dsd.sim.resolve import ResolvedRun, config_workload, resolve
+
+
+def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
+    """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0."""
+    if pair.draft is None:
+        config = dataclasses.replace(config, k_max=0)
+    return resolve(config, workload=pair.real_workload(config_workload(config)))
+
+
+def torch_executor(
+    resolved: ResolvedRun,
+    target: Transformer,
+    draft: Draft | None,
+    *,
+    tokenize: Callable[[str], Sequence[int]] | None = None,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
+    fast_path: str = "off",
+) -> TorchExecutor:
+    """The real executor of a resolved run: slots for the most requests that can run at once,
+    and the run's max_model_len, k_max and seed."""
+    return TorchExecutor(
+        target,
+        draft,
+        max_num_seqs=resolved.max_running,
+        max_model_len=resolved.max_model_len,
+        k_max=resolved.k_max,
+        temperature=temperature,
+        seed=resolved.config.seed,
+        tokenize=tokenize,
+        ignore_eos=ignore_eos,
+        fast_path=fast_path,
+    )
+
+
+def real_engine(
+    resolved: ResolvedRun,
+    pair: ModelPair,
+    *,
+    temperature: float = 0.0,
+    ignore_eos: bool = False,
+    fast_path: str = "off",
+    step_sink: StepSink | None = None,
+) -> Engine:
+    """The engine of a real run (wall clock), ready to `run()`."""
+    executor = torch_executor(
+        resolved,
+        pair.target,
+        pair.draft,
+        tokenize=pair.tokenize,
+        temperature=temperature,
+        ignore_eos=ignore_eos,
+        fast_path=fast_path,
+    )
+    return build_engine(resolved, executor, LoopConfig(clock="wall", step_sink=step_sink))

@@ -1,0 +1,846 @@
+"""The Python API of dsd: every command's work as one call that returns plain results.
+
+Each `dsd` command is a declaration of flags over one function here, and notebooks call the same
+functions; results are dicts with vLLM bench keys, pandas frames and frozen dataclasses.
+
+    import dsd
+    out = dsd.simulate(profile="policies/profiles/pr32374_llama31_8b_eagle_h100.json",
+                       policy="goodput", max_concurrency=16, num_prompts=160)
+    out.metrics["mean_tpot_ms"], out.requests, out.steps
+
+A run is described by flat keyword fields: the fields of `sim.config.RunConfig` (policy,
+profile, dataset, scheduler limits, models, seed) and the workload knobs of
+`traces.registry.WorkloadOptions` (num_prompts, max_concurrency, request_rate, random_*,
+rollout_*, ...); `run_config(**fields)` builds the config they describe. Torch is imported only
+by the functions that run real models.
+
+This module orchestrates; the work itself lives in the packages (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from dsd.common import invocation
+from dsd.common.errors import InputError
+from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile as _load_profile
+from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profile
+from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
+from dsd.policies.spec import parse_policy as _parse_policy
+from dsd.policies.spec import split_policy_list as _split_policy_list
+from dsd.policies.speculative_config import spec_from_speculative_config, speculative_config
+from dsd.policies.types import KPolicy
+from dsd.reports.run_outputs import (
+    StepParquetSink,
+    bench_result,
+    simulator_settings,
+    step_parquet_sink,
+    write_run_outputs,
+)
+from dsd.reports.sweep import SweepOutcome as SweepOutcome
+from dsd.reports.sweep import sweep_cells, sweep_to_folder
+from dsd.sim.build import build_engine, fitted_executor, learned_profile
+from dsd.sim.config import DEFAULT_MAX_NUM_SEQS, RunConfig
+from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.resolve import ResolvedRun, resolve, resolved_config_dict
+from dsd.traces.registry import WorkloadOptions, build_workload
+from dsd.traces.workload import Workload
+
+if TYPE_CHECKING:
+    from dsd.backend.generate import GenerationReport
+    from dsd.backend.pair import ModelPair
+    from dsd.backend.validate import CellResult
+    from dsd.backend.zoo import DistillResult, PairResult
+
+_RUN_CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(RunConfig))
+_WORKLOAD_FIELDS = frozenset(field.name for field in dataclasses.fields(WorkloadOptions))
+DEFAULT_SWEEP_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
+DEFAULT_SWEEP_CONCURRENCY: tuple[int, ...] = (1, 4, 16, 64)
+DEFAULT_VALIDATE_CONCURRENCY: tuple[int, ...] = (1, 4)
+
+
+# --------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------
+
+
+def run_config(*, speculative_config: str | None = None, **fields: Any) -> RunConfig:
+    """The `RunConfig` that flat fields describe (RunConfig's own fields and the workload
+    knobs of `WorkloadOptions`). `speculative_config` (a vLLM --speculative-config, inline JSON
+    or a file) gives the policy and k_max instead of `policy`."""
+    unknown = sorted(set(fields) - _RUN_CONFIG_FIELDS - _WORKLOAD_FIELDS)
+    if unknown:
+        raise InputError(f"unknown run field(s): {', '.join(unknown)}")
+    if speculative_config is not None:
+        if fields.get("policy") is not None:
+            raise InputError("give exactly one of --policy and --speculative-config")
+        fields["policy"], config_k_max = spec_from_speculative_config(speculative_config)
+        if fields.get("k_max") not in (None, config_k_max):
+            raise InputError(
+                f"--num-spec-tokens {fields['k_max']} conflicts with the speculative config's "
+                f"num_speculative_tokens {config_k_max}"
+            )
+        fields["k_max"] = config_k_max
+    if fields.get("policy") is None:
+        raise InputError("give exactly one of --policy and --speculative-config")
+    options = WorkloadOptions(**{k: v for k, v in fields.items() if k in _WORKLOAD_FIELDS})
+    own = {k: v for k, v in fields.items() if k in _RUN_CONFIG_FIELDS and k not in _WORKLOAD_FIELDS}
+    return RunConfig(**options.arguments(), **own)
+
+
+def dataset_source(dataset_name: str | None, dataset_path: str | None) -> str:
+    """The workload of vLLM's `--dataset-name` / `--dataset-path` flags (default mt-bench)."""
+    from dsd.traces.registry import dataset_source as source
+
+    return source(dataset_name, dataset_path)
+
+
+def split_policy_list(text: str) -> list[str]:
+    """Policy SPECs from comma-separated text (`static:0,online:decay=0.9,warmup_steps=5`)."""
+    return _split_policy_list(text)
+
+
+def _config(config: RunConfig | None, fields: dict[str, Any]) -> RunConfig:
+    if config is None:
+        return run_config(**fields)
+    if fields:
+        raise InputError(f"give a RunConfig or fields, not both (got {', '.join(sorted(fields))})")
+    return config
+
+
+# --------------------------------------------------------------------------------------------
+# Runs (simulated and real)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `simulate` and `run` return."""
+
+    metrics: dict[str, Any]  # result.json: vLLM bench keys, ours, the run's settings
+    requests: pd.DataFrame  # one row per request (the engine's columns)
+    steps: pd.DataFrame  # one row per step; empty when `keep_steps` is off or steps streamed
+    resolved: ResolvedRun  # the config with every default chosen
+    learned_profile: Profile | None  # the profile a learning policy (bandit) built, else None
+    out: Path | None  # the folder written (result.json, requests.csv, steps.parquet, ...)
+
+
+def _execute(
+    resolved: ResolvedRun,
+    engine_for: Callable[[Any], Engine],
+    executor_settings: dict[str, Any],
+    *,
+    out: str | Path | None,
+    keep_steps: bool,
+    record: dict[str, Any],
+) -> RunOutcome:
+    """Build the engine with a step sink, run it, and write `out` when given (nothing is written
+    when the run fails)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise InputError(f"--out {out}: exists and is not a folder")
+    with contextlib.ExitStack() as stack:
+        sink: StepParquetSink | None = None
+        if out is not None:
+            sink = stack.enter_context(step_parquet_sink(out))
+        engine = engine_for(sink if sink is not None else (None if keep_steps else _discard))
+        result = engine.run()
+        metrics = bench_result(result, resolved, executor_settings)
+        learned = learned_profile(engine.policy)
+        if out is not None:
+            config_record = {
+                **resolved_config_dict(resolved.config, resolved),
+                "command_line": invocation.command_line(),
+                **record,
+            }
+            write_run_outputs(
+                out, result, resolved, metrics, config_record, streamed_steps=sink, learned=learned
+            )
+    return RunOutcome(
+        metrics=metrics,
+        requests=result.requests,
+        steps=result.steps,
+        resolved=resolved,
+        learned_profile=learned,
+        out=None if out is None else Path(out),
+    )
+
+
+def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
+    """What `dsd simulate` and `dsd run` print: the result as one JSON object, or the
+    `vllm bench serve` summary (and the files written)."""
+    from dsd.reports.run_outputs import LEARNED_PROFILE_FILE, format_summary, result_json_text
+    from dsd.sim.resolve import latency_description
+
+    if as_json:
+        return result_json_text(outcome.metrics)
+    text = format_summary(outcome.metrics, latency_description(outcome.resolved))
+    if outcome.out is not None:
+        extra = f", {LEARNED_PROFILE_FILE}" if outcome.learned_profile is not None else ""
+        text += (
+            f"\nwrote {outcome.out}/ (result.json, requests.csv, steps.parquet, config.json{extra})"
+        )
+    return text
+
+
+def _discard(steps: pd.DataFrame) -> None:
+    """The step sink of a run whose step rows nobody reads (flat memory on long runs)."""
+
+
+def simulate(
+    config: RunConfig | None = None,
+    /,
+    *,
+    out: str | Path | None = None,
+    keep_steps: bool = True,
+    speculative_config: str | None = None,
+    **fields: Any,
+) -> RunOutcome:
+    """One simulated serving run (like `vllm bench serve`) from a profile and a K policy.
+
+    `out`: write result.json, requests.csv, steps.parquet (streamed as the run goes),
+    config.json and, for a learning policy, learned_profile.json there."""
+    if speculative_config is not None:
+        fields["speculative_config"] = speculative_config
+    run = _config(config, fields)
+    resolved = resolve(run)
+    executor = fitted_executor(resolved)
+    return _execute(
+        resolved,
+        lambda sink: build_engine(resolved, executor, LoopConfig(step_sink=sink)),
+        simulator_settings(resolved),
+        out=out,
+        keep_steps=keep_steps,
+        record={"speculative_config": speculative_config},
+    )
+
+
+def load_pair(
+    target: str | None = None,
+    draft: str = "none",
+    *,
+    device: str = "cpu",
+    dtype: str = "auto",
+    seed: int = 0,
+) -> ModelPair:
+    """A target and its draft from specs (`backend.pair`: named shapes with random weights,
+    `smollm2-135m`, .gguf files, checkpoint folders; drafts also `early-exit:N` and `none`)."""
+    from dsd.backend.pair import load_pair as load
+
+    if target is None:
+        raise InputError(
+            "--target: give the target model (a named shape, smollm2-135m, a .gguf file or a "
+            "checkpoint folder)"
+        )
+    return load(target, draft, device=device, dtype=dtype, seed=seed)
+
+
+def run(
+    pair: ModelPair,
+    config: RunConfig | None = None,
+    /,
+    *,
+    temperature: float = 0.0,
+    fast_path: str = "off",
+    ignore_eos: bool = False,
+    out: str | Path | None = None,
+    keep_steps: bool = True,
+    **fields: Any,
+) -> RunOutcome:
+    """A workload through the real SD engine in the simulator's loop (wall clock).
+
+    The same config gives the same scheduler, policy, limits and seeds as `simulate`; prompt
+    lengths are re-measured with the target's tokenizer (`backend.pair`), and without a draft
+    the run is plain decoding (k_max 0)."""
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.real import real_engine, resolve_real
+
+    check_fast_path(fast_path, str(pair.device))
+    resolved = resolve_real(_config(config, fields), pair)
+    settings = {
+        "backend": "dsd-torch",
+        **pair.describe(),
+        "temperature": temperature,
+        "fast_path": fast_path,
+        "ignore_eos": ignore_eos,
+        "max_model_len": resolved.max_model_len,
+    }
+
+    def engine_for(sink: Any) -> Engine:
+        return real_engine(
+            resolved,
+            pair,
+            temperature=temperature,
+            ignore_eos=ignore_eos,
+            fast_path=fast_path,
+            step_sink=sink,
+        )
+
+    return _execute(
+        resolved, engine_for, settings, out=out, keep_steps=keep_steps, record={"pair": settings}
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Sweeps
+# --------------------------------------------------------------------------------------------
+
+
+def sweep(
+    out: str | Path,
+    *,
+    grid: str | Path | None = None,
+    policies: Sequence[str] | None = None,
+    max_concurrency: Sequence[int] | None = None,
+    num_prompts_per_concurrency: int | None = None,
+    workers: int | None = None,
+    ray: bool = False,
+    ray_address: str | None = None,
+    progress: ProgressFactory = no_progress,
+    **fields: Any,
+) -> SweepOutcome:
+    """A grid of simulations into `out` (resumable: finished cells are reused).
+
+    The grid is a TOML file (`grid`, docs/sweeps.md), or `policies` x `max_concurrency` closed
+    loops over one config (`fields`, with `profile`), `num_prompts = per_concurrency x C`
+    (default 20 x C) or a fixed `num_prompts`."""
+    from dsd.reports.grid import expand_grid, load_grid
+
+    if grid is not None:
+        given = [
+            name
+            for name, value in (
+                ("policies", policies),
+                ("max_concurrency", max_concurrency),
+                ("num_prompts_per_concurrency", num_prompts_per_concurrency),
+            )
+            if value is not None
+        ] + sorted(fields)
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise InputError(
+                f"--grid: {flag} cannot be combined with a grid file (put it in the grid)"
+            )
+        cells = expand_grid(load_grid(grid))
+        record: dict[str, Any] = {
+            "grid_file": str(Path(grid).resolve()),
+            "grid_toml": _grid_text(grid),
+        }
+        title = Path(grid).name
+    else:
+        if fields.get("profile") is None:
+            raise InputError("give --profile (or --grid FILE)")
+        num_prompts = fields.pop("num_prompts", None)
+        if num_prompts is not None and num_prompts_per_concurrency is not None:
+            raise InputError("give one of --num-prompts and --num-prompts-per-concurrency")
+        if num_prompts_per_concurrency is not None and num_prompts_per_concurrency < 1:
+            raise InputError(
+                f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
+            )
+        specs = list(DEFAULT_SWEEP_POLICIES if policies is None else policies)
+        concurrencies = list(
+            DEFAULT_SWEEP_CONCURRENCY if max_concurrency is None else max_concurrency
+        )
+        _check_unique("--policies", specs)
+        _check_unique("--max-concurrency", concurrencies)
+        seed = int(fields.get("seed", 0))
+        fields.pop("max_concurrency", None)
+        base = run_config(policy=specs[0], **fields)
+        per_concurrency = None if num_prompts is not None else (num_prompts_per_concurrency or 20)
+        cells = sweep_cells(
+            base,
+            specs,
+            concurrencies,
+            num_prompts_per_concurrency=per_concurrency,
+            num_prompts=num_prompts,
+            seed=seed,
+        )
+        record = {
+            "policies": specs,
+            "max_concurrency": concurrencies,
+            "num_prompts_per_concurrency": per_concurrency,
+            "num_prompts": num_prompts,
+            "seed": seed,
+        }
+        title = Path(str(fields["profile"])).name
+    return sweep_to_folder(
+        cells,
+        out,
+        grid_record=record,
+        title=title,
+        workers=workers,
+        use_ray=ray,
+        ray_address=ray_address,
+        progress=progress,
+    )
+
+
+def _grid_text(path: str | Path) -> str:
+    from dsd.common.user_files import read_user_text
+
+    return read_user_text(path)  # as load_grid read it (BOM dropped)
+
+
+def _check_unique(name: str, values: Sequence[Any]) -> None:
+    if not values:
+        raise InputError(f"{name}: give at least one value")
+    if len(set(values)) != len(values):
+        raise InputError(f"{name}: duplicate values in {list(values)}")
+
+
+def report(out: str | Path, *, k_trace_cell: str | None = None) -> Path:
+    """The markdown report (and PNGs) of a sweep folder; returns the report's path."""
+    from dsd.reports.report import build_report
+
+    return build_report(out, k_trace_cell=k_trace_cell, command_line=invocation.command_line())
+
+
+# --------------------------------------------------------------------------------------------
+# Profiles, validation
+# --------------------------------------------------------------------------------------------
+
+
+def profile(
+    pair: ModelPair,
+    *,
+    out: str | Path,
+    batch_sizes: Sequence[int] = (1, 4, 16),
+    k: Sequence[int] = (0, 1, 3, 5),
+    context_lens: Sequence[int] = (128,),
+    prefill_tokens: Sequence[int] = (32, 128, 512),
+    dataset: str = "mt-bench",
+    num_prompts: int | None = None,
+    output_len: int | None = None,
+    warmup: int = 3,
+    iters: int = 10,
+    host_overhead_output_len: int = 32,
+    temperature: float = 0.0,
+    seed: int = 0,
+    fast_path: str = "off",
+    file_format: str = "dsd-profile",
+    progress: ProgressFactory = no_progress,
+) -> Profile:
+    """Measure ITL(B, K, context), prefill, acceptance and the loop's host overhead of a pair
+    into a profile written to `out` (`file_format` dsd-profile, or dsd-json for PR #32374's
+    file); returns it."""
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.profiler import ProfileConfig, dataset_prompts, profile_pair
+
+    if file_format not in ("dsd-profile", "dsd-json"):
+        raise InputError(f"--format: choose dsd-profile or dsd-json, got {file_format!r}")
+    check_fast_path(fast_path, str(pair.device))
+    if pair.draft is None:
+        raise InputError("--draft: profiling needs a draft (a model spec or early-exit:N)")
+    eos = () if pair.tokenizer_name is None else tuple(pair.target.config.eos_token_ids)
+    config = ProfileConfig(
+        batch_sizes=tuple(batch_sizes),
+        spec_tokens=tuple(k),
+        context_lens=tuple(context_lens),
+        prefill_token_counts=tuple(prefill_tokens),
+        num_warmup=warmup,
+        num_iters=iters,
+        host_overhead_output_len=host_overhead_output_len,
+        acceptance_output_len=output_len,
+        temperature=temperature,
+        seed=seed,
+        fast_path=fast_path,
+        eos_token_ids=eos,
+    )
+    prompts, output_lens = dataset_prompts(
+        pair, dataset, num_prompts=num_prompts, output_len=output_len, seed=seed
+    )
+    metadata = {
+        "target": pair.target_spec,
+        "draft": pair.draft_spec,
+        "dataset": dataset,
+        "num_prompts": len(prompts),
+        "command": invocation.command_line(),
+        "temperature": temperature,
+    }
+    with progress(config.num_units(len(prompts)), "profiling") as advance:
+        measured = profile_pair(
+            pair.target, pair.draft, config, prompts, output_lens, metadata, advance
+        )
+    if file_format == "dsd-json":
+        save_pr32374(measured, out)
+    else:
+        save_profile(measured, out)
+    return measured
+
+
+def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-profile") -> str:
+    """What `dsd profile` prints: the points written and the fitted host overhead."""
+    rates = ", ".join(f"{r:.3f}" for r in measured.acceptance_rates)
+    text = (
+        f"wrote {out}: {len(measured.latency)} latency points, {len(measured.prefill)} prefill "
+        f"points, acceptance rates [{rates}]"
+    )
+    host = measured.host_overhead
+    if host is not None:
+        text += (
+            f"\nhost overhead per step: {host.plain.intercept_ms:.3f} + "
+            f"{host.plain.per_row_ms:.4f} x B ms (K = 0), {host.spec.intercept_ms:.3f} + "
+            f"{host.spec.per_row_ms:.4f} x B ms (K > 0); residual {host.residual_ms:.3f} ms "
+            f"over {host.num_steps} loop steps"
+            + ("" if file_format == "dsd-profile" else " (not kept by --format dsd-json)")
+        )
+    return text
+
+
+def validate(
+    pair: ModelPair,
+    *,
+    profile: str,
+    out: str | Path,
+    policies: Sequence[str] = DEFAULT_SWEEP_POLICIES,
+    max_concurrency: Sequence[int] = DEFAULT_VALIDATE_CONCURRENCY,
+    num_prompts_per_concurrency: int = 20,
+    fast_path: str = "off",
+    progress: ProgressFactory = no_progress,
+    **fields: Any,
+) -> list[CellResult]:
+    """Every (policy, C) cell on the simulator fitted from `profile` and on the real pair, with
+    num_prompts = per_concurrency x C and max_num_seqs = C (unless given); a report folder in
+    `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...)."""
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.profiler import environment_metadata
+    from dsd.backend.real import resolve_real
+    from dsd.backend.validate import validation_cells
+    from dsd.reports.validation import write_validation_report
+
+    _check_unique("--policies", list(policies))
+    _check_unique("--max-concurrency", list(max_concurrency))
+    check_fast_path(fast_path, str(pair.device))
+    if num_prompts_per_concurrency < 1:
+        raise InputError(
+            f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
+        )
+    max_num_seqs = fields.pop("max_num_seqs", None)
+    configs = [
+        run_config(
+            profile=profile,
+            policy=spec,
+            num_prompts=num_prompts_per_concurrency * concurrency,
+            max_concurrency=concurrency,
+            max_num_seqs=concurrency if max_num_seqs is None else max_num_seqs,
+            **fields,
+        )
+        for concurrency in max_concurrency
+        for spec in policies
+    ]
+    resolved = [resolve_real(config, pair) for config in configs]
+    with progress(len(resolved), "validating") as advance:
+        cells = validation_cells(resolved, pair, fast_path=fast_path, on_progress=advance)
+    first = configs[0]
+    report_config = {
+        "command": invocation.command_line(),
+        "profile": profile,
+        "target": pair.target_spec,
+        "draft": pair.draft_spec,
+        "policies": list(policies),
+        "max_concurrency": list(max_concurrency),
+        "dataset": first.dataset,
+        "num_prompts_per_concurrency": num_prompts_per_concurrency,
+        "output_len": first.output_len,
+        "seed": first.seed,
+        "scheduling": first.scheduling,
+        "latency_model": first.latency_model,
+        "acceptance_model": first.acceptance_model,
+        "host_overhead_ms": first.host_overhead_ms,
+        "host_overhead_source": resolved[0].host_overhead_source,
+        "fast_path": fast_path,
+        "ignore_eos": True,
+        **environment_metadata(pair.device, pair.dtype),
+        "cells": [
+            {
+                "policy": r.config.policy,
+                "max_concurrency": r.workload.max_concurrency,
+                "num_prompts": len(r.workload.requests),
+                "k_max": r.k_max,
+                "max_num_seqs": r.max_num_seqs,
+                "max_model_len": r.max_model_len,
+                "num_kv_blocks": r.num_kv_blocks,
+                "latency_model": r.latency_kind,
+                "host_overhead_source": r.host_overhead_source,
+            }
+            for r in resolved
+        ],
+    }
+    write_validation_report(out, cells, report_config)
+    return cells
+
+
+def validate_vllm(
+    measured: str | Path,
+    *,
+    profile: str,
+    policy: str,
+    out: str | Path | None = None,
+    **fields: Any,
+) -> CellResult:
+    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics."""
+    import math
+
+    from dsd.backend.validate import load_vllm_result, validate_against_vllm
+    from dsd.reports.validation import write_validation_report
+
+    seed = int(fields.get("seed", 0))
+    result = load_vllm_result(measured, seed=seed)
+    # The file's workload replaces the dataset's: a one-request placeholder keeps resolve cheap.
+    config = run_config(profile=profile, policy=policy, dataset="random", num_prompts=1, **fields)
+    cell = validate_against_vllm(result, config)
+    if out is not None:
+        write_validation_report(
+            out,
+            [cell],
+            {
+                "command": invocation.command_line(),
+                "measured": str(measured),
+                "profile": profile,
+                "policy": policy,
+                "seed": seed,
+                "request_rate": "inf" if math.isinf(result.request_rate) else result.request_rate,
+                "burstiness": result.burstiness,
+                "host_overhead_ms": config.host_overhead_ms,
+                "host_overhead_source": cell.host_overhead_source,
+                "num_requests": len(result.workload.requests),
+                "vllm_run": result.info,
+            },
+            title=f"Validation: simulator vs {Path(result.source).name}",
+        )
+    return cell
+
+
+# --------------------------------------------------------------------------------------------
+# Policies and vLLM formats
+# --------------------------------------------------------------------------------------------
+
+
+def load_profile(path: str | Path) -> Profile:
+    """A profile file, native or PR #32374's (docs/formats.md); one-line errors on bad input."""
+    return _load_profile(path)
+
+
+def parse_policy(
+    spec: str,
+    *,
+    profile: str | Path | Profile | None = None,
+    k_max: int | None = None,
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+    seed: int | None = None,
+) -> KPolicy:
+    """The K policy a SPEC names (docs/policies.md); k_max defaults to the profile's."""
+    loaded = _load_profile(profile) if isinstance(profile, str | Path) else profile
+    if k_max is None:
+        if loaded is None:
+            raise InputError("k_max: give k_max or a profile")
+        k_max = loaded.k_max
+    return _parse_policy(spec, profile=loaded, k_max=k_max, max_num_seqs=max_num_seqs, seed=seed)
+
+
+def export_vllm(
+    profile: str | Path,
+    *,
+    max_num_seqs: int,
+    policy: str = "goodput",
+    method: str | None = None,
+    draft_model: str | None = None,
+) -> dict[str, Any]:
+    """vLLM's --speculative-config for a policy compiled to a range table on a profile."""
+    loaded = _load_profile(profile)
+    chosen = _parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    table = compile_range_table(chosen, loaded.k_max, max_num_seqs)
+    return speculative_config(table, loaded.k_max, method=method, draft_model=draft_model)
+
+
+def export_pr32374(profile: str | Path) -> dict[str, Any]:
+    """A profile as vLLM PR #32374's dynamic_speculative_config.json object."""
+    return profile_to_pr32374(_load_profile(profile))
+
+
+@dataclass(frozen=True)
+class PolicyExplanation:
+    """What a batch-level policy does at every B under a profile."""
+
+    frame: pd.DataFrame  # one row per B: B, K, AL, ITL ms, goodput tok/s/req, best K, note
+    range_table: RangeTable  # the policy compiled to vLLM's range table
+    k_max: int  # the profile's K_max
+
+
+def explain_policy(
+    profile: str | Path, *, max_num_seqs: int, policy: str = "goodput", show_all: bool = False
+) -> PolicyExplanation:
+    """B -> K, AL, ITL and goodput of a policy; without `show_all`, the rows where K changes,
+    the profiled B, B = 1 and the last B."""
+    loaded = _load_profile(profile)
+    chosen = _parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    evaluated = evaluate_policy(chosen, loaded, max_num_seqs)
+    profiled = set(loaded.batch_sizes())
+    changes = np.concatenate([[False], evaluated.k_star[1:] != evaluated.k_star[:-1]])  # [N]
+    frame = pd.DataFrame(
+        {
+            "B": evaluated.batch_sizes,
+            "K": evaluated.k_star,
+            "AL": evaluated.acceptance_length,
+            "ITL ms": evaluated.itl_ms,
+            "goodput tok/s/req": evaluated.goodput * 1000.0,
+            "best K": np.argmax(evaluated.goodput_by_k, axis=1),
+            "note": [
+                ", ".join(
+                    note
+                    for note, present in (("profiled", b in profiled), ("K changes", change))
+                    if present
+                )
+                for b, change in zip(evaluated.batch_sizes.tolist(), changes.tolist(), strict=True)
+            ],
+        }
+    )
+    if not show_all:
+        batch = frame["B"]
+        keep = (batch == 1) | (batch == batch.iloc[-1]) | batch.isin(profiled) | changes
+        frame = frame[keep].reset_index(drop=True)
+    return PolicyExplanation(
+        frame=frame,
+        range_table=compile_range_table(chosen, loaded.k_max, max_num_seqs),
+        k_max=loaded.k_max,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Workloads
+# --------------------------------------------------------------------------------------------
+
+
+def workload(source: str, **options: Any) -> Workload:
+    """The requests of a workload name or file, shaped by the workload knobs of
+    `WorkloadOptions` (num_prompts, request_rate, max_concurrency, random_*, rollout_*, ...)."""
+    unknown = sorted(set(options) - _WORKLOAD_FIELDS)
+    if unknown:
+        raise InputError(f"unknown workload option(s): {', '.join(unknown)}")
+    return build_workload(source, **WorkloadOptions(**options).arguments())
+
+
+def workload_summary_rows(workload: Workload) -> list[tuple[str, str]]:
+    """(label, value) rows of a workload's statistics (counts, duration, rate, lengths, tags)."""
+    from dsd.traces.export import summarize, summary_rows
+
+    return summary_rows(summarize(workload))
+
+
+def plot_workload(workload: Workload, out: str | Path) -> list[Path]:
+    """lengths.png and arrivals.png of a workload in folder `out`; their paths."""
+    from dsd.traces.export import plot_workload as plot
+
+    return plot(workload, Path(out))
+
+
+def write_workload_table(workload: Workload, out: str | Path) -> None:
+    """A workload in our table schema (.csv or .parquet by the suffix), atomically."""
+    from dsd.traces.export import write_workload_table as write
+
+    write(workload, Path(out))
+
+
+def write_vllm_custom_jsonl(workload: Workload, out: str | Path) -> str:
+    """A workload as the JSONL `vllm bench serve --dataset-name custom` replays; returns what to
+    tell the user (the file, the replay command, and what the format loses)."""
+    from dsd.traces.export import write_vllm_custom_jsonl as write
+
+    write(workload, Path(out))
+    lines = [
+        f"wrote {out} ({len(workload.requests):,} requests)",
+        "replay: vllm bench serve --dataset-name custom "
+        f"--dataset-path {out} --num-prompts {len(workload.requests)} --custom-output-len -1 "
+        "--skip-chat-template --disable-shuffle --ignore-eos "
+        "[--request-rate R --burstiness X | --max-concurrency C]",
+    ]
+    if any(request.arrival_s > 0 for request in workload.requests):
+        lines.append(
+            "note: the JSONL has no arrival times; the trace's timestamps are not replayed"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Real text and the model zoo
+# --------------------------------------------------------------------------------------------
+
+
+def generate(
+    pair: ModelPair,
+    prompts: Sequence[str],
+    *,
+    k: int = 4,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    chat: bool = True,
+    seed: int = 0,
+) -> GenerationReport:
+    """Text for each prompt: target-only decoding, or speculative decoding with the pair's
+    draft (K = `k` per step)."""
+    from dsd.backend.generate import GenerationConfig, generate_texts
+
+    config = GenerationConfig(
+        max_tokens=max_tokens, temperature=temperature, num_spec_tokens=k, seed=seed, chat=chat
+    )
+    return generate_texts(pair, prompts, config)
+
+
+def generation_text(report: GenerationReport, k: int) -> str:
+    """The line `dsd generate` ends with: tokens, time, speed and, with a draft, acceptance."""
+    tokens_per_s = report.num_output_tokens / report.elapsed_s if report.elapsed_s > 0 else 0.0
+    line = (
+        f"{report.num_output_tokens} output tokens in {report.elapsed_s:.2f} s "
+        f"({tokens_per_s:.1f} tok/s)"
+    )
+    if any(report.drafted_at_pos):
+        rates = ", ".join(f"{rate:.2f}" for rate in report.per_position_rates)
+        line += f"; K={k}, acceptance length {report.acceptance_length:.2f}, r_i = [{rates}]"
+    return line
+
+
+def train_pair(
+    out: str | Path,
+    *,
+    target_config: str = "s-target",
+    draft_config: str = "s-draft",
+    corpus: str = "stdlib",
+    on_step: Callable[[int, list[float]], None] | None = None,
+    **train: Any,
+) -> PairResult:
+    """Train a target and a smaller draft from scratch on one corpus (`backend.zoo`); `train`
+    holds `backend.zoo.TrainConfig` fields (tokenizer, steps, batch_size, ...)."""
+    from dsd.backend.corpus import parse_corpus_names
+    from dsd.backend.zoo import TrainConfig
+    from dsd.backend.zoo import train_pair as train_models
+
+    config = TrainConfig(out_dir=str(out), corpus=parse_corpus_names(corpus), **train)
+    return train_models(config, target_config, draft_config, on_step=on_step)
+
+
+def distill_draft(
+    out: str | Path,
+    *,
+    target: str = "smollm2-135m",
+    draft_config: str = "s-draft",
+    loss: str = "kl",
+    corpus: str = "prompts",
+    on_step: Callable[[int, list[float]], None] | None = None,
+    **train: Any,
+) -> DistillResult:
+    """Train a draft from scratch for a target by distillation (`backend.zoo`)."""
+    from dsd.backend.corpus import parse_corpus_names
+    from dsd.backend.zoo import TrainConfig
+    from dsd.backend.zoo import distill_draft as distill
+
+    config = TrainConfig(out_dir=str(out), corpus=parse_corpus_names(corpus), **train)
+    return distill(config, target, draft_config, loss, on_step=on_step)  # type: ignore[arg-type]

@@ -1,0 +1,139 @@
+"""The one engine build: a resolved run and an executor become an engine loop.
+
+`build_engine(resolved, executor, loop)` is how every command gets its engine (docs/
+architecture.md): the scheduler from the resolved limits, a fresh policy from the SPEC with the
+run's policy seed stream, the workload, and the loop with its clock. Only the executor differs:
+`fitted_executor(resolved)` for the simulator (this module), `backend.executor.torch_executor`
+for the real engine. `run_simulation(config)` is the simulator's whole run in one call.
+
+This module chooses no defaults (`sim.resolve` does) and writes no files.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dsd.common.errors import InputError
+from dsd.policies.profile import Profile
+from dsd.policies.types import KPolicy
+from dsd.sim.ablation import FixedBatchLatency, FixedBatchPolicy, FreePrefillLatency
+from dsd.sim.acceptance import (
+    CategoryAcceptance,
+    HeterogeneousAcceptance,
+    PerPositionAcceptance,
+    ReplayAcceptance,
+)
+from dsd.sim.config import RunConfig
+from dsd.sim.engine import Engine, LoopConfig, RunResult
+from dsd.sim.executor import FittedExecutor, LatencyJitter
+from dsd.sim.latency import PrefillCost
+from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.types import AcceptanceModel, Executor, LatencyModel
+
+
+def build_engine(
+    resolved: ResolvedRun, executor: Executor, loop: LoopConfig | None = None
+) -> Engine:
+    """The engine of one run, ready to `run()`: every command builds its engine here."""
+    config = resolved.config
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_model_len=resolved.max_model_len,
+            num_kv_blocks=resolved.num_kv_blocks,
+            k_max=resolved.k_max,
+            max_num_seqs=resolved.max_num_seqs,
+            max_num_batched_tokens=int(config.max_num_batched_tokens),
+            block_size=resolved.block_size,
+            scheduling=config.scheduling,
+        ),
+        capacity=max(64, min(resolved.max_num_seqs, len(resolved.workload.requests)) * 2),
+    )
+    policy: KPolicy = resolved.build_policy(sim_seed_streams(config.seed)["policy"])
+    if config.fixed_batch_size is not None:
+        policy = FixedBatchPolicy(policy, int(config.fixed_batch_size))
+    return Engine(scheduler, executor, policy, resolved.workload, loop)
+
+
+def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:
+    """The simulator's executor: the profile's fitted latency and acceptance models."""
+    config = resolved.config
+    if resolved.profile is None or resolved.latency is None:
+        raise InputError("profile: the simulator needs a profile (--profile)")
+    streams = sim_seed_streams(config.seed)
+    jitter = (
+        LatencyJitter(float(config.jitter_sigma), streams["latency_noise"])
+        if config.jitter_sigma > 0
+        else None
+    )
+    return FittedExecutor(
+        _latency_model(resolved),
+        _acceptance_model(
+            config.acceptance_model,
+            resolved.profile,
+            streams["acceptance"],
+            config.category_acceptance,
+        ),
+        host_overhead_ms=resolved.host_overhead_ms,
+        jitter=jitter,
+        host_overhead_model=resolved.host_overhead_model,
+    )
+
+
+def run_simulation(config: RunConfig) -> RunResult:
+    """Run one simulation. Same config -> identical result (metrics, tables), any process."""
+    resolved = resolve(config)
+    return build_engine(resolved, fitted_executor(resolved)).run()
+
+
+def learned_profile(policy: KPolicy) -> Profile | None:
+    """The profile a learning policy built during its run (the bandit's), else None."""
+    while isinstance(policy, FixedBatchPolicy):
+        policy = policy.inner
+    learn = getattr(policy, "learned_profile", None)
+    return learn() if callable(learn) else None
+
+
+def _acceptance_model(
+    kind: str,
+    profile: Profile,
+    seed: np.random.SeedSequence,
+    category_acceptance: tuple[tuple[str, tuple[float, ...]], ...] = (),
+) -> AcceptanceModel:
+    if category_acceptance:
+        # The default model keeps the stream it has without routing (spawn_key unchanged), so
+        # untagged requests draw as before; each category gets its own child stream.
+        children = np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 1 << 20)).spawn(
+            len(category_acceptance)
+        )
+        by_tag: dict[str, AcceptanceModel] = {
+            tag: PerPositionAcceptance(rates, child)
+            for (tag, rates), child in zip(category_acceptance, children, strict=True)
+        }
+        return CategoryAcceptance(by_tag, _acceptance_model(kind, profile, seed))
+    if kind == "per-position":
+        return PerPositionAcceptance.from_profile(profile, seed)
+    if kind == "heterogeneous":
+        try:
+            return HeterogeneousAcceptance.from_profile(profile, seed)
+        except ValueError as exc:
+            raise InputError(f"acceptance_model heterogeneous: {exc}") from None
+    return ReplayAcceptance(cached_recording(), seed)
+
+
+def _latency_model(resolved: ResolvedRun) -> LatencyModel:
+    config = resolved.config
+    assert resolved.latency is not None  # fitted_executor checked it
+    model: LatencyModel = resolved.latency
+    prefill = resolved.latency.prefill
+    if config.prefill_cost == "free":
+        model = FreePrefillLatency(resolved.latency)
+        prefill = PrefillCost(
+            num_tokens=(1.0,),
+            latency_ms=(prefill.curve_ms(1.0),),
+            source=prefill.source,
+            tail_ms_per_token=0.0,
+        )
+    if config.fixed_batch_size is not None:
+        model = FixedBatchLatency(model, prefill, int(config.fixed_batch_size))
+    return model

@@ -1,0 +1,356 @@
+"""A `RunConfig` resolved: its files loaded, its workload built, every default chosen.
+
+`resolve(config, workload=None)` is the one place where the defaults a config leaves open are
+chosen (k_max, max_num_seqs, max_model_len, the KV pool, the latency model, the host overhead)
+and where a bad input fails, before anything runs. `resolved_config_dict` is the record of all
+of it that runs write beside their outputs. Profiles, fitted latency models and the replay
+recording are cached per process, keyed by the file's resolved path, size and mtime, because a
+sweep resolves hundreds of cells.
+
+Randomness: the run seed roots one `np.random.SeedSequence(seed)`; its children 0..2 are the
+workload's streams (spawned inside `traces.registry`), child 3 the simulator's (acceptance,
+latency noise, policy; `sim_seed_streams`). Same config -> same streams, in any process.
+
+This module builds no engine (`sim.build` does) and writes no files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import platform
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import simpy
+
+from dsd.common.errors import InputError
+from dsd.policies.profile import HostOverhead, Profile
+from dsd.policies.profile_io import host_overhead_to_native, load_profile
+from dsd.policies.spec import parse_policy
+from dsd.policies.types import KPolicy
+from dsd.sim.acceptance import ReplayRecording, load_replay_recording
+from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
+from dsd.sim.latency import (
+    LatencyModelKind,
+    MixedKCosting,
+    ParametricLatencyModel,
+    TableLatencyModel,
+    context_latency_fn,
+    fit_latency_model,
+    table_covers,
+)
+from dsd.traces.registry import build_workload
+from dsd.traces.workload import Workload
+
+HostOverheadSource = Literal["measured", "flag", "none"]
+
+# Child of SeedSequence(seed) that roots the simulator's streams; children 0..2 are the
+# workload's (traces.registry spawns three). Fixed so results stay stable as code evolves.
+SIM_STREAMS_SPAWN_KEY = 3
+SIM_STREAM_NAMES: tuple[str, ...] = ("acceptance", "latency_noise", "policy")
+
+
+# --------------------------------------------------------------------------------------------
+# Per-process caches (files are keyed by path, size and mtime so an edited file is re-read)
+# --------------------------------------------------------------------------------------------
+
+
+def _file_key(path: str) -> tuple[str, int, int]:
+    resolved = Path(path).expanduser().resolve()
+    if resolved.is_dir():
+        raise InputError(f"{path}: is a directory, expected a profile file")
+    if not resolved.is_file():
+        raise InputError(f"{path}: no such file")
+    stat = resolved.stat()
+    return str(resolved), stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_profile(key: tuple[str, int, int]) -> Profile:
+    return load_profile(key[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_latency_model(
+    key: tuple[str, int, int], kind: LatencyModelKind, k_max: int, mixed_k: MixedKCosting
+) -> TableLatencyModel | ParametricLatencyModel:
+    try:
+        return fit_latency_model(_cached_profile(key), kind=kind, k_max=k_max, mixed_k=mixed_k)
+    except ValueError as exc:
+        raise InputError(f"{key[0]}: cannot build a {kind} latency model: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def cached_recording() -> ReplayRecording:
+    """The bundled replay recording, read once per process."""
+    return load_replay_recording()
+
+
+def load_profile_cached(path: str) -> Profile:
+    """The profile at `path`, parsed once per process (re-read when the file changes)."""
+    return _cached_profile(_file_key(path))
+
+
+# --------------------------------------------------------------------------------------------
+# Resolution
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A config with every default chosen and every input loaded (not picklable: holds models)."""
+
+    config: RunConfig  # what was asked
+    profile: Profile | None  # the loaded profile (None: the config names none)
+    workload: Workload  # the requests, in send order, with the concurrency cap
+    k_max: int  # num_speculative_tokens of the run
+    max_num_seqs: int  # running-set cap
+    max_model_len: int  # longest context, tokens
+    num_kv_blocks: int  # KV pool, blocks of block_size tokens
+    block_size: int  # tokens per KV block
+    # The fitted decode + prefill model (None without a profile).
+    latency: TableLatencyModel | ParametricLatencyModel | None
+    latency_kind: str | None  # "table" or "parametric": what "auto" chose (None: no model)
+    # Where the per-step host overhead comes from: "flag" (config.host_overhead_ms, a
+    # constant), "measured" (the profile's model), "none" (neither: 0).
+    host_overhead_source: HostOverheadSource = "none"
+    host_overhead_ms: float = 0.0  # the constant when the source is "flag", else 0
+    host_overhead_model: HostOverhead | None = None  # the model when the source is "measured"
+
+    @property
+    def max_running(self) -> int:
+        """Most requests that can run at once: min(max_num_seqs, requests, concurrency cap)."""
+        cap = self.workload.max_concurrency
+        running = min(self.max_num_seqs, len(self.workload.requests))
+        return running if cap is None else min(running, cap)
+
+    def build_policy(self, seed: np.random.SeedSequence | None = None) -> KPolicy:
+        """A fresh policy of the run's SPEC (policies hold state: one per run). `seed` feeds
+        policies that sample (the bandit); the `context` policy optimises against the run's
+        fitted latency model when there is one."""
+        return parse_policy(
+            self.config.policy,
+            profile=self.profile,
+            k_max=self.k_max,
+            max_num_seqs=self.max_num_seqs,
+            seed=seed,
+            context_latency=None if self.latency is None else context_latency_fn(self.latency),
+        )
+
+
+def config_workload(config: RunConfig) -> Workload:
+    """The requests the config's dataset and workload fields describe."""
+    return build_workload(
+        config.dataset,
+        num_prompts=config.num_prompts,
+        max_concurrency=config.max_concurrency,
+        request_rate=config.request_rate,
+        burstiness=config.burstiness,
+        seed=config.seed,
+        output_len=config.output_len,
+        chat_template=config.chat_template,
+        shuffle=config.shuffle,
+        random_lengths=config.random_lengths,
+        trace_options=config.trace_options,
+        rollout=config.rollout,
+    )
+
+
+def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
+    """Load the profile and workload and choose every default (InputError on bad input).
+
+    `workload` replaces the dataset's (a real run re-measures prompt lengths with the model's
+    tokenizer; the profiler runs synthetic requests); the defaults are derived from it.
+    """
+    profile_key = None if config.profile is None else _file_key(config.profile)
+    profile = None if profile_key is None else _cached_profile(profile_key)
+    if config.k_max is not None:
+        k_max = int(config.k_max)
+    else:
+        k_max = DEFAULT_K_MAX if profile is None else profile.k_max
+    if (
+        profile is not None
+        and config.latency_model == "table"
+        and not table_covers(profile, [k_max])
+    ):
+        raise InputError(
+            f"latency_model: the table of {config.profile} does not cover K=0..{k_max} at every "
+            "profiled B; use parametric or auto"
+        )
+    if workload is None:
+        workload = config_workload(config)
+    if not workload.requests:
+        raise InputError(f"dataset: {config.dataset} yields no requests")
+    longest = max(r.prompt_len + r.output_len for r in workload.requests)
+    longest_prompt = max(r.prompt_len for r in workload.requests)
+    max_model_len = (
+        longest + k_max + 1 if config.max_model_len is None else int(config.max_model_len)
+    )
+    if longest_prompt >= max_model_len:
+        raise InputError(
+            f"max_model_len: {max_model_len} must exceed the longest prompt ({longest_prompt} "
+            "tokens)"
+        )
+    max_num_seqs = DEFAULT_MAX_NUM_SEQS if config.max_num_seqs is None else int(config.max_num_seqs)
+    block_size = DEFAULT_BLOCK_SIZE
+    if config.num_kv_blocks is None:
+        running = min(max_num_seqs, len(workload.requests))
+        num_kv_blocks = running * math.ceil(max_model_len / block_size)
+    else:
+        num_kv_blocks = int(config.num_kv_blocks)
+    latency = None
+    if profile_key is not None:
+        latency = _cached_latency_model(profile_key, config.latency_model, k_max, config.mixed_k)
+    host_source, host_ms, host_model = resolve_host_overhead(config, profile)
+    resolved = ResolvedRun(
+        config=config,
+        profile=profile,
+        workload=workload,
+        k_max=k_max,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        num_kv_blocks=num_kv_blocks,
+        block_size=block_size,
+        latency=latency,
+        latency_kind=None if latency is None else _latency_kind(latency),
+        host_overhead_source=host_source,
+        host_overhead_ms=host_ms,
+        host_overhead_model=host_model,
+    )
+    # A bad SPEC fails here, before anything runs (runs build their own: policies hold state).
+    resolved.build_policy()
+    return resolved
+
+
+def _latency_kind(latency: TableLatencyModel | ParametricLatencyModel) -> str:
+    return "table" if isinstance(latency, TableLatencyModel) else "parametric"
+
+
+def resolve_host_overhead(
+    config: RunConfig, profile: Profile | None
+) -> tuple[HostOverheadSource, float, HostOverhead | None]:
+    """(source, constant ms, measured model): the flag wins, then the profile's model."""
+    if config.host_overhead_ms is not None:
+        return "flag", float(config.host_overhead_ms), None
+    if profile is not None and profile.host_overhead is not None:
+        return "measured", 0.0, profile.host_overhead
+    return "none", 0.0, None
+
+
+def sim_seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
+    """The simulator's seed streams of a run (see the module docstring), by name."""
+    root = np.random.SeedSequence(seed, spawn_key=(SIM_STREAMS_SPAWN_KEY,))
+    return dict(zip(SIM_STREAM_NAMES, root.spawn(len(SIM_STREAM_NAMES)), strict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# The resolved config, for config.json
+# --------------------------------------------------------------------------------------------
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib_metadata.version(package)
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def plain_config_value(value: Any) -> Any:
+    """JSON-ready, canonical form of config values (dataclasses, inf, tuples, numpy scalars)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            f.name: plain_config_value(getattr(value, f.name)) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    if isinstance(value, tuple | list):
+        return [plain_config_value(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
+    """Which latency model and prefill source a run used, and the fit error when parametric."""
+    latency = resolved.latency
+    if latency is None:
+        return {"kind": None, "requested": resolved.config.latency_model}
+    info: dict[str, Any] = {
+        "kind": resolved.latency_kind,
+        "requested": resolved.config.latency_model,
+        "prefill_source": latency.prefill_source,
+        "prefill_cost": resolved.config.prefill_cost,
+    }
+    if isinstance(latency, ParametricLatencyModel):
+        report = latency.fit_report
+        info["fit_median_abs_pct"] = report.median_abs_pct
+        info["fit_max_abs_pct"] = report.max_abs_pct
+        info["fit_summary"] = report.summary()
+    else:
+        info["mixed_k"] = latency.mixed_k
+    return info
+
+
+def host_overhead_description(resolved: ResolvedRun) -> dict[str, Any]:
+    """Which host overhead a run charged per step: its source and the constant or the model."""
+    info: dict[str, Any] = {"source": resolved.host_overhead_source}
+    model = resolved.host_overhead_model
+    if model is not None:
+        info["model"] = host_overhead_to_native(model)
+    else:
+        info["ms"] = resolved.host_overhead_ms
+    return info
+
+
+def resolved_config_dict(config: RunConfig, resolved: ResolvedRun | None = None) -> dict[str, Any]:
+    """The fully resolved config: what was asked, what was chosen, seeds, versions."""
+    resolved = resolved if resolved is not None else resolve(config)
+    streams = sim_seed_streams(config.seed)
+    profile = resolved.profile
+    return {
+        "config": plain_config_value(config),
+        "resolved": {
+            "profile_path": (
+                None if config.profile is None else str(Path(config.profile).expanduser().resolve())
+            ),
+            "profile_k_max": None if profile is None else profile.k_max,
+            "k_max": resolved.k_max,
+            "max_num_seqs": resolved.max_num_seqs,
+            "max_model_len": resolved.max_model_len,
+            "num_kv_blocks": resolved.num_kv_blocks,
+            "block_size": resolved.block_size,
+            "num_kv_blocks_rule": (
+                "given"
+                if config.num_kv_blocks is not None
+                else "min(max_num_seqs, num_requests) * ceil(max_model_len / block_size)"
+            ),
+            "max_model_len_rule": (
+                "given"
+                if config.max_model_len is not None
+                else "longest prompt + output + k_max + 1"
+            ),
+            "num_requests": len(resolved.workload.requests),
+            "workload_name": resolved.workload.name,
+            "latency_model": latency_description(resolved),
+            "host_overhead": host_overhead_description(resolved),
+        },
+        "seeds": {
+            "seed": config.seed,
+            "workload": f"SeedSequence({config.seed}) children 0..2 (traces.registry)",
+            **{
+                name: {"entropy": stream.entropy, "spawn_key": list(stream.spawn_key)}
+                for name, stream in streams.items()
+            },
+        },
+        "versions": {
+            "dsd": _version("dsd"),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "simpy": getattr(simpy, "__version__", _version("simpy")),
+        },
+    }
