@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from dsd.backend.kv_cache import KVCache
-from dsd.backend.model import Transformer
+from dsd.backend.model import Transformer, new_kv_cache
 from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
     greedy_accept,
@@ -103,6 +103,11 @@ class SpecDecodeConfig:
         return self.max_model_len + self.k_max + 2
 
 
+def empty_step_result() -> StepResult:
+    """What a step over no rows produced."""
+    return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
+
+
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What one SD step produced, on the host."""
@@ -134,13 +139,13 @@ class SpecDecodeEngine:
         self.dtype = param.dtype
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(config.seed)
-        self.target_cache = KVCache(
+        self.target_cache = new_kv_cache(
             target.config, config.num_slots, config.cache_len, device=self.device, dtype=self.dtype
         )
         self.draft_cache: KVCache | None = None
         if draft is not None:
             draft_dtype = next(draft.model.parameters()).dtype
-            self.draft_cache = KVCache(
+            self.draft_cache = new_kv_cache(
                 draft.model.config,
                 config.num_slots,
                 config.cache_len,
@@ -255,10 +260,14 @@ class SpecDecodeEngine:
         """One SD step for decoding slots with per-row K (K may differ per row and per step)."""
         checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
         if checked is None:
-            return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
-        slots, spec, lengths = checked
+            return empty_step_result()
+        return self._run_step(*checked)
+
+    def _run_step(
+        self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
+    ) -> StepResult:
+        """The reference step on checked inputs (the fast path overrides it)."""
         num_rows = slots.size
-        k_step = int(spec.max())
         device = self.device
         last_tokens = self.token_ids[slots, lengths]  # [B]
 
@@ -303,15 +312,27 @@ class SpecDecodeEngine:
         num_accepted = accepted_t.cpu().numpy().astype(np.int64)  # [B]
         output_ids = output_t.cpu().numpy().astype(np.int64)  # [B, K+1]
 
-        # Roll back: the target keeps the last token and the accepted drafts.
-        self.target_cache.lengths[slots] = lengths + num_accepted + 1
+        return self._roll_back(slots, lengths, drafting_rows, k_step, num_accepted, output_ids)
+
+    def _roll_back(
+        self,
+        slots: IntArray,
+        lengths: IntArray,
+        drafting_rows: IntArray,
+        k_step: int,
+        num_accepted: IntArray,
+        output_ids: IntArray,
+    ) -> StepResult:
+        """Keep what the step accepted (the reference and the fast step end here): the target
+        keeps the last token and the accepted drafts; the emitted tokens are appended."""
+        self.target_cache.lengths[slots] = lengths + num_accepted + 1  # [B]
         if self.draft_cache is not None and drafting_rows.size:
             # The draft fed the last token (pos L) and drafts 1..K-1 (pos L+1..L+K-1); those
             # are real tokens up to the accepted ones.
             rows = drafting_rows
             valid = lengths[rows] + 1 + np.minimum(num_accepted[rows], k_step - 1)
             self.draft_cache.lengths[slots[rows]] = valid
-        for row in range(num_rows):
+        for row in range(slots.size):
             self._append(int(slots[row]), output_ids[row, : num_accepted[row] + 1])
         return StepResult(num_accepted=num_accepted, output_token_ids=output_ids)
 
@@ -396,8 +417,9 @@ class SpecDecodeEngine:
 
     def _checked_step_inputs(
         self, slot_ids: IntArray, num_spec_tokens: IntArray
-    ) -> tuple[IntArray, IntArray, IntArray] | None:
-        """(slots [B], K [B], lengths [B]) after checking a step's inputs; None for an empty step.
+    ) -> tuple[IntArray, IntArray, IntArray, int] | None:
+        """(slots [B], K [B], lengths [B], the step's largest K) after checking a step's inputs;
+        None for an empty step.
 
         Shared by every step implementation (reference and fast path), so they refuse the same
         inputs with the same messages.
@@ -416,9 +438,10 @@ class SpecDecodeEngine:
         lengths = self.target_cache.lengths[slots]  # [B] L: the last token sits at position L
         if not (lengths == self.num_tokens[slots] - 1).all():
             raise ValueError("step() on a slot that has not finished its prefill")
-        if (lengths + int(spec.max()) + 1 > self.config.cache_len - 1).any():
+        k_step = int(spec.max())
+        if (lengths + k_step + 1 > self.config.cache_len - 1).any():
             raise ValueError("sequence would outgrow max_model_len + k_max")
-        return slots, spec, lengths
+        return slots, spec, lengths, k_step
 
     def _check_in_use(self, slots: IntArray) -> None:
         if not self._in_use[slots].all():
@@ -437,7 +460,9 @@ def target_greedy_decode(
     dtype = next(target.parameters()).dtype
     prompt = torch.as_tensor(np.asarray(prompt_ids, dtype=np.int64), device=device)[None]  # [1, P]
     num_prompt = prompt.shape[1]
-    cache = KVCache(target.config, 1, num_prompt + num_new_tokens + 1, device=device, dtype=dtype)
+    cache = new_kv_cache(
+        target.config, 1, num_prompt + num_new_tokens + 1, device=device, dtype=dtype
+    )
     slot = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
     logits = target(prompt, torch.arange(num_prompt, device=device)[None], cache, slot)  # [1,P,V]
     token = logits[0, -1].argmax()

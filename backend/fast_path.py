@@ -42,7 +42,12 @@ from typing import Literal
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.engine import (
+    Draft,
+    SpecDecodeConfig,
+    SpecDecodeEngine,
+    StepResult,
+)
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import Transformer
 from dsd.backend.sampling import greedy_accept
@@ -279,14 +284,12 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             kv_len=kv_len_bucket(max_length + k_step + 1, self.config.cache_len, self.min_kv_len),
         )
 
-    @torch.inference_mode()
-    def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
-        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
-        if checked is None:
-            return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
-        slots, spec, lengths = checked
+    def _run_step(
+        self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
+    ) -> StepResult:
+        """The step at a fixed shape on checked inputs (`step` checks them, as for the
+        reference)."""
         num_rows = slots.size
-        k_step = int(spec.max())
         drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
         if k_step > 0:
             self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
@@ -302,15 +305,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]
 
-        # Roll back exactly as the reference step does.
-        self.target_cache.lengths[slots] = lengths + num_accepted + 1
-        if self.draft_cache is not None and drafting_rows.size:
-            rows = drafting_rows
-            valid = lengths[rows] + 1 + np.minimum(num_accepted[rows], k_step - 1)
-            self.draft_cache.lengths[slots[rows]] = valid
-        for row in range(num_rows):
-            self._append(int(slots[row]), output_ids[row, : num_accepted[row] + 1])
-        return StepResult(num_accepted=num_accepted, output_token_ids=output_ids)
+        return self._roll_back(slots, lengths, drafting_rows, k_step, num_accepted, output_ids)
 
     def _catch_up_draft(self, slots: IntArray, lengths: IntArray) -> None:
         """Eager forward of the tokens the draft has not seen, so its cache holds [0, L)."""

@@ -25,8 +25,7 @@ import numpy as np
 import torch
 
 from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
-from dsd.backend.kv_cache import KVCache
-from dsd.backend.model import Transformer
+from dsd.backend.model import Transformer, new_kv_cache
 from dsd.backend.pair import ModelPair
 from dsd.backend.tokenizer import TextTokenizer, chat_prompt, load_tokenizer
 from dsd.common.errors import InputError
@@ -108,7 +107,7 @@ def generate_plain(
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     num_prompt = len(prompt_ids)
-    cache = KVCache(model.config, 1, num_prompt + max_tokens, device=device, dtype=dtype)
+    cache = new_kv_cache(model.config, 1, num_prompt + max_tokens, device=device, dtype=dtype)
     slot = torch.zeros(1, dtype=torch.int64, device=device)  # [1]
     inputs = torch.tensor([list(prompt_ids)], dtype=torch.int64, device=device)  # [1, P]
     positions = torch.arange(num_prompt, device=device)[None]  # [1, P]

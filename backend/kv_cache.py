@@ -7,8 +7,10 @@ the slot's sequence. Rolling back rejected draft positions is only `lengths[slot
 entries past n are overwritten before any token reads them, because a token at position p is
 always written (by the same forward or an earlier one) before a token at a position > p reads it.
 
-This module does not decide what goes into the cache (the engine does), does not page or share
-blocks between requests (no prefix caching), and never syncs with the device.
+It takes plain shape ints (gpt-fast's `KVCache`), so the cache and the model do not import each
+other; `backend.model.new_kv_cache` sizes one for a model config. This module does not decide
+what goes into the cache (the engine does), does not page or share blocks between requests (no
+prefix caching), and never syncs with the device.
 """
 
 from __future__ import annotations
@@ -19,27 +21,26 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from dsd.backend.model import ModelConfig
-
 
 class KVCache:
-    """K/V storage for `num_layers` layers of one model and the valid length of every slot."""
+    """K/V storage for `num_layers` layers and the valid length of every slot."""
 
     def __init__(
         self,
-        config: ModelConfig,
+        num_layers: int,
         num_slots: int,
         max_len: int,
-        num_layers: int | None = None,
+        num_kv_heads: int,
+        head_dim: int,
         device: Any = None,
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        layers = config.num_layers if num_layers is None else num_layers
-        if num_slots < 1 or max_len < 1 or not 1 <= layers <= config.num_layers:
+        if min(num_layers, num_slots, max_len, num_kv_heads, head_dim) < 1:
             raise ValueError(
-                f"bad KV cache shape: slots={num_slots} max_len={max_len} layers={layers}"
+                f"bad KV cache shape: layers={num_layers} slots={num_slots} max_len={max_len} "
+                f"kv_heads={num_kv_heads} head_dim={head_dim}"
             )
-        shape = (layers, num_slots, max_len, config.num_kv_heads, config.head_dim)
+        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [L, S, max_len, Hkv, D]
         self.v = torch.zeros(shape, device=device, dtype=dtype)  # [L, S, max_len, Hkv, D]
         # Valid positions per slot, on the host so the engine never reads the device for them.

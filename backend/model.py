@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dsd.backend.kv_cache import KVCache
 from dsd.common.errors import InputError
-
-if TYPE_CHECKING:
-    from dsd.backend.kv_cache import KVCache
 
 
 @dataclass(frozen=True)
@@ -549,3 +547,21 @@ def _stable_hash(text: str) -> int:
     for byte in text.encode():
         value = ((value ^ byte) * 1099511628211) % (2**64)
     return value
+
+
+def new_kv_cache(
+    config: ModelConfig,
+    num_slots: int,
+    max_len: int,
+    num_layers: int | None = None,
+    device: Any = None,
+    dtype: torch.dtype = torch.float32,
+) -> KVCache:
+    """A KV cache for a model of `config`: all its layers, or its first `num_layers` (an early
+    exit)."""
+    layers = config.num_layers if num_layers is None else num_layers
+    if not 1 <= layers <= config.num_layers:
+        raise ValueError(f"bad KV cache depth: {layers} of {config.num_layers} layers")
+    return KVCache(
+        layers, num_slots, max_len, config.num_kv_heads, config.head_dim, device=device, dtype=dtype
+    )

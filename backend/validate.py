@@ -35,21 +35,13 @@ from dsd.common.user_files import parse_user_json, read_user_text
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import RunResult
+from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.traces.arrivals import validate_rate, with_arrivals
 from dsd.traces.workload import RequestSpec, Workload
 
 # Metrics compared per cell: vLLM bench keys (ms).
-COMPARED_METRICS: tuple[str, ...] = (
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "p99_ttft_ms",
-    "mean_itl_ms",
-    "mean_e2el_ms",
-)
+COMPARED_METRICS: tuple[str, ...] = (*TPOT_TTFT_KEYS, "mean_itl_ms", "mean_e2el_ms")
 # Largest per-request token count read: far above any model's context (2**24 = 16.8 M tokens),
 # far below what would overflow the simulator's int64 token arithmetic.
 MAX_REQUEST_TOKENS = 2**24

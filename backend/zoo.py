@@ -38,8 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from dsd.backend.corpus import TokenCorpus, heldout_windows, sample_windows, tokenize_corpus
-from dsd.backend.kv_cache import KVCache
-from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_, new_kv_cache
 from dsd.backend.pair import check_device
 from dsd.backend.tokenizer import TOKENIZER_NAMES, load_tokenizer
 from dsd.backend.weights import check_pair, load_model, save_checkpoint
@@ -334,7 +333,9 @@ def greedy_match_matrix(
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
     num_windows, prompt_len = contexts.shape
-    cache = KVCache(target.config, num_windows, prompt_len + num_tokens, device=device, dtype=dtype)
+    cache = new_kv_cache(
+        target.config, num_windows, prompt_len + num_tokens, device=device, dtype=dtype
+    )
     slots = torch.arange(num_windows, device=device)  # [W]
     inputs = torch.from_numpy(contexts).to(device)  # [W, P]
     positions = torch.arange(prompt_len, device=device).expand(num_windows, prompt_len)  # [W, P]

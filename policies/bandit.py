@@ -1,69 +1,13 @@
-"""Thompson-sampling K policies that learn online and need no profile.
+"""The bandit K policy (SPEC `bandit`): Thompson sampling that learns as it runs, no profile needed.
 
-Two bandits share this module; SPEC `bandit` is the structured one.
-
-**Structured bandit** (`StructuredBanditPolicy`, SPEC `bandit`, `bandit:model=linear`). It keeps
-a model of the two things the goodput rule needs and learns both from every step, at any K:
-
-- *Acceptance*: one conditional acceptance rate per draft position, c_i = P(draft i accepted |
-  drafts 1..i-1 accepted), each with a Beta posterior. Every decode row that drafted position i
-  after accepting the i-1 before it is one trial of c_i. The unconditional rates the vocabulary
-  uses are r_i = c_1 * ... * c_i, so a sample is non-increasing in i by construction, and the
-  expected output tokens per row at K are AL(K) = 1 + sum_{i<=K} r_i. Counts decay by
-  `acceptance_discount` every observed step, so the posterior follows acceptance that drifts,
-  and a position that is no longer drafted slides back to its prior instead of reading 0 (the
-  collapse of vLLM's cumulative estimator, see `policies.online`, which also decays towards a
-  prior; this one is written as conditional Betas because Thompson sampling needs draws, not
-  only the posterior mean).
-- *Step time*: Bayesian linear regression of the step duration (ms) on
-  [hat_j(D), hat_j(D) * K, hat_j(D) * 1{K > 0}] per knot j, plus the step's prefill tokens.
-  D is the number of decode rows (the engine's decode cost is keyed on them), K the step's
-  largest K (a static-shape engine drafts max K passes for the whole batch), hat_j the
-  piecewise-linear "hat" weights on knots D = 1, 2, 4, ..., so duration is piecewise linear in
-  D between knots (as a profiled ITL table is), linear in K with a jump at K = 1 (the draft
-  model's fixed cost of being run at all). Gaussian prior, noise variance estimated from the
-  discounted residuals (floored at `min_relative_noise` of the mean duration, because a
-  simulated engine can be noiseless while the model is still only an approximation), a random
-  walk prior that ties the K-terms of neighbouring knots, and `latency_discount` forgetting.
-
-Each step draws one acceptance model and one step-time model from the posteriors and plays
-argmax_K AL(K) / duration(B, K, 0) (smallest K on ties), with B the step's scheduled requests,
-prefill chunks included (`policies.goodput.table_batch_size`, the row count every policy keys
-its choice on): in a ramp-up step with many prefill chunks and few decode rows, the K worth
-drafting is the one the whole batch will run at. The prefill part of a step is paid whatever K
-is, so it is learnt (it would bias the K terms otherwise) but left out of the choice. Every step
-informs the K slope at its D and, through the shared knots and the smoothness prior, at
-neighbouring D; every drafted row informs acceptance for every D. So exploration ends after a
-handful of steps, where independent arms need every (bucket, K) pair tried. An exploration
-check (`max_exploration_loss`, `min_best_probability`) drops the rare draws of a K that the
-posterior mean puts far below its best and that is seldom the best (see `choose_k`).
-
-Priors. Without a profile the step-time prior is scaled by the shortest observed decode step
-(`scale_ms`): intercepts around it and wide, K-slopes around 10% of it with a standard deviation
-of `slope_prior_std` times it, and the acceptance prior is Beta(1, 1)-like with
-`acceptance_prior_rows` pseudo-rows of mean 0.5. With `prior=profile` the knots' intercepts,
-jumps and slopes start at the profile's ITL(2^j, K) with a relative standard deviation of
-`profile_latency_std`, and the conditional rates at the profile's with `profile_prior_rows`
-pseudo-rows; both are corrected by real steps (the prior does not decay, data does, so a wrong
-profile loses to a few hundred steps of evidence).
-
-Async scheduling: the feedback of a step carries its own K and rows, so the one-step lag needs
-no bookkeeping; the prefill tokens of a step come from the view `choose_k` saw for that step
-index (remembered for a few steps). Randomness comes only from the `numpy.random.Generator`
-made from the constructor's seed.
-
-**Independent-arm bandit** (`ThompsonBanditPolicy`, SPEC `bandit:model=arms`): the baseline it
-replaces. Arms are K = 0..k_max per log2 bucket of B (bucket b holds 2^b <= B < 2^(b+1)); the
-reward of a step is its output tokens per ms per decode request,
-sum_j (a_j + 1) / D / duration_ms, credited to the bucket of the step's B and the arm of its
-max K. Posterior per arm: a Gaussian on the mean reward (mean of the discounted rewards,
-standard error sqrt(var / n) with the bucket's pooled variance floored at `min_relative_std` of
-the bucket's mean). Untried arms are played first, in K order. Optional warm start:
-`prior_rewards` [buckets, K+1] from `profile_prior_rewards(profile, ...)`, the profile's
-AL(k) / ITL(B, k) at the bucket's geometric-middle B. It shares no evidence between buckets or
-between K, which is why it explores far longer than the structured bandit.
-
-Neither bandit chooses K per request, models context length, or reads the clock.
+Two posteriors are updated from every step, whatever K it used: per-position conditional
+acceptance rates (Beta counts, decayed) and the step time (Bayesian linear regression on
+piecewise-linear knots over decode rows, linear in K with a jump at K = 1). Each step draws
+from both and plays argmax_K AL(K) / duration(B, K) at the step's B; an exploration check drops
+draws the posterior mean already puts far below its best. `learned_profile()` exports the
+posterior means as a profile (a warm start, `bandit:prior=FILE`). The math, priors and knobs
+are in docs/policies.md; `policies.bandit_arms` holds the independent-arm baseline.
+The policy chooses one K per step (not per request), models no context, reads no clock.
 """
 
 from __future__ import annotations
@@ -76,7 +20,7 @@ import numpy as np
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
-from dsd.policies.goodput import ItlTable, acceptance_lengths, table_batch_size
+from dsd.policies.goodput import ItlTable, table_batch_size
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
@@ -96,12 +40,12 @@ MIN_LEARNED_MS = 1e-3
 
 
 # --------------------------------------------------------------------------------------------
-# Structured (model-based) bandit
+# The bandit
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class StructuredBanditConfig:
+class BanditConfig:
     """Knobs of the structured bandit (SPEC `bandit:key=value,...`)."""
 
     # Per-step multiplier of the acceptance counts, in (0, 1]; memory ~ 1 / (1 - discount).
@@ -235,7 +179,7 @@ class StepTimePosterior:
     def __init__(
         self,
         max_num_seqs: int,
-        config: StructuredBanditConfig,
+        config: BanditConfig,
         profile_itl: ItlTable | None = None,
         k_max: int = 0,
     ) -> None:
@@ -249,7 +193,7 @@ class StepTimePosterior:
         self.sum_y = 0.0  # discounted sum of durations, ms
         self.num_obs = 0.0  # discounted number of observed steps
         # [J+1] undiscounted hat weight of every observed step per knot: where the model has
-        # seen steps (what `StructuredBanditPolicy.learned_profile` exports).
+        # seen steps (what `BanditPolicy.learned_profile` exports).
         self.knot_steps = np.zeros(self.knots.size)
         # Reference duration of the profile-free prior, ms: the shortest observed decode step
         # (a step with a large prefill chunk would make the prior far too wide).
@@ -393,7 +337,7 @@ class StepTimePosterior:
         return np.asarray(mean + chol @ rng.standard_normal(mean.size), dtype=np.float64)
 
 
-class StructuredBanditPolicy:
+class BanditPolicy:
     """Thompson sampling over K with a shared acceptance model and a step-time regression."""
 
     def __init__(
@@ -401,14 +345,14 @@ class StructuredBanditPolicy:
         k_max: int,
         max_num_seqs: int,
         seed: int | np.random.SeedSequence,
-        config: StructuredBanditConfig | None = None,
+        config: BanditConfig | None = None,
         profile: Profile | None = None,
     ) -> None:
         require_int(k_max, "bandit: k_max", 0)
         require_int(max_num_seqs, "bandit: max_num_seqs", 1, MAX_NUM_SEQS)
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
-        self.config = config or StructuredBanditConfig()
+        self.config = config or BanditConfig()
         self.rng = np.random.default_rng(seed)
         if profile is None:
             prior_conditional = np.full(k_max, 0.5)  # [k_max]
@@ -459,7 +403,7 @@ class StructuredBanditPolicy:
         )
 
     def learned_profile(self, min_knot_steps: float = 1.0) -> Profile | None:
-        """What the policy has learnt, as a profile; None before a timed decode step or at K_max 0.
+        """What the policy has learned, as a profile; None before a timed decode step or at K_max 0.
 
         The profile it "learns online": latency points at the knots B = 1, 2, 4, ... up to the
         largest one whose observed decode steps weigh at least `min_knot_steps` (hat weights
@@ -474,7 +418,7 @@ class StructuredBanditPolicy:
         `dsd export`).
         """
         if self.k_max == 0:
-            return None  # nothing learnt about K (a profile needs k_max >= 1)
+            return None  # nothing learned about K (a profile needs k_max >= 1)
         step_time = self.step_time
         observed = np.nonzero(step_time.knot_steps >= min_knot_steps)[0]  # knot indices
         if observed.size == 0:
@@ -579,154 +523,3 @@ class StructuredBanditPolicy:
         features = self.step_time.features(num_decode, np.array([float(k)]), prefill_tokens)[0]
         self.step_time.observe(features, duration_ms)  # features: [P]
         self.timed_steps_per_k[k] += 1
-
-
-# --------------------------------------------------------------------------------------------
-# Independent-arm bandit (baseline)
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BanditConfig:
-    """Knobs of the independent-arm bandit (SPEC `bandit:model=arms,key=value,...`)."""
-
-    # Per-update multiplier of a bucket's counts, in (0, 1]; 1 never forgets.
-    discount: float = 0.995
-    # Floor of the reward noise, as a fraction of the bucket's mean reward.
-    min_relative_std: float = 0.05
-    # Rewards every arm must have before Thompson sampling starts (tried in K order).
-    min_plays: int = 1
-
-    def __post_init__(self) -> None:
-        if not (0.0 < self.discount <= 1.0):
-            raise InputError(f"bandit: discount must be in (0, 1], got {self.discount}")
-        if not (np.isfinite(self.min_relative_std) and self.min_relative_std > 0):
-            raise InputError(f"bandit: min_relative_std must be > 0, got {self.min_relative_std}")
-        if isinstance(self.min_plays, bool) or not isinstance(self.min_plays, int):
-            raise InputError(f"bandit: min_plays must be an integer, got {self.min_plays!r}")
-        if self.min_plays < 1:
-            raise InputError(f"bandit: min_plays must be >= 1, got {self.min_plays}")
-
-
-def batch_bucket(batch_size: int) -> int:
-    """floor(log2(B)) for B >= 1; B = 0 reads bucket 0."""
-    return max(int(batch_size), 1).bit_length() - 1
-
-
-def bucket_middle_batch_size(bucket: int, max_num_seqs: int) -> float:
-    """Geometric middle of bucket b's B range [2^b, min(2^(b+1) - 1, max_num_seqs)]."""
-    low = float(1 << bucket)
-    high = float(min((1 << (bucket + 1)) - 1, max(max_num_seqs, 1 << bucket)))
-    return float(np.sqrt(low * high))
-
-
-def profile_prior_rewards(profile: Profile, k_max: int, max_num_seqs: int) -> FloatArray:
-    """[buckets, k_max + 1] AL(k) / ITL(B_mid, k): the profile's reward per request, per arm.
-
-    Same units as the bandit's reward (output tokens per ms per decode request). K beyond the
-    profile's k_max reads its last rate as 0 (no acceptance evidence), so it is never preferred.
-    """
-    rates = np.zeros(k_max)  # [k_max]
-    known = min(k_max, len(profile.acceptance_rates))
-    rates[:known] = np.asarray(profile.acceptance_rates, dtype=np.float64)[:known]
-    al_by_k = acceptance_lengths(rates, k_max)  # [k_max + 1]
-    itl = ItlTable.from_profile(profile)
-    num_buckets = batch_bucket(max_num_seqs) + 1
-    mids = np.array([bucket_middle_batch_size(b, max_num_seqs) for b in range(num_buckets)])
-    itl_ms = itl.itl_ms_at(mids[:, None], np.arange(k_max + 1.0)[None, :])  # [buckets, K+1]
-    return np.asarray(al_by_k[None, :] / itl_ms, dtype=np.float64)  # [buckets, K+1]
-
-
-class ThompsonBanditPolicy:
-    """Thompson sampling over K in 0..k_max per log2 batch-size bucket."""
-
-    def __init__(
-        self,
-        k_max: int,
-        max_num_seqs: int,
-        seed: int | np.random.SeedSequence,
-        config: BanditConfig | None = None,
-        prior_rewards: FloatArray | None = None,
-        prior_plays: float = 4.0,
-    ) -> None:
-        require_int(k_max, "bandit: k_max", 0)
-        require_int(max_num_seqs, "bandit: max_num_seqs", 1, MAX_NUM_SEQS)
-        self.k_max = k_max
-        self.max_num_seqs = max_num_seqs
-        self.config = config or BanditConfig()
-        self.rng = np.random.default_rng(seed)
-        num_buckets = batch_bucket(max_num_seqs) + 1
-        shape = (num_buckets, k_max + 1)
-        self.plays = np.zeros(shape)  # [buckets, K+1] discounted number of rewards
-        self.reward_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of rewards
-        self.reward_sq_sum = np.zeros(shape)  # [buckets, K+1] discounted sum of squares
-        self.raw_plays = np.zeros(shape, dtype=np.int64)  # [buckets, K+1] undiscounted count
-        # Arms with a prior count as tried (no forced exploration); None: every arm untried.
-        self.has_prior = np.zeros(shape, dtype=bool)  # [buckets, K+1]
-        if prior_rewards is not None:
-            prior = np.asarray(prior_rewards, dtype=np.float64)
-            if prior.shape != shape or not np.all(np.isfinite(prior)) or np.any(prior < 0):
-                raise InputError(
-                    f"bandit: prior_rewards must be finite, >= 0 and of shape {shape}, "
-                    f"got shape {prior.shape}"
-                )
-            if not (np.isfinite(prior_plays) and prior_plays > 0):
-                raise InputError(f"bandit: prior_plays must be > 0, got {prior_plays}")
-            self.plays[:] = prior_plays
-            self.reward_sum[:] = prior_plays * prior
-            self.reward_sq_sum[:] = prior_plays * prior * prior
-            self.has_prior[:] = True
-
-    def posterior(self, bucket: int) -> tuple[FloatArray, FloatArray]:
-        """(mean [K+1], standard error [K+1]) of each arm's mean reward in the bucket."""
-        plays = self.plays[bucket]
-        safe = np.maximum(plays, 1e-12)
-        means = np.where(plays > 0, self.reward_sum[bucket] / safe, 0.0)  # [K+1]
-        total = float(plays.sum())
-        if total > 0:
-            bucket_mean = float(self.reward_sum[bucket].sum() / total)
-            # Pooled within-arm variance: E[x^2] - mean_arm^2, averaged over the bucket.
-            within = float(
-                np.maximum(self.reward_sq_sum[bucket] - plays * means**2, 0.0).sum() / total
-            )
-        else:
-            bucket_mean, within = 0.0, 0.0
-        floor = (self.config.min_relative_std * abs(bucket_mean)) ** 2
-        std_error = np.sqrt(max(within, floor) / safe)  # [K+1]
-        return means, std_error
-
-    def choose_k(self, view: StepView) -> int:
-        k_cap = min(self.k_max, max(view.k_max, 0))
-        if view.batch_size > self.max_num_seqs:
-            raise InputError(
-                f"bandit: batch size {view.batch_size} exceeds max_num_seqs {self.max_num_seqs}"
-            )
-        bucket = batch_bucket(view.batch_size)
-        untried = np.flatnonzero(
-            (self.raw_plays[bucket, : k_cap + 1] < self.config.min_plays)
-            & ~self.has_prior[bucket, : k_cap + 1]
-        )
-        if untried.size:
-            return int(untried[0])
-        means, std_error = self.posterior(bucket)
-        samples = self.rng.normal(means[: k_cap + 1], std_error[: k_cap + 1])  # [k_cap + 1]
-        return int(np.argmax(samples))
-
-    def observe(self, feedback: StepFeedback) -> None:
-        num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [D]
-        num_decode = int(num_spec.size)
-        duration_ms = feedback.duration_s * 1e3
-        if num_decode == 0 or not (duration_ms > 0):
-            return  # a prefill-only step says nothing about K
-        k = min(int(num_spec.max()), self.k_max)
-        output_tokens = float(np.asarray(feedback.num_accepted).sum()) + num_decode
-        reward = output_tokens / num_decode / duration_ms
-        bucket = min(batch_bucket(feedback.batch_size), self.plays.shape[0] - 1)
-        discount = self.config.discount
-        self.plays[bucket] *= discount
-        self.reward_sum[bucket] *= discount
-        self.reward_sq_sum[bucket] *= discount
-        self.plays[bucket, k] += 1.0
-        self.reward_sum[bucket, k] += reward
-        self.reward_sq_sum[bucket, k] += reward * reward
-        self.raw_plays[bucket, k] += 1

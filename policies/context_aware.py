@@ -27,18 +27,23 @@ Neither form learns acceptance (see `policies.online`) or chooses K per request.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
+from dsd.common.user_files import read_json_argument
 from dsd.policies.goodput import acceptance_lengths, table_batch_size
 from dsd.policies.profile import Profile
+from dsd.policies.range_table import (
+    check_batch_ranges,
+    check_interval,
+    check_k,
+    integer_entries,
+)
 from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
 # (decode rows B, K values [n], total context tokens of the B rows) -> step latency ms [n].
@@ -160,45 +165,15 @@ class ContextGoodputPolicy:
 
 def validate_context_ranges(entries: Any, source: str = "context table") -> ContextTable:
     """Entries sorted by (start_bs, start_ctx), checked against the rules in the docstring."""
-    if not isinstance(entries, list | tuple) or len(entries) == 0:
-        raise InputError(
-            f"{source}: expected a non-empty list of [start_bs, end_bs, start_ctx, end_ctx, K]"
-        )
-    checked: ContextTable = []
-    for index, entry in enumerate(entries):
+    checked = integer_entries(entries, source, ("start_bs", "end_bs", "start_ctx", "end_ctx", "K"))
+    for index, (start_bs, end_bs, start_ctx, end_ctx, k) in enumerate(checked):
         where = f"{source}[{index}]"
-        if (
-            not isinstance(entry, list | tuple)
-            or len(entry) != 5
-            or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in entry)
-        ):
-            raise InputError(
-                f"{where}: expected [start_bs, end_bs, start_ctx, end_ctx, K] integers, "
-                f"got {entry!r}"
-            )
-        start_bs, end_bs, start_ctx, end_ctx, k = (int(v) for v in entry)
-        if start_bs <= 0 or end_bs <= 0:
-            raise InputError(f"{where}: batch size bounds must be > 0, got [{start_bs}, {end_bs}]")
-        if start_bs > end_bs:
-            raise InputError(f"{where}: start_bs {start_bs} > end_bs {end_bs}")
-        if start_ctx < 0 or end_ctx < 0:
-            raise InputError(f"{where}: context bounds must be >= 0, got [{start_ctx}, {end_ctx}]")
-        if start_ctx > end_ctx:
-            raise InputError(f"{where}: start_ctx {start_ctx} > end_ctx {end_ctx}")
-        if k < 0:
-            raise InputError(f"{where}: K must be >= 0, got {k}")
-        checked.append([start_bs, end_bs, start_ctx, end_ctx, k])
+        check_interval(where, "batch size", (start_bs, end_bs), ("start_bs", "end_bs"))
+        check_interval(where, "context", (start_ctx, end_ctx), ("start_ctx", "end_ctx"))
+        check_k(where, k)
     checked.sort(key=lambda e: (e[0], e[2]))
     b_ranges = sorted({(e[0], e[1]) for e in checked})
-    if b_ranges[0][0] != 1:
-        raise InputError(
-            f"{source}: the first batch size range must start at 1, got {b_ranges[0][0]}"
-        )
-    for previous, current in itertools.pairwise(b_ranges):
-        if current[0] <= previous[1]:
-            raise InputError(
-                f"{source}: batch size ranges {list(previous)} and {list(current)} overlap"
-            )
+    check_batch_ranges(source, b_ranges)
     for b_range in b_ranges:
         group = [e for e in checked if (e[0], e[1]) == b_range]
         if group[0][2] != 0:
@@ -216,22 +191,12 @@ def validate_context_ranges(entries: Any, source: str = "context table") -> Cont
 
 def read_context_ranges(text_or_path: str) -> ContextTable:
     """Inline JSON (starting with '[') or the path of a JSON file holding the list."""
-    stripped = text_or_path.strip()
-    if stripped.startswith("["):
-        source, text = "context table", stripped
-    else:
-        source = text_or_path
-        try:
-            text = Path(text_or_path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{source}: cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{source}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
-        ) from None
+    data, source = read_json_argument(text_or_path, "context table", opening="[")
     return validate_context_ranges(data, source)
+
+
+# Context starts above this cannot be reached (no context is that long); larger ones clamp here.
+MAX_CONTEXT = 2**62
 
 
 class ContextRangeTablePolicy:
@@ -244,7 +209,8 @@ class ContextRangeTablePolicy:
         self.k_max = k_max
         self.max_num_seqs = max_num_seqs
         groups = sorted({(e[0], e[1]) for e in self.entries})
-        group_starts = np.array([g[0] for g in groups], dtype=np.int64)  # [G]
+        # Clamped in Python first (like vLLM's range-table lookup): bounds and K of any size.
+        group_starts = np.array([min(g[0], max_num_seqs + 1) for g in groups], dtype=np.int64)
         batch_sizes = np.arange(1, max_num_seqs + 1)  # [max_num_seqs]
         # The B range a B falls in, or the last one starting before it (gap / tail carry).
         self.group_by_batch = np.searchsorted(group_starts, batch_sizes, side="right") - 1  # [N]
@@ -252,8 +218,8 @@ class ContextRangeTablePolicy:
         self.ctx_ks: list[IntArray] = []  # per group: [E_g] K, clamped to k_max
         for group in groups:
             rows = [e for e in self.entries if (e[0], e[1]) == group]
-            self.ctx_starts.append(np.array([e[2] for e in rows], dtype=np.int64))
-            self.ctx_ks.append(np.minimum(np.array([e[4] for e in rows], dtype=np.int64), k_max))
+            self.ctx_starts.append(np.array([min(e[2], MAX_CONTEXT) for e in rows], dtype=np.int64))
+            self.ctx_ks.append(np.array([min(e[4], k_max) for e in rows], dtype=np.int64))
 
     def k_for(self, batch_size: int, mean_context: float) -> int:
         if batch_size > self.max_num_seqs:

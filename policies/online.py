@@ -1,4 +1,4 @@
-"""The online-acceptance K policy: the goodput rule with per-position rates learnt at run time.
+"""The online-acceptance K policy: the goodput rule with per-position rates learned at run time.
 
 vLLM PR #32374's online mode replaced the profiled rates r_i by cumulative runtime counts after
 a warm-up. That estimator collapses: a position that is no longer drafted gets no new data
@@ -17,7 +17,7 @@ a test can show the collapse; do not use it for anything else.
   than `recompute_tolerance` since the last table, so a step costs O(B * K_max) to count plus
   O(K_max) to update.
 
-It does not change the ITL model at run time (only acceptance is learnt) and it does not choose
+It does not change the ITL model at run time (only acceptance is learned) and it does not choose
 K per request.
 """
 

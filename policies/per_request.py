@@ -1,6 +1,6 @@
-"""Per-request K: each decode request gets its own K from its own learnt acceptance.
+"""Per-request K: each decode request gets its own K from its own learned acceptance.
 
-Acceptance model (per request, learnt online). Request j has an unknown conditional acceptance
+Acceptance model (per request, learned online). Request j has an unknown conditional acceptance
 probability q_j, the probability that a draft is accepted given all drafts before it were. Its
 posterior is Beta(alpha_j, beta_j) with the prior Beta(s * q0, s * (1 - q0)), where q0 is the
 profile's pooled conditional rate (accepted drafts / conditional trials implied by r_1..r_Kmax)
@@ -27,7 +27,7 @@ get a K; below, ITL(D, .) is short for that lookup (B = D on decode-only steps):
   step): cost = ITL(D, max K_i). For a given max K = k every request's extra drafts up to k
   are free and each adds expected tokens, so the optimum is K_j = k for all j and the policy
   picks k = argmax_k sum_j AL_j(k) / ITL(D, k): a uniform K, but from the running requests' own
-  learnt acceptance rather than the profile's.
+  learned acceptance rather than the profile's.
 - "token-equivalent" (optimistic bound: it ignores the extra draft passes):
   cost = ITL(D, K_eff), K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens.
   Because every request's marginal gain r_{k+1}(j) is non-increasing in k, greedy

@@ -87,6 +87,14 @@ class _Reader:
             raise self.fail(field_path, f"must be at most {MAX_INTEGER}, got {_short(value)}")
         return value
 
+    def field_integer(self, entry: Mapping[str, Any], key: str, where: str, minimum: int) -> int:
+        """The required integer field `key` of `entry` (at `where`), >= minimum."""
+        return self.integer(self.require(entry, key, where), f"{where}.{key}", minimum)
+
+    def field_ms(self, entry: Mapping[str, Any], key: str, where: str, what: str = "ITL") -> float:
+        """The required field `key` of `entry` (at `where`): a finite number of ms > 0."""
+        return self.positive_ms(self.require(entry, key, where), f"{where}.{key}", what)
+
     def integer_key(self, key: str, field_path: str, minimum: int) -> int:
         # ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses.
         text = key.strip()
@@ -281,15 +289,9 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         entry = reader.obj(raw, path)
         points.append(
             LatencyPoint(
-                batch_size=reader.integer(
-                    reader.require(entry, "batch_size", path), f"{path}.batch_size", 1
-                ),
-                num_spec_tokens=reader.integer(
-                    reader.require(entry, "num_spec_tokens", path), f"{path}.num_spec_tokens", 0
-                ),
-                median_ms=reader.positive_ms(
-                    reader.require(entry, "median_ms", path), f"{path}.median_ms"
-                ),
+                batch_size=reader.field_integer(entry, "batch_size", path, 1),
+                num_spec_tokens=reader.field_integer(entry, "num_spec_tokens", path, 0),
+                median_ms=reader.field_ms(entry, "median_ms", path),
                 context_len=_optional(reader, entry, "context_len", path, "int0"),
                 p10_ms=_optional(reader, entry, "p10_ms", path, "ms"),
                 p90_ms=_optional(reader, entry, "p90_ms", path, "ms"),
@@ -305,12 +307,8 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         entry = reader.obj(raw, path)
         prefill.append(
             PrefillPoint(
-                num_tokens=reader.integer(
-                    reader.require(entry, "num_tokens", path), f"{path}.num_tokens", 1
-                ),
-                median_ms=reader.positive_ms(
-                    reader.require(entry, "median_ms", path), f"{path}.median_ms", "latency"
-                ),
+                num_tokens=reader.field_integer(entry, "num_tokens", path, 1),
+                median_ms=reader.field_ms(entry, "median_ms", path, "latency"),
                 batch_size=reader.integer(entry.get("batch_size", 1), f"{path}.batch_size", 1),
                 n=_optional(reader, entry, "n", path, "int1"),
             )

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError, require_int
-from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.common.user_files import read_json_argument
 from dsd.policies.goodput import (
     GoodputTable,
     ItlTable,
@@ -40,39 +39,65 @@ RangeTable = list[list[int]]  # [[start_bs, end_bs, K], ...], bounds inclusive
 TABLE_FIELD = "num_speculative_tokens_per_batch_size"
 
 
-def validate_ranges(ranges: Any, source: str = TABLE_FIELD) -> RangeTable:
-    """The entries sorted by start, checked against vLLM's rules (K not yet clamped)."""
-    if not isinstance(ranges, list | tuple):
-        raise InputError(f"{source}: expected a list of [start_bs, end_bs, K], got {ranges!r}")
-    if len(ranges) == 0:
+def integer_entries(entries: Any, source: str, fields: tuple[str, ...]) -> list[list[int]]:
+    """A non-empty list of entries of len(fields) integers each (JSON integers: no bool), as
+    Python ints; InputError naming the entry otherwise."""
+    names = ", ".join(fields)
+    if not isinstance(entries, list | tuple):
+        raise InputError(f"{source}: expected a list of [{names}], got {entries!r}")
+    if len(entries) == 0:
         raise InputError(f"{source}: must not be empty")
-    checked: RangeTable = []
-    for index, entry in enumerate(ranges):
-        where = f"{source}[{index}]"
+    rows = []
+    for index, entry in enumerate(entries):
         if (
             not isinstance(entry, list | tuple)
-            or len(entry) != 3
+            or len(entry) != len(fields)
             or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in entry)
         ):
-            raise InputError(f"{where}: expected [start_bs, end_bs, K] integers, got {entry!r}")
-        start, end, k = (int(v) for v in entry)
-        if start <= 0 or end <= 0:
-            raise InputError(f"{where}: batch size bounds must be > 0, got [{start}, {end}]")
-        if start > end:
-            raise InputError(f"{where}: start_bs {start} > end_bs {end}")
-        if k < 0:
-            raise InputError(f"{where}: K must be >= 0, got {k}")
-        checked.append([start, end, k])
-    checked.sort(key=lambda entry: entry[0])
-    if checked[0][0] != 1:
+            raise InputError(f"{source}[{index}]: expected [{names}] integers, got {entry!r}")
+        rows.append([int(v) for v in entry])
+    return rows
+
+
+def check_interval(where: str, what: str, bounds: tuple[int, int], names: tuple[str, str]) -> None:
+    """An inclusive [start, end] of batch sizes (>= 1) or context tokens (>= 0), start <= end."""
+    start, end = bounds
+    lowest = 1 if what == "batch size" else 0
+    if start < lowest or end < lowest:
+        bound = "> 0" if lowest == 1 else ">= 0"
+        raise InputError(f"{where}: {what} bounds must be {bound}, got [{start}, {end}]")
+    if start > end:
+        raise InputError(f"{where}: {names[0]} {start} > {names[1]} {end}")
+
+
+def check_k(where: str, k: int) -> None:
+    if k < 0:
+        raise InputError(f"{where}: K must be >= 0, got {k}")
+
+
+def check_batch_ranges(source: str, ranges: list[tuple[int, int]]) -> None:
+    """Batch-size ranges sorted by start: the first starts at 1, none overlap (vLLM's rules)."""
+    if ranges[0][0] != 1:
         raise InputError(
-            f"{source}: the first range must start at batch size 1, got {checked[0][0]}"
+            f"{source}: the first range must start at batch size 1, got {ranges[0][0]}"
         )
-    for previous, current in itertools.pairwise(checked):
+    for previous, current in itertools.pairwise(ranges):
         if current[0] <= previous[1]:
             raise InputError(
-                f"{source}: ranges {previous} and {current} overlap (batch size {current[0]})"
+                f"{source}: ranges {list(previous)} and {list(current)} overlap "
+                f"(batch size {current[0]})"
             )
+
+
+def validate_ranges(ranges: Any, source: str = TABLE_FIELD) -> RangeTable:
+    """The entries sorted by start, checked against vLLM's rules (K not yet clamped)."""
+    checked = integer_entries(ranges, source, ("start_bs", "end_bs", "K"))
+    for index, (start, end, k) in enumerate(checked):
+        where = f"{source}[{index}]"
+        check_interval(where, "batch size", (start, end), ("start_bs", "end_bs"))
+        check_k(where, k)
+    checked.sort(key=lambda entry: entry[0])
+    check_batch_ranges(source, [(entry[0], entry[1]) for entry in checked])
     return checked
 
 
@@ -87,26 +112,18 @@ def ranges_from_json(data: Any, source: str) -> RangeTable:
 
 def read_ranges(text_or_path: str) -> RangeTable:
     """Inline JSON (starting with '[' or '{') or the path of a JSON file."""
-    stripped = text_or_path.strip()
-    if stripped.startswith(("[", "{")):
-        source, text = "table", stripped
-    else:
-        source = text_or_path
-        path = Path(text_or_path)
-        if not path.is_file():
-            raise InputError(
-                f"{source}: no such file (a range table is inline JSON or a JSON file's path)"
-            )
-        text = read_user_text(path, source)
-    return ranges_from_json(parse_user_json(text, source), source)
+    data, source = read_json_argument(text_or_path, "table")
+    return ranges_from_json(data, source)
 
 
 def expand_ranges(ranges: RangeTable, k_max: int, max_num_seqs: int) -> IntArray:
     """[max_num_seqs] K for B = 1..max_num_seqs (gaps and the tail carry the previous K)."""
     checked = validate_ranges(ranges)
     k_by_batch = np.empty(max_num_seqs, dtype=np.int64)  # [max_num_seqs]
-    starts = np.array([entry[0] for entry in checked], dtype=np.int64)  # [R]
-    ks = np.minimum(np.array([entry[2] for entry in checked], dtype=np.int64), k_max)  # [R]
+    # Clamped in Python first, like vLLM's lookup: a bound or K of any size (beyond int64) is a
+    # valid table; a start past max_num_seqs owns no B, a K past k_max is k_max.
+    starts = np.array([min(e[0], max_num_seqs + 1) for e in checked], dtype=np.int64)  # [R]
+    ks = np.array([min(e[2], k_max) for e in checked], dtype=np.int64)  # [R]
     batch_sizes = np.arange(1, max_num_seqs + 1)  # [max_num_seqs]
     # The range a B falls in, or the last one starting before it (gap / tail carry-forward).
     owner = np.searchsorted(starts, batch_sizes, side="right") - 1  # [max_num_seqs], >= 0

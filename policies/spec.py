@@ -2,11 +2,12 @@
 
 SPEC grammar: `NAME[:ARGUMENT]`.
 
-- `static:K`: the same K every step (0 <= K <= k_max).
+- `static:K`: the same K every step (0 <= K <= k_max); `static`: K = k_max (vLLM's plain
+  `num_speculative_tokens`).
 - `table:JSON_OR_PATH`: a vLLM range table, inline (`table:[[1,8,3],[9,256,1]]`) or a JSON file
   holding the list or a speculative config with `num_speculative_tokens_per_batch_size`.
 - `goodput`: PR #32374's rule on the profile (needs a profile).
-- `online[:key=value,...]`: goodput with rates learnt at run time; keys are the fields of
+- `online[:key=value,...]`: goodput with rates learned at run time; keys are the fields of
   `policies.online.OnlineConfig` (warmup_steps, prior_strength, decay, recompute_tolerance).
 - `per-request[:key=value,...]`: K per request from per-request acceptance posteriors (needs a
   profile); keys: `policies.per_request.PerRequestConfig`.
@@ -19,8 +20,8 @@ SPEC grammar: `NAME[:ARGUMENT]`.
   `policies.switching.HysteresisConfig`.
 - `bandit[:model=linear|arms,prior=none|profile|FILE,seed=N,key=value,...]`: Thompson sampling
   over K that needs no profile. `model=linear` (default): shared acceptance posterior and a
-  step-time regression (`policies.bandit.StructuredBanditConfig` keys); `model=arms`:
-  independent arms per log2 B bucket (`policies.bandit.BanditConfig` keys). `prior=profile`
+  step-time regression (`policies.bandit.BanditConfig` keys); `model=arms`:
+  independent arms per log2 B bucket (`policies.bandit.ArmsBanditConfig` keys). `prior=profile`
   seeds either from the run's profile, `prior=FILE` from a profile file (a path without `,`),
   e.g. the `learned_profile.json` a previous bandit run wrote: a warm start. The seed is the
   SPEC's `seed`, else the caller's `seed` (from the run's SeedSequence), else 0.
@@ -43,9 +44,11 @@ import numpy as np
 from dsd.common.errors import InputError, require_int
 from dsd.policies.bandit import (
     BanditConfig,
-    StructuredBanditConfig,
-    StructuredBanditPolicy,
-    ThompsonBanditPolicy,
+    BanditPolicy,
+)
+from dsd.policies.bandit_arms import (
+    ArmsBanditConfig,
+    ArmsBanditPolicy,
     profile_prior_rewards,
 )
 from dsd.policies.context_aware import (
@@ -95,8 +98,10 @@ def _needs_profile(name: str, context: PolicyContext) -> Profile:
 
 
 def _build_static(argument: str | None, context: PolicyContext) -> KPolicy:
+    if argument is None:  # vLLM's plain num_speculative_tokens: K = k_max every step
+        return StaticPolicy(context.k_max)
     # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
-    if argument is None or not (argument.strip().isascii() and argument.strip().isdigit()):
+    if not (argument.strip().isascii() and argument.strip().isdigit()):
         raise InputError(f"policy 'static' needs an integer K >= 0 (static:K), got {argument!r}")
     k = int(argument)
     if k > context.k_max:
@@ -217,7 +222,7 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
     if model not in ("linear", "arms"):
         raise InputError(f"policy 'bandit': model must be linear or arms, got {model!r}")
     argument = ",".join(item for item in items if item.partition("=")[0].strip() not in words)
-    config_type = BanditConfig if model == "arms" else StructuredBanditConfig
+    config_type = ArmsBanditConfig if model == "arms" else BanditConfig
     values = _parse_keys("bandit", argument, config_type, extra=("seed",))
     seed_value = values.pop("seed", None)
     seed: int | np.random.SeedSequence
@@ -231,7 +236,7 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
     if prior == "profile":
         profile = _needs_profile("bandit:prior=profile", context)
     elif prior != "none":
-        # A profile file: a measured one, or one a previous run learnt (`learned_profile.json`
+        # A profile file: a measured one, or one a previous run learned (`learned_profile.json`
         # of `dsd simulate --out`), to start warm. Its K range need not match the run's.
         try:
             profile = load_profile(prior)
@@ -241,21 +246,21 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
                 f"cannot read {prior!r}: {error.strerror or error}"
             ) from None
     if model == "linear":
-        return StructuredBanditPolicy(
+        return BanditPolicy(
             context.k_max,
             context.max_num_seqs,
             seed,
-            StructuredBanditConfig(**values),
+            BanditConfig(**values),
             profile=profile,
         )
     prior_rewards = None
     if profile is not None:
         prior_rewards = profile_prior_rewards(profile, context.k_max, context.max_num_seqs)
-    return ThompsonBanditPolicy(
+    return ArmsBanditPolicy(
         context.k_max,
         context.max_num_seqs,
         seed,
-        BanditConfig(**values),
+        ArmsBanditConfig(**values),
         prior_rewards=prior_rewards,
     )
 

@@ -12,11 +12,10 @@ Range-table semantics live in `policies.range_table`; the profile file formats i
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from dsd.common.errors import InputError, require_int
-from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.common.user_files import read_json_argument
 from dsd.policies.range_table import TABLE_FIELD, RangeTable, validate_ranges
 
 K_MAX_FIELD = "num_speculative_tokens"
@@ -50,15 +49,7 @@ def speculative_config(
 
 def read_speculative_config(text_or_path: str) -> tuple[dict[str, Any], str]:
     """(the object, its source name) of inline JSON (starting with '{') or a JSON file."""
-    if text_or_path.lstrip().startswith("{"):
-        source, text = "--speculative-config", text_or_path
-    else:
-        source = text_or_path
-        path = Path(text_or_path)
-        if not path.is_file():
-            raise InputError(f"{source}: no such file (a speculative config is JSON or a file)")
-        text = read_user_text(path, source)
-    config = parse_user_json(text, source)
+    config, source = read_json_argument(text_or_path, "--speculative-config", opening="{")
     if not isinstance(config, dict):
         raise InputError(f"{source}: expected a JSON object (a --speculative-config)")
     return config, source

@@ -1,6 +1,6 @@
 """The fidelity ablation (docs/fidelity.md): each modelled effect switched off, one at a time.
 
-    python -m reports.ablation --out reports/fidelity
+    python -m dsd.reports.ablation --out reports/fidelity
 
 runs the published PR #32374 profile (policies/profiles/pr32374_llama31_8b_eagle_h100.json)
 with the PR's protocol: MT-Bench prompts (256 output tokens), closed loop, num_prompts = 20*C
@@ -38,10 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dsd.common.png import figure_png_bytes
 from dsd.policies.goodput import acceptance_lengths
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.spec import parse_policy
-from dsd.reports.png import figure_png_bytes
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.reports.sweep import (
     CellResult,
@@ -287,7 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     elapsed_s = time.perf_counter() - started_s
     frame = ablation_frame(results, args.profile)
     pivot = tpot_pivot(frame, concurrencies, PR_POLICIES)
-    command = "python -m reports.ablation " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m dsd.reports.ablation " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
     base_config = resolved_config_dict(cells[0].config)
     files = {
         "report.md": report_markdown(

@@ -16,7 +16,6 @@ It does not run the bandit itself (reports.policy_eval does) and tunes nothing.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 from dsd.common.arrays import IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.policies.types import KPolicy, StepFeedback, StepView
-from dsd.reports.policy_eval import point_engine, point_seeds, workloads
+from dsd.reports.policy_eval import point_engine, point_seeds, report_arguments, workloads
 
 
 class ForcedSteps:
@@ -106,7 +105,7 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
     lines = [
         "# The cost of early wrong K on two lockstep workloads (simulated, PR #32374 H100 profile)",
         "",
-        "Command: `python -m reports.cold_start --out reports/policies` (the envelope's static "
+        "Command: `python -m dsd.reports.cold_start --out reports/policies` (the envelope's static "
         "K, with K overridden on the listed steps; gap = mean TPOT against the same run "
         "unforced, per seed, seeds as in report.md).",
         "",
@@ -136,11 +135,7 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/policies"))
-    parser.add_argument("--workers", type=int, default=2)
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = report_arguments(__doc__)
     atomic_write_text(args.out / "cold_start.md", markdown(measure(args.out, args.workers)))
 
 

@@ -31,9 +31,9 @@ profile-seeded bandit read +1.2% [-1.6, +3.1] at C=4 over 8 seeds and +0.6% over
 seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
 assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
 bandit with and without the profile prior (`bandit:prior=profile`). The bandit is run cold (a
-fresh policy per run, the default) and warm: seeded with the profile the cold bandit learnt on
+fresh policy per run, the default) and warm: seeded with the profile the cold bandit learned on
 a previous run of the same point (seed + WARM_START_SEED_OFFSET, `bandit:prior=FILE`), as a
-long-running server that keeps what it learnt would start.
+long-running server that keeps what it learned would start.
 
 Writes report.md, results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
 per workload under --out; 2 worker processes by default.
@@ -57,9 +57,9 @@ from typing import Any
 import numpy as np
 
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
+from dsd.common.png import figure_png_bytes
 from dsd.policies.profile_io import save_profile
 from dsd.policies.types import KPolicy
-from dsd.reports.png import figure_png_bytes
 from dsd.sim.acceptance import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
@@ -96,7 +96,7 @@ class PolicyRow:
     label: str  # row name in the report
     spec: str  # SPEC for parse_policy ({sweep} is the MT-Bench static sweep path)
     engine_mixed_k: str = "padded"  # the engine's mixed-K costing for this row
-    # Warm start: `{prior}` in the SPEC is the profile the cold bandit learnt on the same point
+    # Warm start: `{prior}` in the SPEC is the profile the cold bandit learned on the same point
     # at seed + WARM_START_SEED_OFFSET (a previous run of the same workload).
     warm_start: bool = False
 
@@ -116,7 +116,7 @@ DYNAMIC_ROWS = (
     PolicyRow("context", "context"),
     PolicyRow("bandit", "bandit"),
     PolicyRow("bandit:prior=profile", "bandit:prior=profile"),
-    PolicyRow("bandit, warm (learnt profile)", "bandit:prior={prior}", warm_start=True),
+    PolicyRow("bandit, warm (learned profile)", "bandit:prior={prior}", warm_start=True),
     PolicyRow("envelope policy (MT-Bench sweep)", "envelope:{sweep}"),
 )
 # Rows that are not "dynamic policies" for the goals (investigation only).
@@ -293,12 +293,12 @@ def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
     if not row.warm_start:
         return run(row.spec.format(sweep=sweep_path), seed)[0]
     # The previous run: the cold bandit on the same point at another seed; the profile it
-    # learnt is the prior of the measured run.
-    learnt = learned_profile(run("bandit", seed + WARM_START_SEED_OFFSET)[1])
-    assert learnt is not None, "the cold bandit saw no timed decode step"
+    # learned is the prior of the measured run.
+    learned = learned_profile(run("bandit", seed + WARM_START_SEED_OFFSET)[1])
+    assert learned is not None, "the cold bandit saw no timed decode step"
     with tempfile.TemporaryDirectory() as folder:
         prior_path = Path(folder) / "learned_profile.json"
-        save_profile(learnt, prior_path)
+        save_profile(learned, prior_path)
         return run(row.spec.format(prior=prior_path), seed)[0]
 
 
@@ -377,9 +377,9 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
     lines = [
         "# K policies vs the static-K envelope (simulated, PR #32374 H100 profile)",
         "",
-        "Command: `python -m reports.policy_eval --out reports/policies` (seeds 0..n-1 per point, "
-        f"n >= {MIN_SEEDS} and enough for {MIN_REQUESTS_PER_POINT} requests over the seeds, n in "
-        f"each column header; {num_workers} worker processes, took {seconds:.0f} s). "
+        "Command: `python -m dsd.reports.policy_eval --out reports/policies` (seeds 0..n-1 per "
+        f"point, n >= {MIN_SEEDS} and enough for {MIN_REQUESTS_PER_POINT} requests over the "
+        f"seeds, n in each column header; {num_workers} worker processes, took {seconds:.0f} s). "
         "Engine: sync scheduling, latency "
         "model auto (the profile's table), mixed K charged padded ITL(D, max K) unless a row "
         "says otherwise.",
@@ -473,12 +473,18 @@ def _plot(results: Results, out: Path) -> None:
         atomic_write_bytes(out / f"tpot_{w.name}.png", figure_png_bytes(fig, dpi=100))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+def report_arguments(doc: str | None) -> argparse.Namespace:
+    """--out (folder, created) and --workers of the policy reports' scripts."""
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("reports/policies"))
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def main() -> None:
+    args = report_arguments(__doc__)
     start = time.perf_counter()
     results = evaluate(args.out, args.workers)
     seconds = time.perf_counter() - start

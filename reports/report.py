@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from dsd.common.errors import InputError
+from dsd.common.png import figure_png_bytes
 from dsd.policies.envelope import StaticSweep
-from dsd.reports.png import figure_png_bytes
 from dsd.reports.run_outputs import write_files
 from dsd.reports.sweep import (
     CELLS_DIR,

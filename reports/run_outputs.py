@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsd.common.atomic import atomic_write_bytes
+from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
 from dsd.sim.engine import RunResult
@@ -165,8 +166,16 @@ def step_parquet_sink(out_dir: str | os.PathLike[str]) -> Iterator[StepParquetSi
         if folder.exists():
             break
         first_missing = folder
-    parent.mkdir(parents=True, exist_ok=True)
     sink = StepParquetSink(parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.steps")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        sink.path.touch()  # fail now, naming the folder, rather than after the run
+    except OSError as exc:
+        if first_missing is not None:
+            shutil.rmtree(first_missing, ignore_errors=True)
+        raise InputError(
+            f"--out {out_dir}: cannot write in {parent} ({exc.strerror or exc})"
+        ) from None
     try:
         yield sink
     except BaseException:

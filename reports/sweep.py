@@ -53,11 +53,12 @@ import pandas as pd
 from dsd.common import invocation
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.errors import InputError, WorkerDied
+from dsd.common.png import figure_png_bytes
 from dsd.common.progress import ProgressFactory, no_progress
-from dsd.reports.png import figure_png_bytes
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
+from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import plain_config_value, resolve, resolved_config_dict
 
 TABLE_FILE_CSV = "sweep.csv"
@@ -74,12 +75,7 @@ RAY_MISSING = "install the ray extra: pip install 'dsd[ray]'"
 
 # Metric columns of the table, in order (vLLM bench keys).
 METRIC_COLUMNS: tuple[str, ...] = (
-    "mean_tpot_ms",
-    "median_tpot_ms",
-    "p99_tpot_ms",
-    "mean_ttft_ms",
-    "median_ttft_ms",
-    "p99_ttft_ms",
+    *TPOT_TTFT_KEYS,
     "output_throughput",
     "spec_decode_acceptance_length",
     "completed",

@@ -18,7 +18,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from dsd.common.atomic import atomic_write, atomic_write_text
+from dsd.common.atomic import atomic_write_bytes, atomic_write_text
+from dsd.common.png import figure_png_bytes
 
 # (metric key, label) rows of the per-cell table and the CSV.
 REPORT_METRICS: tuple[tuple[str, str], ...] = (
@@ -135,13 +136,6 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
     return "\n".join(lines)
 
 
-def _atomic_savefig(figure: Any, path: Path) -> None:
-    def render(temp: Path) -> None:
-        figure.savefig(temp, format="png", dpi=110, bbox_inches="tight")
-
-    atomic_write(path, render)
-
-
 def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
     """Mean TPOT vs C per policy, measured (solid) and simulated (dashed); False if no C."""
     import matplotlib
@@ -179,7 +173,7 @@ def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
     axes.set_ylabel("mean TPOT (ms)")
     axes.legend(fontsize=7)
     axes.grid(alpha=0.3)
-    _atomic_savefig(figure, path)
+    atomic_write_bytes(path, figure_png_bytes(figure, dpi=110))
     plt.close(figure)
     return True
 
@@ -204,7 +198,7 @@ def plot_k_over_time(cell: Cell, path: Path) -> bool:
     axes.set_title(f"{cell.policy}, C={cell.max_concurrency}")
     axes.legend()
     axes.grid(alpha=0.3)
-    _atomic_savefig(figure, path)
+    atomic_write_bytes(path, figure_png_bytes(figure, dpi=110))
     plt.close(figure)
     return True
 

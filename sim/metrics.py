@@ -45,6 +45,15 @@ from dsd.sim.types import ScheduledBatch
 
 StepSink = Callable[[pd.DataFrame], None]
 
+# The TPOT and TTFT summary keys that comparisons and tables show first (vLLM bench names).
+TPOT_TTFT_KEYS: tuple[str, ...] = (
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+)
 STEP_BLOCK_ROWS = 1 << 16  # step rows per block handed to a step sink
 COMPACT_MIN_CHUNKS = 1 << 18  # pending chunks that trigger turning finished requests into ITLs
 COMPACT_MAX_STEPS = 1 << 13  # ... or pending steps (each holds a small array object)

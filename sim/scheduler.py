@@ -695,7 +695,13 @@ class Scheduler:
         done = live & (outputs >= self._max_output[slots])  # [B]
         if stopped is not None:
             done |= stopped & live
-        finished = self._finish_rows(slots[done]) if done.any() else ()
+        return self._end_update(batch, slots[done], emitted, int(accepted.sum()))
+
+    def _end_update(
+        self, batch: ScheduledBatch, done_slots: IntArray, emitted: IntArray, num_accepted: int
+    ) -> StepResult:
+        """Finish the requests of `done_slots`, release drained ones, report the step."""
+        finished = self._finish_rows(done_slots) if done_slots.size else ()
         if self._draining:
             self._release_drained()
         return StepResult(
@@ -703,7 +709,7 @@ class Scheduler:
             req_ids=batch.req_ids,
             num_output_tokens=emitted,
             finished_req_ids=finished,
-            num_accepted_tokens=int(accepted.sum()),
+            num_accepted_tokens=num_accepted,
         )
 
     def _update_live_decode(
@@ -742,16 +748,7 @@ class Scheduler:
         outputs += emitted
         self._num_output[slots] = outputs
         done = emitted == left  # [D] reached max_tokens
-        finished = self._finish_rows(slots[done]) if np.count_nonzero(done) else ()
-        if self._draining:
-            self._release_drained()
-        return StepResult(
-            step_index=batch.step_index,
-            req_ids=batch.req_ids,
-            num_output_tokens=emitted,
-            finished_req_ids=finished,
-            num_accepted_tokens=num_accepted_tokens,
-        )
+        return self._end_update(batch, slots[done], emitted, num_accepted_tokens)
 
     def _finish_rows(self, finished_slots: IntArray) -> tuple[int, ...]:
         """Finish the requests of these slots (running or waiting); their ids in row order."""

@@ -2,7 +2,7 @@
 
 - The source tree never calls what could run code from a user's file: pickle/marshal loads,
   torch.load without weights_only=True, eval/exec, shell=True, yaml.load.
-- Every file write in the packages goes through policies.atomic (no bare open(..., "w")).
+- Every file write in the packages goes through dsd.common.atomic (no bare open(..., "w")).
 - A writer killed with SIGKILL at random moments leaves the target either the old or the new
   complete content, never a prefix.
 """
@@ -102,7 +102,7 @@ def test_files_are_written_only_through_the_atomic_helper() -> None:
         r"open\([^)]*['\"][wa]b?['\"]|\.write_text\(|\.write_bytes\(|\.to_csv\(|\.to_parquet\("
         r"|\.savefig\(|torch\.save\(|save_file\("
     )
-    allowed_file = {"policies/atomic.py"}
+    allowed_file = {"dsd/common/atomic.py"}
     hits = []
     for path in _source_files():
         relative = str(path.relative_to(REPO_ROOT))
@@ -117,7 +117,7 @@ def test_files_are_written_only_through_the_atomic_helper() -> None:
             if any(relative == file and snippet in code for file, snippet, _ in KNOWN_WRITES):
                 continue
             hits.append(f"{relative}:{number}: {code.strip()}")
-    assert not hits, "non-atomic writes (use policies.atomic):\n" + "\n".join(hits)
+    assert not hits, "non-atomic writes (use dsd.common.atomic):\n" + "\n".join(hits)
 
 
 _WRITER = """

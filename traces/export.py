@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dsd.common.atomic import atomic_write
+from dsd.common.atomic import atomic_write, atomic_write_bytes
 from dsd.common.errors import InputError
+from dsd.common.png import figure_png_bytes
 from dsd.traces.workload import Workload
 
 # 16 words that are one SmolLM2 token each, in any sequence (a test checks this with
@@ -187,10 +188,8 @@ def plot_workload(workload: Workload, out_dir: Path) -> list[Path]:
         axis.set_xlabel(f"{column} (tokens)")
         axis.set_ylabel("requests")
         axis.set_title(f"{workload.name}: {column}, p50 {np.median(lengths):.0f}")
-    fig.tight_layout()
     lengths_path = out_dir / "lengths.png"
-    atomic_write(lengths_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    atomic_write_bytes(lengths_path, figure_png_bytes(fig, dpi=110))
     written.append(lengths_path)
 
     arrivals_s = frame["arrival_s"].to_numpy()  # [N]
@@ -206,10 +205,8 @@ def plot_workload(workload: Workload, out_dir: Path) -> list[Path]:
         axis.text(0.5, 0.5, "all requests arrive at t=0", ha="center", transform=axis.transAxes)
     axis.set_xlabel("arrival time (s)")
     axis.set_title(f"{workload.name}: arrival rate, {len(arrivals_s)} requests")
-    fig.tight_layout()
     arrivals_path = out_dir / "arrivals.png"
-    atomic_write(arrivals_path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
-    plt.close(fig)
+    atomic_write_bytes(arrivals_path, figure_png_bytes(fig, dpi=110))
     written.append(arrivals_path)
     return written
 

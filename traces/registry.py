@@ -15,7 +15,9 @@ Per kind:
 
 Randomness: one `np.random.SeedSequence(seed)`, one child stream per use (lengths, prompt
 order, arrivals), so the same seed gives the same workload and changing one knob does not
-reshuffle the others. This module holds no logic of its own beyond choosing and composing.
+reshuffle the others. `WorkloadOptions` holds the flat workload knobs every command and the API
+take; `dataset_source` reads vLLM's `--dataset-name` / `--dataset-path` spellings. Beyond that,
+this module only chooses and composes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reading user-edited text files: UTF-8 (a leading BOM allowed), or a one-line InputError.
+"""Reading user-edited text files and JSON: UTF-8 (a leading BOM allowed), or a one-line InputError.
 
 Hand-edited profiles, tables and traces arrive with Windows BOMs, Latin-1 bytes pasted from
 elsewhere, or cut short. `read_user_text` decodes them strictly and names the file, the line
@@ -59,3 +59,16 @@ class _NonFiniteError(ValueError):
 
 def _refuse_constant(name: str) -> float:
     raise _NonFiniteError(name)
+
+
+def read_json_argument(
+    text_or_path: str, inline_source: str, opening: str = "[{"
+) -> tuple[Any, str]:
+    """(decoded JSON, source name) of a command-line value that is inline JSON (it starts with
+    one of `opening`; named `inline_source` in errors) or the path of a JSON file."""
+    if text_or_path.lstrip().startswith(tuple(opening)):
+        return parse_user_json(text_or_path.strip(), inline_source), inline_source
+    path = Path(text_or_path)
+    if not path.is_file():
+        raise InputError(f"{text_or_path}: no such file (give inline JSON or a JSON file's path)")
+    return parse_user_json(read_user_text(path, text_or_path), text_or_path), text_or_path

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,6 +22,8 @@ from torch import nn
 from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
 from dsd.backend.pair import ModelPair
+from dsd.backend.weights import save_checkpoint
+from dsd.backend.zoo import parse_shape
 
 TINY = MODEL_CONFIGS["tiny"]
 
@@ -154,3 +158,12 @@ def mock_pair(target: Transformer, draft: Draft | None) -> ModelPair:
         tokenizer_name=None,
         dtype=param.dtype,
     )
+
+
+def byte_checkpoint(tmp_path: Path, name: str, shape: str, seed: int) -> str:
+    """A random byte-vocabulary checkpoint folder of a zoo shape (untied head, so that random
+    models are not all "repeat the input token")."""
+    config = replace(parse_shape(shape, 259, "test"), tie_word_embeddings=False, name=name)
+    model = init_random_(Transformer(config), seed=seed, std=0.2)
+    save_checkpoint(model, tmp_path / name, tokenizer_name="bytes")
+    return str(tmp_path / name)

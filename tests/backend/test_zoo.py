@@ -34,7 +34,6 @@ from dsd.backend.zoo import (
     per_position_rates,
     train_pair,
 )
-from dsd.cli import main
 from dsd.common.errors import InputError
 
 
@@ -225,52 +224,3 @@ def test_distill_draft_raises_acceptance_against_its_teacher(tmp_path: Path, pro
     assert result.record.teacher == str(pair.target_dir)
     loaded = load_model(str(result.draft_dir))
     assert loaded.config.vocab_size == 259
-
-
-def test_cli_zoo_train_writes_both_checkpoints(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    main(
-        [
-            "zoo",
-            "train",
-            "--out",
-            str(tmp_path / "z"),
-            "--target-config",
-            "nano-target",
-            "--draft-config",
-            "nano-draft",
-            "--corpus",
-            "prompts",
-            "--steps",
-            "5",
-            "--batch-size",
-            "4",
-            "--seq-len",
-            "32",
-            "--max-corpus-chars",
-            "200000",
-            "--eval-windows",
-            "4",
-            "--eval-k",
-            "2",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert "held-out greedy acceptance" in out
-    for role in ("target", "draft"):
-        assert {p.name for p in (tmp_path / "z" / role).iterdir()} == {
-            "config.json",
-            "model.safetensors",
-            "train.json",
-        }
-
-
-def test_cli_bad_corpus_exits_2_with_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as info:
-        main(["zoo", "train", "--out", str(tmp_path), "--corpus", "wiki"])
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --corpus: unknown corpus") and err.count("\n") == 1

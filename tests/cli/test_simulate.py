@@ -152,17 +152,17 @@ def test_out_writes_readable_run_files(tmp_path: Path, capsys: pytest.CaptureFix
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
-def test_a_bandit_run_writes_the_profile_it_learnt_and_a_next_run_starts_from_it(
+def test_a_bandit_run_writes_the_profile_it_learned_and_a_next_run_starts_from_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     first = tmp_path / "first"
     argv = ["simulate", "--profile", str(H100), *SMALL, "--num-prompts", "16"]
     code, out, _ = run_cli([*argv, "--policy", "bandit", "--out", str(first)], capsys)
     assert code == 0 and "learned_profile.json" in out
-    learnt = load_profile(first / "learned_profile.json")
-    assert learnt.k_max == 5 and learnt.batch_sizes()[0] == 1
-    assert learnt.metadata["observed_steps"] > 0
-    # The learnt file is a prior for the next run (and a profile for any profile reader).
+    learned = load_profile(first / "learned_profile.json")
+    assert learned.k_max == 5 and learned.batch_sizes()[0] == 1
+    assert learned.metadata["observed_steps"] > 0
+    # The learned file is a prior for the next run (and a profile for any profile reader).
     spec = f"bandit:prior={first / 'learned_profile.json'}"
     code, _, err = run_cli([*argv, "--policy", spec, "--out", str(tmp_path / "second")], capsys)
     assert code == 0, err
@@ -311,3 +311,12 @@ def test_bad_profile_content_names_the_file(
     )
     assert code == 2 and err.startswith("error: ") and "bad.json" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("out", ["/proc/nope/x", "/proc/nope"])
+def test_an_unwritable_out_is_one_line_naming_the_path(
+    out: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli(["simulate", *GOODPUT, *SMALL, "--out", out], capsys)
+    assert code == 2 and err.startswith(f"error: --out {out}: cannot write in /proc")
+    assert err.count("\n") == 1

@@ -129,4 +129,18 @@ def test_ablation_report_runs_on_a_tiny_grid_and_rows_differ_as_documented(tmp_p
     # Homogeneous acceptance changes nothing without drafts.
     assert tpot[("homogeneous acceptance", "static:0")] == tpot[("baseline", "static:0")]
     report = (out_dir / "report.md").read_text()
-    assert report.startswith("# Fidelity ablation") and "python -m reports.ablation" in report
+    assert report.startswith("# Fidelity ablation") and "python -m dsd.reports.ablation" in report
+
+
+def test_a_policy_spec_with_several_keys_is_one_cell_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (before: sweep split "online:warmup_steps=10,decay=0.99" at every comma and failed on
+    # "unknown policy 'decay=0.99'"; validate kept it whole: one parser now)
+    argv = ["sweep", "--profile", str(H100), "--policies",
+            "online:warmup_steps=10,decay=0.99,static:3", "--max-concurrency", "1",
+            "--num-prompts", "4", "--workers", "1", "--out", str(tmp_path / "sw")]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    frame = pd.read_csv(tmp_path / "sw" / "sweep.csv")
+    assert sorted(frame["policy"]) == ["online:warmup_steps=10,decay=0.99", "static:3"]

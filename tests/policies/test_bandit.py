@@ -16,13 +16,15 @@ from dsd.policies.bandit import (
     PREFILL_TOKENS_UNIT,
     AcceptancePosterior,
     BanditConfig,
+    BanditPolicy,
     StepTimePosterior,
-    StructuredBanditConfig,
-    StructuredBanditPolicy,
-    ThompsonBanditPolicy,
+    conditional_counts,
+)
+from dsd.policies.bandit_arms import (
+    ArmsBanditConfig,
+    ArmsBanditPolicy,
     batch_bucket,
     bucket_middle_batch_size,
-    conditional_counts,
     profile_prior_rewards,
 )
 from dsd.policies.goodput import ItlTable, acceptance_lengths
@@ -49,7 +51,7 @@ def _best_k(batch_size: int) -> int:
     return int(np.argmax(_true_goodput(batch_size)))
 
 
-def _run(policy: ThompsonBanditPolicy, batch_size: int, steps: int, seed: int) -> list[int]:
+def _run(policy: ArmsBanditPolicy, batch_size: int, steps: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
     chosen = []
     for step in range(steps):
@@ -79,7 +81,7 @@ def _run(policy: ThompsonBanditPolicy, batch_size: int, steps: int, seed: int) -
 def test_converges_to_the_best_arm(batch_size: int) -> None:
     # Arms within ~1-6% of each other and per-step noise of tens of % (B = 1 sees one request):
     # after 1500 steps the late plays must sit on the near-optimal arms, with little regret.
-    policy = ThompsonBanditPolicy(5, 256, seed=1, config=BanditConfig(discount=1.0))
+    policy = ArmsBanditPolicy(5, 256, seed=1, config=ArmsBanditConfig(discount=1.0))
     chosen = _run(policy, batch_size, 1500, seed=2)
     truth = _true_goodput(batch_size)
     late = np.array(chosen[-300:])
@@ -94,7 +96,7 @@ def test_converges_to_the_best_arm(batch_size: int) -> None:
 def test_discounting_follows_a_change_of_optimum() -> None:
     # The environment flips from B=1 (best K=3) to B=256 statistics inside one bucket: rewards
     # from the old regime fade and the bandit moves to the new best arm.
-    policy = ThompsonBanditPolicy(5, 256, seed=4, config=BanditConfig(discount=0.98))
+    policy = ArmsBanditPolicy(5, 256, seed=4, config=ArmsBanditConfig(discount=0.98))
     _run(policy, 256, 400, seed=5)
     assert _best_k(256) == 1
     late = np.array(_run(policy, 256, 400, seed=6)[-200:])
@@ -106,28 +108,28 @@ def test_best_k_differs_across_buckets() -> None:
 
 
 def test_same_seed_same_choices() -> None:
-    first = _run(ThompsonBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
-    second = _run(ThompsonBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    first = _run(ArmsBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    second = _run(ArmsBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
     assert first == second
 
 
 def test_memory_is_one_row_per_log2_bucket() -> None:
-    policy = ThompsonBanditPolicy(5, 256, seed=0)
+    policy = ArmsBanditPolicy(5, 256, seed=0)
     assert policy.plays.shape == (9, 6)
     for batch_size in (1, 2, 3, 255, 256):
         assert batch_bucket(batch_size) < 9
 
 
 def test_respects_view_k_max() -> None:
-    policy = ThompsonBanditPolicy(5, 64, seed=0)
+    policy = ArmsBanditPolicy(5, 64, seed=0)
     assert all(policy.choose_k(synthetic_view(4, 2)) <= 2 for _ in range(10))
 
 
 def test_spec_seed_sources() -> None:
     by_spec = parse_policy("bandit:model=arms,seed=5", profile=None, k_max=5, max_num_seqs=64)
     by_context = parse_policy("bandit:model=arms", profile=None, k_max=5, max_num_seqs=64, seed=5)
-    assert isinstance(by_spec, ThompsonBanditPolicy)
-    assert isinstance(by_context, ThompsonBanditPolicy)
+    assert isinstance(by_spec, ArmsBanditPolicy)
+    assert isinstance(by_context, ArmsBanditPolicy)
     assert by_spec.rng.random() == by_context.rng.random()
 
 
@@ -141,7 +143,7 @@ def test_spec_seed_sources() -> None:
 )
 def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InputError, match="bandit"):
-        BanditConfig(**kwargs)
+        ArmsBanditConfig(**kwargs)
 
 
 def _true_prior() -> np.ndarray:
@@ -150,7 +152,7 @@ def _true_prior() -> np.ndarray:
 
 
 def test_a_prior_starts_on_the_prior_best_arm_without_exploring() -> None:
-    policy = ThompsonBanditPolicy(5, 256, seed=1, prior_rewards=_true_prior(), prior_plays=50.0)
+    policy = ArmsBanditPolicy(5, 256, seed=1, prior_rewards=_true_prior(), prior_plays=50.0)
     first = _run(policy, 256, 20, seed=2)
     # No walk through K = 0..5: with a tight, right prior every early play is the best arm.
     assert np.mean(np.array(first) == _best_k(256)) > 0.8, first
@@ -158,7 +160,7 @@ def test_a_prior_starts_on_the_prior_best_arm_without_exploring() -> None:
 
 def test_a_wrong_prior_is_corrected_by_rewards() -> None:
     wrong = _true_prior()[:, ::-1].copy()  # claims K=5 is best where K=1 is
-    policy = ThompsonBanditPolicy(5, 256, seed=3, prior_rewards=wrong, prior_plays=4.0)
+    policy = ArmsBanditPolicy(5, 256, seed=3, prior_rewards=wrong, prior_plays=4.0)
     # The prior fades with the discount (0.995 per step), so the right arm is found again.
     late = np.array(_run(policy, 256, 1000, seed=4)[-200:])
     assert np.mean(late == _best_k(256)) > 0.5, np.bincount(late, minlength=6)
@@ -166,8 +168,8 @@ def test_a_wrong_prior_is_corrected_by_rewards() -> None:
 
 def test_regret_with_a_right_prior_is_lower_than_without() -> None:
     truth = _true_goodput(256)
-    plain = np.array(_run(ThompsonBanditPolicy(5, 256, seed=5), 256, 150, seed=6))
-    warm = ThompsonBanditPolicy(5, 256, seed=5, prior_rewards=_true_prior())
+    plain = np.array(_run(ArmsBanditPolicy(5, 256, seed=5), 256, 150, seed=6))
+    warm = ArmsBanditPolicy(5, 256, seed=5, prior_rewards=_true_prior())
     primed = np.array(_run(warm, 256, 150, seed=6))
     assert (truth.max() - truth[primed]).sum() < (truth.max() - truth[plain]).sum()
 
@@ -198,7 +200,7 @@ def test_profile_prior_is_goodput_per_request_of_the_profile() -> None:
 )
 def test_bad_prior_is_input_error(prior: np.ndarray, plays: float) -> None:
     with pytest.raises(InputError, match="bandit"):
-        ThompsonBanditPolicy(5, 256, seed=0, prior_rewards=prior, prior_plays=plays)
+        ArmsBanditPolicy(5, 256, seed=0, prior_rewards=prior, prior_plays=plays)
 
 
 def test_spec_prior_profile_warm_starts_from_the_profile() -> None:
@@ -250,7 +252,7 @@ def _accepted_rows(
 
 
 def _drive(
-    policy: StructuredBanditPolicy,
+    policy: BanditPolicy,
     num_rows: int,
     steps: int,
     seed: int,
@@ -303,7 +305,7 @@ def test_acceptance_posterior_concentrates_on_the_true_rates() -> None:
 def test_step_time_posterior_concentrates_on_the_true_slope() -> None:
     # Durations from the synthetic ITL at two batch sizes, K spread over 0..5: the posterior
     # mean reproduces ITL(D, K) for every K (the slope is identified) and is confident.
-    posterior = StepTimePosterior(256, StructuredBanditConfig(), None, 5)
+    posterior = StepTimePosterior(256, BanditConfig(), None, 5)
     rng = np.random.default_rng(1)
     for _ in range(300):
         num_rows, k = int(rng.choice([32, 64])), int(rng.integers(0, 6))
@@ -320,7 +322,7 @@ def test_step_time_posterior_concentrates_on_the_true_slope() -> None:
 
 
 def test_step_time_posterior_learns_the_prefill_cost() -> None:
-    posterior = StepTimePosterior(64, StructuredBanditConfig(), None, 5)
+    posterior = StepTimePosterior(64, BanditConfig(), None, 5)
     rng = np.random.default_rng(2)
     for _ in range(200):
         k, prefill = int(rng.integers(0, 6)), float(rng.choice([0.0, 512.0, 2048.0]))
@@ -361,7 +363,7 @@ def test_picks_the_best_k_when_the_model_makes_it_clear(
     itl_ms,
     num_rows: int,  # type: ignore[no-untyped-def]
 ) -> None:
-    policy = StructuredBanditPolicy(5, 256, seed=3)
+    policy = BanditPolicy(5, 256, seed=3)
     chosen = np.array(_drive(policy, num_rows, 400, seed=4, rates=rates, itl_ms=itl_ms))
     best = _best_k_for(rates, itl_ms, num_rows)
     late = chosen[-150:]
@@ -376,22 +378,22 @@ def test_picks_the_best_k_when_the_model_makes_it_clear(
 
 def test_exploration_ends_within_a_few_dozen_steps() -> None:
     # At B = 256 the wrong K cost up to 40%: the structured bandit must stop playing them soon.
-    policy = StructuredBanditPolicy(5, 256, seed=5)
+    policy = BanditPolicy(5, 256, seed=5)
     chosen = np.array(_drive(policy, 256, 300, seed=6))
     best = _best_k(256)
     assert np.sum(chosen[50:] != best) <= 5, chosen.tolist()
 
 
 def test_structured_bandit_same_seed_same_choices() -> None:
-    first = _drive(StructuredBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
-    second = _drive(StructuredBanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    first = _drive(BanditPolicy(5, 256, seed=7), 16, 200, seed=3)
+    second = _drive(BanditPolicy(5, 256, seed=7), 16, 200, seed=3)
     assert first == second
 
 
 def test_structured_bandit_follows_a_drop_in_acceptance() -> None:
     # Easy phase (K = 5 best with cheap drafts), then the drafts stop being accepted: the
     # discounted acceptance posterior moves and K falls to 0 within the phase.
-    policy = StructuredBanditPolicy(5, 64, seed=8)
+    policy = BanditPolicy(5, 64, seed=8)
     easy = _drive(policy, 8, 300, seed=9, rates=HIGH_RATES, itl_ms=_dear_drafts_ms)
     # K = 4 and 5 are within 0.5% of each other here: both count as right.
     assert _best_k_for(HIGH_RATES, _dear_drafts_ms, 8) == 4
@@ -403,7 +405,7 @@ def test_structured_bandit_follows_a_drop_in_acceptance() -> None:
 def test_async_feedback_one_step_late_uses_its_own_k_and_prefill() -> None:
     # Async order: choose_k(t+1) comes before observe(t). The feedback's own K is used, and the
     # prefill tokens of step t come from the view of step t (not t+1).
-    policy = StructuredBanditPolicy(5, 64, seed=9)
+    policy = BanditPolicy(5, 64, seed=9)
     rng = np.random.default_rng(10)
     pending: list[tuple[int, int, float]] = []
     for step in range(300):
@@ -431,7 +433,7 @@ def test_async_feedback_one_step_late_uses_its_own_k_and_prefill() -> None:
 
 
 def test_zero_duration_and_empty_steps_leave_everything_finite() -> None:
-    policy = StructuredBanditPolicy(5, 64, seed=11)
+    policy = BanditPolicy(5, 64, seed=11)
     empty = np.zeros(0, dtype=np.int64)
     policy.observe(StepFeedback(0, 0.0, 3, empty, empty, empty, 0.01))  # prefill only
     policy.observe(_feedback(1, 4, 2, np.array([2, 1, 0, 2]), 0.0))  # zero duration
@@ -450,7 +452,7 @@ def test_zero_duration_and_empty_steps_leave_everything_finite() -> None:
 
 
 def test_structured_bandit_respects_view_k_max_and_max_num_seqs() -> None:
-    policy = StructuredBanditPolicy(5, 64, seed=0)
+    policy = BanditPolicy(5, 64, seed=0)
     assert all(policy.choose_k(synthetic_view(4, 2)) <= 2 for _ in range(20))
     assert policy.choose_k(synthetic_view(4, 0)) == 0
     with pytest.raises(InputError, match="exceeds max_num_seqs"):
@@ -459,7 +461,7 @@ def test_structured_bandit_respects_view_k_max_and_max_num_seqs() -> None:
 
 def test_profile_prior_starts_on_the_profiles_goodput_k() -> None:
     profile = h100_profile()
-    policy = StructuredBanditPolicy(5, 64, seed=1, profile=profile)
+    policy = BanditPolicy(5, 64, seed=1, profile=profile)
     goodput = acceptance_lengths(profile.acceptance_rates, 5) / ItlTable.from_profile(
         profile
     ).itl_ms_at(1.0, np.arange(6.0))
@@ -482,18 +484,18 @@ def test_profile_prior_starts_on_the_profiles_goodput_k() -> None:
 )
 def test_bad_structured_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(InputError, match="bandit: "):
-        StructuredBanditConfig(**kwargs)
+        BanditConfig(**kwargs)
 
 
 @pytest.mark.parametrize(
     ("spec", "kind"),
     [
-        ("bandit", StructuredBanditPolicy),  # default: the structured bandit
-        ("bandit:model=linear,seed=3", StructuredBanditPolicy),  # named explicitly
-        ("bandit:model=arms", ThompsonBanditPolicy),  # the independent-arm baseline
-        ("bandit:acceptance_discount=0.95,latency_discount=1", StructuredBanditPolicy),  # keys
-        ("bandit:model=arms,discount=0.9,min_plays=2", ThompsonBanditPolicy),  # arms keys
-        ("bandit:prior=profile", StructuredBanditPolicy),  # profile-seeded priors
+        ("bandit", BanditPolicy),  # default: the structured bandit
+        ("bandit:model=linear,seed=3", BanditPolicy),  # named explicitly
+        ("bandit:model=arms", ArmsBanditPolicy),  # the independent-arm baseline
+        ("bandit:acceptance_discount=0.95,latency_discount=1", BanditPolicy),  # keys
+        ("bandit:model=arms,discount=0.9,min_plays=2", ArmsBanditPolicy),  # arms keys
+        ("bandit:prior=profile", BanditPolicy),  # profile-seeded priors
     ],
 )
 def test_spec_builds_the_named_bandit(spec: str, kind: type) -> None:
@@ -522,13 +524,13 @@ def test_spec_errors_are_one_line_input_errors(spec: str, message: str) -> None:
 def test_structured_spec_seed_sources() -> None:
     by_spec = parse_policy("bandit:seed=5", profile=None, k_max=5, max_num_seqs=64)
     by_context = parse_policy("bandit", profile=None, k_max=5, max_num_seqs=64, seed=5)
-    assert isinstance(by_spec, StructuredBanditPolicy)
-    assert isinstance(by_context, StructuredBanditPolicy)
+    assert isinstance(by_spec, BanditPolicy)
+    assert isinstance(by_context, BanditPolicy)
     assert by_spec.rng.random() == by_context.rng.random()
 
 
 # --------------------------------------------------------------------------------------------
-# Structured bandit: the batch it decides at, the exploration check, the learnt profile
+# Structured bandit: the batch it decides at, the exploration check, the learned profile
 # --------------------------------------------------------------------------------------------
 
 
@@ -545,7 +547,7 @@ def _mixed_view(batch_size: int, num_decode: int, step: int = 0) -> object:
 def test_decides_at_the_batch_prefill_chunks_included() -> None:
     # With the H100 profile as prior, K = 0 is best at B = 256 and K > 0 at B = 8. A step of 8
     # decode rows among 256 scheduled requests is decided at B = 256, like every other policy.
-    policy = StructuredBanditPolicy(5, 256, seed=3, profile=h100_profile())
+    policy = BanditPolicy(5, 256, seed=3, profile=h100_profile())
     ramp_up = [policy.choose_k(_mixed_view(256, 8, step)) for step in range(50)]
     small = [policy.choose_k(_mixed_view(8, 8, step)) for step in range(50, 100)]
     assert max(ramp_up) == 0
@@ -555,14 +557,14 @@ def test_decides_at_the_batch_prefill_chunks_included() -> None:
 def test_exploration_check_drops_far_and_seldom_best_draws() -> None:
     # At B = 256 under the profile prior the mean sees K > 0 lose >= 10% of K = 0's goodput;
     # plain Thompson still drafts on a few percent of steps, the checked policy (nearly) never.
-    plain = StructuredBanditPolicy(
+    plain = BanditPolicy(
         5,
         256,
         seed=4,
-        config=StructuredBanditConfig(max_exploration_loss=1.0),
+        config=BanditConfig(max_exploration_loss=1.0),
         profile=h100_profile(),
     )
-    checked = StructuredBanditPolicy(5, 256, seed=4, profile=h100_profile())
+    checked = BanditPolicy(5, 256, seed=4, profile=h100_profile())
     mean = checked.mean_goodput(256)
     assert mean.argmax() == 0 and mean[1:].max() < 0.95 * mean[0]
     view = synthetic_view(256, 5)
@@ -576,14 +578,14 @@ def test_exploration_check_keeps_draws_that_are_often_best() -> None:
     # Little evidence (a cold prior and a handful of steps): every K is often the best, so the
     # check lets Thompson explore and it settles on the synthetic engine's best K = 2 or on
     # K = 3, 0.6% below it (too close to tell apart in 300 steps); K = 4 is 7% below.
-    policy = StructuredBanditPolicy(5, 64, seed=5)
+    policy = BanditPolicy(5, 64, seed=5)
     chosen = _drive(policy, 8, 300, seed=6)
     assert len(set(chosen[:30])) >= 3
     assert np.mean(np.isin(chosen[-100:], [2, 3])) > 0.95
 
 
 def test_learned_profile_is_none_before_a_timed_decode_step() -> None:
-    policy = StructuredBanditPolicy(5, 64, seed=0)
+    policy = BanditPolicy(5, 64, seed=0)
     assert policy.learned_profile() is None
     empty = np.zeros(0, dtype=np.int64)
     policy.observe(StepFeedback(0, 0.0, 3, empty, empty, empty, 0.01))  # prefill only
@@ -591,42 +593,42 @@ def test_learned_profile_is_none_before_a_timed_decode_step() -> None:
 
 
 def test_learned_profile_holds_what_the_runs_taught_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    policy = StructuredBanditPolicy(5, 64, seed=7)
+    policy = BanditPolicy(5, 64, seed=7)
     _drive(policy, 8, 300, seed=8)
     _drive(policy, 32, 300, seed=9, start_step=300)
-    learnt = policy.learned_profile()
-    assert learnt is not None
+    learned = policy.learned_profile()
+    assert learned is not None
     # A profile on disk like any other: it round-trips through the native reader.
     path = tmp_path / "learned_profile.json"
-    save_profile(learnt, path)
-    assert load_profile(path) == learnt
+    save_profile(learned, path)
+    assert load_profile(path) == learned
     # Knots 1..32 (a profile starts at B = 1); n = observed steps, none below B = 8.
-    assert learnt.batch_sizes() == [1, 2, 4, 8, 16, 32]
-    steps_at = {p.batch_size: p.n for p in learnt.latency if p.num_spec_tokens == 0}
+    assert learned.batch_sizes() == [1, 2, 4, 8, 16, 32]
+    steps_at = {p.batch_size: p.n for p in learned.latency if p.num_spec_tokens == 0}
     assert steps_at == {1: None, 2: None, 4: None, 8: 300, 16: None, 32: 300}
-    assert learnt.metadata["observed_steps"] == 600
-    assert sum(learnt.metadata["observed_steps_per_k"]) == 600
+    assert learned.metadata["observed_steps"] == 600
+    assert sum(learned.metadata["observed_steps_per_k"]) == 600
     # The K it settled on is measured to within the noise floor, where it played it.
     best_8, best_32 = _best_k(8), _best_k(32)
-    table = ItlTable.from_profile(learnt)
+    table = ItlTable.from_profile(learned)
     assert table.itl_ms_at(8.0, float(best_8)) == pytest.approx(_itl_ms(8, best_8), rel=0.02)
     assert table.itl_ms_at(32.0, float(best_32)) == pytest.approx(_itl_ms(32, best_32), rel=0.02)
-    np.testing.assert_allclose(learnt.acceptance_rates[:best_8], RATES[:best_8], atol=0.03)
+    np.testing.assert_allclose(learned.acceptance_rates[:best_8], RATES[:best_8], atol=0.03)
 
 
-def test_prior_file_starts_warm_from_a_learnt_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    cold = StructuredBanditPolicy(5, 64, seed=10)
+def test_prior_file_starts_warm_from_a_learned_profile(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cold = BanditPolicy(5, 64, seed=10)
     _drive(cold, 8, 300, seed=11)
-    learnt = cold.learned_profile()
-    assert learnt is not None
+    learned = cold.learned_profile()
+    assert learned is not None
     path = tmp_path / "learned.json"
-    save_profile(learnt, path)
+    save_profile(learned, path)
     warm = parse_policy(f"bandit:prior={path}", profile=None, k_max=5, max_num_seqs=64, seed=12)
-    assert isinstance(warm, StructuredBanditPolicy)
+    assert isinstance(warm, BanditPolicy)
     # Its very first choices are the near-best K (2, or 3 at 0.6% below) the cold run ended
     # on; a fresh cold policy's first choices spread over K.
     assert {warm.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}
-    fresh = StructuredBanditPolicy(5, 64, seed=12)
+    fresh = BanditPolicy(5, 64, seed=12)
     assert not {fresh.choose_k(synthetic_view(8, 5)) for _ in range(20)} <= {2, 3}
 
 
@@ -645,7 +647,7 @@ def test_prior_file_starts_warm_from_a_learnt_profile(tmp_path) -> None:  # type
 def test_a_learned_profile_is_always_a_valid_profile(steps: list) -> None:  # type: ignore[type-arg]
     # Whatever it saw (any B, K, duration, prefill), what it exports passes the profile reader
     # and keeps its measured knots: B = 1 first, the largest observed knot last.
-    policy = StructuredBanditPolicy(5, 256, seed=0)
+    policy = BanditPolicy(5, 256, seed=0)
     rng = np.random.default_rng(0)
     for index, (rows, k, duration_ms, prefill) in enumerate(steps):
         view = dataclasses.replace(
@@ -657,16 +659,16 @@ def test_a_learned_profile_is_always_a_valid_profile(steps: list) -> None:  # ty
         policy.choose_k(view)
         accepted = _accepted_rows(rng, RATES, rows, k)
         policy.observe(_feedback(index, rows, k, accepted, duration_ms, batch_size=view.batch_size))
-    learnt = policy.learned_profile()
+    learned = policy.learned_profile()
     weights = policy.step_time.knot_steps  # [J+1] steps per knot (hat weights summed)
     if weights.max(initial=0.0) < 1.0:  # no knot has a whole step's evidence yet
-        assert learnt is None
+        assert learned is None
         return
-    assert learnt is not None
-    assert parse_profile(profile_to_native(learnt), "learnt") == learnt
+    assert learned is not None
+    assert parse_profile(profile_to_native(learned), "learned") == learned
     # Knots 1, 2, 4, ... up to the largest with a whole step, never past the rows seen.
     largest = int(policy.step_time.knots[np.flatnonzero(weights >= 1.0)[-1]])
-    assert learnt.batch_sizes() == [2**j for j in range(largest.bit_length())]
+    assert learned.batch_sizes() == [2**j for j in range(largest.bit_length())]
     assert largest <= 2 ** math.ceil(math.log2(max(rows for rows, *_ in steps)))
-    assert all(p.median_ms > 0 for p in learnt.latency)
-    assert list(learnt.acceptance_rates) == sorted(learnt.acceptance_rates, reverse=True)
+    assert all(p.median_ms > 0 for p in learned.latency)
+    assert list(learned.acceptance_rates) == sorted(learned.acceptance_rates, reverse=True)

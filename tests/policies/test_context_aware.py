@@ -92,14 +92,14 @@ def test_table_k_clamped_and_b_bound() -> None:
 @pytest.mark.parametrize(
     ("entries", "fragment"),
     [
-        ([], "non-empty"),  # empty
+        ([], "must not be empty"),  # empty
         ([[1, 4, 0, 10]], "integers"),  # four fields
         ([[0, 4, 0, 10, 1]], "bounds must be > 0"),  # B = 0
         ([[1, 4, -1, 10, 1]], "context bounds must be >= 0"),  # negative context
         ([[4, 1, 0, 10, 1]], "start_bs 4 > end_bs 1"),  # reversed B
         ([[1, 4, 10, 0, 1]], "start_ctx 10 > end_ctx 0"),  # reversed context
         ([[1, 4, 0, 10, -1]], "K must be >= 0"),  # negative K
-        ([[2, 4, 0, 10, 1]], "must start at 1"),  # B does not start at 1
+        ([[2, 4, 0, 10, 1]], "must start at batch size 1"),  # B does not start at 1
         ([[1, 4, 5, 10, 1]], "must start at 0"),  # context does not start at 0
         ([[1, 4, 0, 10, 1], [3, 8, 0, 10, 1]], "overlap"),  # B ranges overlap
         ([[1, 4, 0, 10, 1], [1, 4, 10, 20, 2]], "overlap in context"),  # context overlap

@@ -81,6 +81,18 @@ def test_invalid_range_tables_are_input_errors(ranges: object, fragment: str) ->
     assert "\n" not in str(info.value)
 
 
+def test_integers_beyond_64_bits_are_a_valid_table_and_clamp_like_vllm() -> None:
+    # vLLM accepts bounds and K of any size (Python ints) and clamps K to num_speculative_tokens;
+    # numpy int64 would overflow, so the table clamps before converting.
+    from dsd.policies.spec import parse_policy
+
+    huge = 2**70
+    policy = parse_policy(
+        f"table:[[1, 3, {huge}], [{huge}, {huge}, 0]]", profile=None, k_max=4, max_num_seqs=8
+    )
+    assert [policy.choose_k(synthetic_view(b, 4)) for b in range(1, 9)] == [4] * 8
+
+
 def test_batch_size_above_max_num_seqs_is_an_error() -> None:
     policy = RangeTablePolicy([[1, 8, 3]], 5, 8)
     with pytest.raises(InputError, match="batch size 9 exceeds max_num_seqs 8"):

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 from policy_factories import h100_profile
 
 from dsd.common.errors import InputError
-from dsd.policies.bandit import StructuredBanditPolicy
+from dsd.policies.bandit import BanditPolicy
 from dsd.policies.envelope import EnvelopePolicy, StaticSweep
 from dsd.policies.goodput import GoodputPolicy
 from dsd.policies.online import OnlineAcceptancePolicy
 from dsd.policies.range_table import RangeTablePolicy, synthetic_view
-from dsd.policies.spec import POLICY_BUILDERS, parse_policy
+from dsd.policies.spec import POLICY_BUILDERS, parse_policy, split_policy_list
 from dsd.policies.static import StaticPolicy
 from dsd.policies.types import MAX_NUM_SEQS, StepView
 
@@ -64,7 +64,7 @@ def test_table_spec_reads_a_file(tmp_path) -> None:  # type: ignore[no-untyped-d
             "unknown policy 'magic'; known: bandit, context, envelope, goodput, hysteresis, "
             "online, per-request, static, table",
         ),
-        ("static", True, "needs an integer K >= 0"),  # K missing
+        ("static:", True, "needs an integer K >= 0"),  # K empty
         ("static:-1", True, "needs an integer K >= 0"),  # negative
         ("static:two", True, "needs an integer K >= 0"),  # not a number
         ("static:9", True, "K=9 exceeds k_max 5"),  # more than the engine drafts
@@ -137,7 +137,7 @@ def test_registry_is_a_plain_dict_of_builders() -> None:
     "build",
     [
         lambda n: GoodputPolicy(h100_profile(), n),
-        lambda n: StructuredBanditPolicy(5, n, seed=0),
+        lambda n: BanditPolicy(5, n, seed=0),
         lambda n: EnvelopePolicy(
             StaticSweep.from_records([{"concurrency": 1, "k": 2, "mean_tpot_ms": 4.0}]), n
         ),
@@ -147,3 +147,36 @@ def test_constructors_refuse_an_absurd_running_set_cap(build) -> None:  # type: 
     # The per-B tables would be a huge allocation: one-line InputError, as parse_policy gives.
     with pytest.raises(InputError, match=r"max_num_seqs: must be an integer in \[1, 1048576\]"):
         build(MAX_NUM_SEQS + 1)
+
+
+def test_static_without_k_drafts_k_max() -> None:
+    policy = parse_policy("static", profile=None, k_max=3, max_num_seqs=8)
+    assert policy.choose_k(synthetic_view(4, 3)) == 3
+
+
+# (comma-separated text, the SPECs it holds)
+POLICY_LISTS = [
+    ("static:0,static:3,goodput", ["static:0", "static:3", "goodput"]),  # plain list
+    # key=value pieces without ':' continue the SPEC before them
+    (
+        "online:warmup_steps=10,decay=0.99,static:3",
+        ["online:warmup_steps=10,decay=0.99", "static:3"],
+    ),
+    # commas inside an inline table do not split
+    ("table:[[1,8,3],[9,256,1]],goodput", ["table:[[1,8,3],[9,256,1]]", "goodput"]),
+    # a nested SPEC with options
+    ("hysteresis:goodput:margin=0.1,min_dwell=3", ["hysteresis:goodput:margin=0.1,min_dwell=3"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "specs"), POLICY_LISTS)
+def test_policy_lists_split_between_specs_only(text: str, specs: list[str]) -> None:
+    assert split_policy_list(text) == specs
+
+
+@pytest.mark.parametrize(
+    ("text", "message"), [("static:0,,goodput", "empty SPEC"), ("goodput,goodput", "duplicate")]
+)
+def test_bad_policy_lists_are_input_errors(text: str, message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        split_policy_list(text)

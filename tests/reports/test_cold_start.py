@@ -26,4 +26,4 @@ def test_table_has_one_row_per_case_with_the_seed_range() -> None:
     ]
     assert len(rows) == len(CASES)
     assert rows[0].endswith("| +0.42% [-0.25, +1.00] |")
-    assert "python -m reports.cold_start --out reports/policies" in text
+    assert "python -m dsd.reports.cold_start --out reports/policies" in text

@@ -84,6 +84,7 @@ def test_pareto_frontier_keeps_only_undominated_cells(
     assert list(got) == expected
 
 
+@pytest.mark.slow
 def test_ray_path_gives_the_local_pool_results(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     grid = tmp_path / "grid.toml"

@@ -132,6 +132,7 @@ def test_bad_random_lengths_raise(kwargs: dict[str, float], field: str) -> None:
         RandomLengths(**kwargs)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_shipped_lengths_equal_a_fresh_tokenization() -> None:
     pytest.importorskip("tokenizers")
     pytest.importorskip("jinja2")

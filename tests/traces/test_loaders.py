@@ -106,14 +106,6 @@ def test_sampling_is_deterministic_per_seed_and_keeps_order(options: TraceOption
     assert np.all(np.diff(_arrivals(first)) >= 0)
 
 
-def test_loading_is_fast() -> None:
-    import time
-
-    start_s = time.perf_counter()
-    load_trace("azure-conv")
-    assert time.perf_counter() - start_s < 2.0
-
-
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD_AZURE_ROW = "2023-11-16 18:17:03.9799600,4808,10\n"
 

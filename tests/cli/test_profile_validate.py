@@ -1,8 +1,8 @@
 """`dsd profile` and `dsd validate` end to end on CPU with a tiny pair (the pipeline smoke test).
 
-The commands are registered on a bare typer app (the lead wires dsd.cmd_validate into dsd.cli);
-bad input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2. (Named
-test_cmd_validate.py: tests/backend/test_validate.py exists and pytest's default import mode needs
+The commands are registered on a bare typer app (dsd.cli.app adds the error contract); bad
+input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2. (Not named
+test_validate.py: tests/backend/test_validate.py exists and pytest's default import mode needs
 unique test-module basenames.)
 """
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 H100 = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
 
 
@@ -92,6 +92,7 @@ def test_sweep_table_is_byte_identical_for_the_same_seed(tmp_path: Path) -> None
         assert path.read_bytes() == twin.read_bytes(), path.name
 
 
+@pytest.mark.slow
 def test_zoo_train_weights_are_byte_identical_for_the_same_seed(tmp_path: Path) -> None:
     args = ["zoo", "train", "--out", "pair", "--steps", "3", "--batch-size", "2", "--seq-len",
             "32", "--max-corpus-chars", "30000", "--eval-windows", "2", "--eval-k", "2",
