@@ -43,6 +43,7 @@ from dsd.policies.types import KPolicy
 from dsd.reports.run_outputs import (
     StepParquetSink,
     bench_result,
+    request_frame,
     simulator_settings,
     step_parquet_sink,
     write_run_outputs,
@@ -128,7 +129,7 @@ class RunOutcome:
     """What `simulate` and `run` return."""
 
     metrics: dict[str, Any]  # result.json: vLLM bench keys, ours, the run's settings
-    requests: pd.DataFrame  # one row per request (the engine's columns)
+    requests: pd.DataFrame  # one row per request (requests.csv: asked and measured)
     steps: pd.DataFrame  # one row per step; empty when `keep_steps` is off or steps streamed
     resolved: ResolvedRun  # the config with every default chosen
     learned_profile: Profile | None  # the profile a learning policy (bandit) built, else None
@@ -167,7 +168,7 @@ def _execute(
             )
     return RunOutcome(
         metrics=metrics,
-        requests=result.requests,
+        requests=request_frame(result, resolved),
         steps=result.steps,
         resolved=resolved,
         learned_profile=learned,
