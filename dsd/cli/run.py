@@ -11,25 +11,24 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli.flags import (
-    ARRIVALS,
-    ENGINE,
-    PAIR,
-    PAIR_FLAGS,
-    REAL,
-    REQUESTS,
-    SEED,
-    SOURCE,
-    command,
-    split_flags,
-)
+from dsd.cli import flags
 from dsd.cli.simulate import _dataset
 
 
 def register(app: typer.Typer) -> None:
     """Add `run` to the app."""
 
-    @command(app, "run", PAIR, REAL, SOURCE, REQUESTS, ARRIVALS, ENGINE, SEED)
+    @flags.command(
+        app,
+        "run",
+        flags.PAIR,
+        flags.REAL,
+        flags.SOURCE,
+        flags.REQUESTS,
+        flags.ARRIVALS,
+        flags.ENGINE,
+        flags.SEED,
+    )
     def run_command(
         policy: Annotated[
             str, typer.Option(help="K policy SPEC (static: K = k_max every step).")
@@ -46,14 +45,14 @@ def register(app: typer.Typer) -> None:
                 "learned_profile.json for a learning policy) here."
             ),
         ] = None,
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Run a workload on the real SD engine and report vLLM bench metrics."""
         from dsd import api
 
-        pair_flags, flags = split_flags(flags, PAIR_FLAGS)
-        engine_flags = {k: flags.pop(k) for k in ("temperature", "fast_path") if k in flags}
-        config = api.run_config(policy=policy, profile=profile, **_dataset(flags))
+        pair_flags, given = flags.split_flags(given, flags.PAIR_FLAGS)
+        engine_flags = {k: given.pop(k) for k in ("temperature", "fast_path") if k in given}
+        config = api.run_config(policy=policy, profile=profile, **_dataset(given))
         pair = api.load_pair(**pair_flags, seed=config.seed)
         outcome = api.run(pair, config, ignore_eos=ignore_eos, out=out, **engine_flags)
         typer.echo(api.run_text(outcome, as_json=json_output))

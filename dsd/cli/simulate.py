@@ -11,37 +11,36 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli.flags import (
-    ARRIVALS,
-    ENGINE,
-    REQUESTS,
-    SEED,
-    SIMULATOR,
-    SOURCE,
-    command,
-    int_list,
-    progress_bar,
-)
+from dsd.cli import flags
 
 Profile = Annotated[
     str, typer.Option(help="Profile JSON (ours or vLLM PR #32374's dynamic_speculative_config).")
 ]
 
 
-def _dataset(flags: dict[str, Any]) -> dict[str, Any]:
-    """The flags with --dataset-name / --dataset-path turned into the run's `dataset`."""
+def _dataset(given: dict[str, Any]) -> dict[str, Any]:
+    """The given flags with --dataset-name / --dataset-path turned into the run's `dataset`."""
     from dsd import api
 
-    name, path = flags.pop("dataset_name", None), flags.pop("dataset_path", None)
+    name, path = given.pop("dataset_name", None), given.pop("dataset_path", None)
     if name is not None or path is not None:
-        flags["dataset"] = api.dataset_source(name, path)
-    return flags
+        given["dataset"] = api.dataset_source(name, path)
+    return given
 
 
 def register(app: typer.Typer) -> None:
     """Add `simulate` and `sweep` to the app."""
 
-    @command(app, "simulate", SOURCE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, SEED)
+    @flags.command(
+        app,
+        "simulate",
+        flags.SOURCE,
+        flags.REQUESTS,
+        flags.ARRIVALS,
+        flags.ENGINE,
+        flags.SIMULATOR,
+        flags.SEED,
+    )
     def simulate(
         profile: Profile,
         policy: Annotated[
@@ -58,7 +57,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="Write result.json, requests.csv, steps.parquet, config.json here."),
         ] = None,
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Simulate one serving run (like `vllm bench serve`) from a profile and a K policy."""
         from dsd import api
@@ -69,11 +68,20 @@ def register(app: typer.Typer) -> None:
             speculative_config=speculative_config,
             profile=profile,
             policy=policy,
-            **_dataset(flags),
+            **_dataset(given),
         )
         typer.echo(api.run_text(outcome, as_json=json_output))
 
-    @command(app, "sweep", SOURCE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, SEED)
+    @flags.command(
+        app,
+        "sweep",
+        flags.SOURCE,
+        flags.REQUESTS,
+        flags.ARRIVALS,
+        flags.ENGINE,
+        flags.SIMULATOR,
+        flags.SEED,
+    )
     def sweep(
         out: Annotated[
             str, typer.Option(help="Folder: cells/, grid.resolved.json, sweep.csv/.md, PNG.")
@@ -106,29 +114,29 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="With --ray: the cluster to join (ray.init(address=...))."),
         ] = None,
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Run a grid of simulations (a TOML grid, or policies x concurrencies from flags).
 
-        Each finished cell is saved in OUT/cells/; re-running the same command skips them.
+        Each finished cell is saved in OUT/cells/; re-running the same flags.command skips them.
         """
         from dsd import api
 
         if profile is not None:
-            flags["profile"] = profile
+            given["profile"] = profile
         outcome = api.sweep(
             out,
             grid=grid,
             policies=None if policies is None else api.split_policy_list(policies),
             max_concurrency=None
             if max_concurrency is None
-            else list(int_list("--max-concurrency", max_concurrency, 1)),
+            else list(flags.int_list("--max-concurrency", max_concurrency, 1)),
             num_prompts_per_concurrency=num_prompts_per_concurrency,
             workers=workers,
             ray=ray,
             ray_address=ray_address,
-            progress=progress_bar,
-            **_dataset(flags),
+            progress=flags.progress_bar,
+            **_dataset(given),
         )
         shown = outcome.frame[["policy", "max_concurrency", "mean_tpot_ms", "output_throughput"]]
         typer.echo(shown.to_string(index=False))

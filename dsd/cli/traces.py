@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli.flags import ARRIVALS, REQUEST_SHAPE, REQUESTS, SEED, command
+from dsd.cli import flags
 
 traces_app = typer.Typer(
     help="Workloads: show statistics and plots, convert to our table schema, export for vLLM.",
@@ -21,7 +21,7 @@ Source = Annotated[
 ]
 
 
-@command(traces_app, "show", REQUESTS, ARRIVALS, SEED)
+@flags.command(traces_app, "show", flags.REQUESTS, flags.ARRIVALS, flags.SEED)
 def show(
     source: Source,
     out: Annotated[
@@ -48,7 +48,7 @@ def show(
             console.print(f"wrote {path}")
 
 
-@command(traces_app, "convert", REQUESTS, ARRIVALS, SEED)
+@flags.command(traces_app, "convert", flags.REQUESTS, flags.ARRIVALS, flags.SEED)
 def convert(
     source: Source,
     out: Annotated[Path, typer.Option(help="Output .csv or .parquet (our schema).")],
@@ -62,7 +62,13 @@ def convert(
     typer.echo(f"wrote {out} ({len(workload.requests):,} requests)")
 
 
-@command(traces_app, "export", REQUEST_SHAPE, {"num_prompts": REQUESTS["num_prompts"]}, SEED)
+@flags.command(
+    traces_app,
+    "export",
+    flags.REQUEST_SHAPE,
+    {"num_prompts": flags.REQUESTS["num_prompts"]},
+    flags.SEED,
+)
 def export(
     source: Source,
     out: Annotated[Path, typer.Option(help="Output .jsonl in vLLM's custom dataset format.")],

@@ -11,19 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli.flags import (
-    ENGINE,
-    PAIR,
-    PAIR_FLAGS,
-    REQUEST_SHAPE,
-    SEED,
-    SIMULATOR,
-    SOURCE,
-    command,
-    int_list,
-    progress_bar,
-    split_flags,
-)
+from dsd.cli import flags
 from dsd.cli.simulate import _dataset
 from dsd.common.errors import InputError
 
@@ -43,7 +31,7 @@ def _print_cells(cells: Sequence[Any]) -> None:
 def register(app: typer.Typer) -> None:
     """Add `profile` and `validate` to the app."""
 
-    @command(app, "profile", PAIR, SEED)
+    @flags.command(app, "profile", flags.PAIR, flags.SEED)
     def profile_command(
         out: Annotated[str, typer.Option(help="Profile JSON to write (atomic).")],
         batch_sizes: Annotated[str, typer.Option(help="B values, e.g. 1,4,16,64.")] = "1,4,16",
@@ -65,19 +53,19 @@ def register(app: typer.Typer) -> None:
         file_format: Annotated[
             str, typer.Option("--format", help="dsd-profile (native) or dsd-json (PR #32374).")
         ] = "dsd-profile",
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Measure ITL(B, K, context), prefill and acceptance into a profile."""
         from dsd import api
 
-        seed = flags.pop("seed", 0)
+        seed = given.pop("seed", 0)
         measured = api.profile(
-            api.load_pair(**flags, seed=seed),
+            api.load_pair(**given, seed=seed),
             out=out,
-            batch_sizes=int_list("--batch-sizes", batch_sizes, 1),
-            k=int_list("--k", k, 0),
-            context_lens=int_list("--context-lens", context_lens, 1),
-            prefill_tokens=int_list("--prefill-tokens", prefill_tokens, 1),
+            batch_sizes=flags.int_list("--batch-sizes", batch_sizes, 1),
+            k=flags.int_list("--k", k, 0),
+            context_lens=flags.int_list("--context-lens", context_lens, 1),
+            prefill_tokens=flags.int_list("--prefill-tokens", prefill_tokens, 1),
             dataset=dataset_name,
             num_prompts=num_prompts,
             output_len=output_len,
@@ -88,11 +76,20 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             fast_path=fast_path,
             file_format=file_format,
-            progress=progress_bar,
+            progress=flags.progress_bar,
         )
         typer.echo(api.profile_text(measured, out, file_format))
 
-    @command(app, "validate", PAIR, SOURCE, REQUEST_SHAPE, ENGINE, SIMULATOR, SEED)
+    @flags.command(
+        app,
+        "validate",
+        flags.PAIR,
+        flags.SOURCE,
+        flags.REQUEST_SHAPE,
+        flags.ENGINE,
+        flags.SIMULATOR,
+        flags.SEED,
+    )
     def validate_command(
         profile: Annotated[str, typer.Option(help="Profile the simulator is fitted from.")],
         policies: Annotated[
@@ -106,17 +103,17 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[str | None, typer.Option(help="Policy SPEC (with --measured).")] = None,
         fast_path: Annotated[str, typer.Option(help="off, eager, cuda-graphs.")] = "off",
         out: Annotated[str | None, typer.Option(help="Report folder.")] = None,
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Simulated vs measured per (policy, C), or the simulator vs a vLLM bench result."""
         from dsd import api
 
-        pair_flags, flags = split_flags(flags, PAIR_FLAGS)
-        flags = _dataset(flags)
+        pair_flags, given = flags.split_flags(given, flags.PAIR_FLAGS)
+        given = _dataset(given)
         if measured is not None:
             if policy is None:
                 raise InputError("--measured: give the run's --policy SPEC")
-            cell = api.validate_vllm(measured, profile=profile, policy=policy, out=out, **flags)
+            cell = api.validate_vllm(measured, profile=profile, policy=policy, out=out, **given)
             _print_cells([cell])
             return
         if "target" not in pair_flags:
@@ -124,8 +121,8 @@ def register(app: typer.Typer) -> None:
         if out is None:
             raise InputError("--out: give the report folder")
         specs = api.split_policy_list(policies)
-        concurrencies = int_list("--max-concurrency", max_concurrency, 1)
-        pair = api.load_pair(**pair_flags, seed=flags.get("seed", 0))
+        concurrencies = flags.int_list("--max-concurrency", max_concurrency, 1)
+        pair = api.load_pair(**pair_flags, seed=given.get("seed", 0))
         cells = api.validate(
             pair,
             profile=profile,
@@ -134,8 +131,8 @@ def register(app: typer.Typer) -> None:
             max_concurrency=concurrencies,
             num_prompts_per_concurrency=num_prompts_per_concurrency,
             fast_path=fast_path,
-            progress=progress_bar,
-            **flags,
+            progress=flags.progress_bar,
+            **given,
         )
         _print_cells(cells)
         typer.echo(f"wrote {out}/report.md")

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli.flags import PAIR, SEED, FlagGroup, command, option
+from dsd.cli import flags
 
 zoo_app = typer.Typer(
     help="Train a target/draft pair, or distill a draft for a target, on offline corpora.",
@@ -20,18 +20,18 @@ zoo_app = typer.Typer(
 )
 
 # The training knobs shared by `zoo train` and `zoo distill-draft` (backend.zoo.TrainConfig).
-TRAINING: FlagGroup = {
-    "steps": option(int, 1000, "Optimizer steps."),
-    "batch_size": option(int, 16, "Windows per step."),
-    "seq_len": option(int, 256, "Tokens per window."),
-    "lr": option(float, 1e-3, "Peak AdamW learning rate."),
-    "device": PAIR["device"],
-    "max_minutes": option(float | None, None, "Stop training after this wall time."),
-    "max_corpus_chars": option(
+TRAINING: flags.FlagGroup = {
+    "steps": flags.option(int, 1000, "Optimizer steps."),
+    "batch_size": flags.option(int, 16, "Windows per step."),
+    "seq_len": flags.option(int, 256, "Tokens per window."),
+    "lr": flags.option(float, 1e-3, "Peak AdamW learning rate."),
+    "device": flags.PAIR["device"],
+    "max_minutes": flags.option(float | None, None, "Stop training after this wall time."),
+    "max_corpus_chars": flags.option(
         int | None, None, "Use at most this many corpus characters (quick runs)."
     ),
-    "eval_windows": option(int, 64, "Held-out windows for the acceptance evaluation."),
-    "eval_k": option(int, 5, "Positions of the reported acceptance rates."),
+    "eval_windows": flags.option(int, 64, "Held-out windows for the acceptance evaluation."),
+    "eval_k": flags.option(int, 5, "Positions of the reported acceptance rates."),
 }
 Out = Annotated[Path, typer.Option(help="Output folder.")]
 DraftConfig = Annotated[
@@ -79,7 +79,7 @@ def _print_acceptance(acceptance: dict[str, Any], title: str) -> None:
     Console().print(table)
 
 
-@command(zoo_app, "train", TRAINING, SEED)
+@flags.command(zoo_app, "train", TRAINING, flags.SEED)
 def zoo_train(
     out: Out,
     target_config: Annotated[
@@ -112,7 +112,7 @@ def zoo_train(
     typer.echo(f"wrote {result.target_dir} and {result.draft_dir}")
 
 
-@command(zoo_app, "distill-draft", TRAINING, SEED)
+@flags.command(zoo_app, "distill-draft", TRAINING, flags.SEED)
 def zoo_distill_draft(
     out: Out,
     target: Annotated[
@@ -149,7 +149,7 @@ def zoo_distill_draft(
 def register(app: typer.Typer) -> None:
     """Add `generate` and the `zoo` group to the app."""
 
-    @command(app, "generate", PAIR, SEED)
+    @flags.command(app, "generate", flags.PAIR, flags.SEED)
     def generate(
         prompt: Annotated[list[str], typer.Option(help="A prompt (repeat for several).")],
         k: Annotated[int, typer.Option(help="K: draft tokens per step.")] = 4,
@@ -158,17 +158,17 @@ def register(app: typer.Typer) -> None:
         chat: Annotated[
             bool, typer.Option("--chat/--raw", help="Wrap prompts in the chat template.")
         ] = True,
-        **flags: Any,
+        **given: Any,
     ) -> None:
         """Generate text for a few prompts (speculative decoding when --draft is given)."""
         from rich.console import Console
 
         from dsd import api
 
-        seed = flags.pop("seed", 0)
+        seed = given.pop("seed", 0)
         console = Console()
         with console.status("loading weights"):
-            pair = api.load_pair(**flags, seed=seed)
+            pair = api.load_pair(**given, seed=seed)
         report = api.generate(
             pair, prompt, k=k, max_tokens=max_tokens, temperature=temperature, chat=chat, seed=seed
         )
