@@ -21,8 +21,11 @@ Padding: every padded token (short rows in a padded forward) is written at the c
 position `max_len - 1`, the **trash position**, which never holds a real token. The caches are
 sized `max_model_len + k_max + 2` so real positions never reach it.
 
-Draft kinds (`Draft`): a separate small model of the same vocabulary, or an early exit of the
-target (its first k layers + final norm + head). The early-exit draft keeps its OWN k-layer cache:
+Draft kinds: `Draft`, a separate small model of the same vocabulary, or an early exit of the
+target (its first k layers + final norm + head); `NgramDraft`, prompt lookup (vLLM's `ngram`,
+`backend.ngram`): no model and no cache, and a row drafts as many tokens as the lookup finds, up
+to its K, so `StepResult.num_drafted` may be below K (0 where nothing matches: the row verifies
+its last token alone). The early-exit draft keeps its OWN k-layer cache:
 its K/V for a token equal the target's first k layers', but the two are written at different
 times (the draft lazily, the target at verification) and rolled back to different lengths, so a
 shared cache would tie their lengths together; the cost is k/L of the target cache's memory.
@@ -42,6 +45,7 @@ import torch
 
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import Transformer, new_kv_cache
+from dsd.backend.ngram import NgramConfig, propose_ngram_rows
 from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
     greedy_accept,
@@ -78,6 +82,16 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class NgramDraft:
+    """Drafts by prompt lookup in the row's own tokens (vLLM's `ngram` method)."""
+
+    config: NgramConfig  # prompt_lookup_min / prompt_lookup_max
+
+
+AnyDraft = Draft | NgramDraft
+
+
+@dataclass(frozen=True)
 class SpecDecodeConfig:
     """Capacity and sampling of one engine."""
 
@@ -105,15 +119,16 @@ class SpecDecodeConfig:
 
 def empty_step_result() -> StepResult:
     """What a step over no rows produced."""
-    return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
+    return StepResult(np.zeros(0, np.int64), np.zeros((0, 1), np.int64), np.zeros(0, np.int64))
 
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
     """What one SD step produced, on the host."""
 
-    num_accepted: IntArray  # [B] accepted drafts per row, 0 <= a <= K_row
+    num_accepted: IntArray  # [B] accepted drafts per row, 0 <= a <= num_drafted
     output_token_ids: IntArray  # [B, max K + 1] emitted ids; entries past a + 1 are -1
+    num_drafted: IntArray  # [B] drafts each row verified, <= its K (n-gram: what was found)
 
     def emitted(self, row: int) -> IntArray:
         """The a + 1 output tokens of one row."""
@@ -123,16 +138,23 @@ class StepResult:
 class SpecDecodeEngine:
     """Batched speculative decoding over slots. See the module docstring for the step."""
 
-    def __init__(self, target: Transformer, draft: Draft | None, config: SpecDecodeConfig) -> None:
-        if draft is not None and draft.model.config.vocab_size != target.config.vocab_size:
+    def __init__(
+        self, target: Transformer, draft: AnyDraft | None, config: SpecDecodeConfig
+    ) -> None:
+        model_draft = draft if isinstance(draft, Draft) else None
+        if (
+            model_draft is not None
+            and model_draft.model.config.vocab_size != target.config.vocab_size
+        ):
             raise ValueError(
-                f"draft vocabulary ({draft.model.config.vocab_size}) differs from the target's "
-                f"({target.config.vocab_size})"
+                f"draft vocabulary ({model_draft.model.config.vocab_size}) differs from the "
+                f"target's ({target.config.vocab_size})"
             )
         if config.k_max > 0 and draft is None:
             raise ValueError("k_max > 0 needs a draft")
         self.target = target
         self.draft = draft
+        self.model_draft = model_draft  # the draft network, when the draft is one
         self.config = config
         param = next(target.parameters())
         self.device = param.device
@@ -143,13 +165,13 @@ class SpecDecodeEngine:
             target.config, config.num_slots, config.cache_len, device=self.device, dtype=self.dtype
         )
         self.draft_cache: KVCache | None = None
-        if draft is not None:
-            draft_dtype = next(draft.model.parameters()).dtype
+        if model_draft is not None:
+            draft_dtype = next(model_draft.model.parameters()).dtype
             self.draft_cache = new_kv_cache(
-                draft.model.config,
+                model_draft.model.config,
                 config.num_slots,
                 config.cache_len,
-                num_layers=draft.depth,
+                num_layers=model_draft.depth,
                 device=self.device,
                 dtype=draft_dtype,
             )
@@ -233,12 +255,12 @@ class SpecDecodeEngine:
             self.target, None, self.target_cache, slots, start, end, need_logits=True
         )  # [P, V]
         self.target_cache.lengths[slots] = end
-        if self.draft is not None and self.draft_cache is not None:
+        if self.model_draft is not None and self.draft_cache is not None:
             # The draft covers the same span; it starts where its cache ends (catching up if it
             # lagged), so after prefill both caches hold [0, end).
             self._forward_span(
-                self.draft.model,
-                self.draft.num_layers,
+                self.model_draft.model,
+                self.model_draft.num_layers,
                 self.draft_cache,
                 slots,
                 self.draft_cache.lengths[slots],
@@ -271,10 +293,15 @@ class SpecDecodeEngine:
         device = self.device
         last_tokens = self.token_ids[slots, lengths]  # [B]
 
-        draft_ids = torch.zeros((num_rows, k_step), dtype=torch.int64, device=device)  # [B, K]
-        draft_probs: torch.Tensor | None = None
+        if isinstance(self.draft, NgramDraft) and k_step > 0:
+            # Prompt lookup drafts what it finds: rows verify only their found drafts.
+            spec, k_step, draft_ids = self._lookup_drafts(slots, spec, lengths)
+            draft_probs = None  # one-hot q: set below if sampling
+        else:
+            draft_ids = torch.zeros((num_rows, k_step), dtype=torch.int64, device=device)  # [B,K]
+            draft_probs = None
         drafting_rows = np.flatnonzero(spec > 0)  # host: which rows draft at all
-        if k_step > 0:
+        if k_step > 0 and self.model_draft is not None:
             drafted, probs = self._draft(slots[drafting_rows], lengths[drafting_rows], k_step)
             rows_t = torch.from_numpy(drafting_rows).to(device)
             draft_ids[rows_t] = drafted  # [R, K] into [B, K]
@@ -303,8 +330,10 @@ class SpecDecodeEngine:
             accepted_t, output_t = greedy_accept(draft_ids, target_logits, spec_t)
         else:
             target_probs = probs_from_logits(target_logits, self.config.temperature)  # [B,K+1,V]
-            if draft_probs is None:  # k_step == 0: nothing drafted
-                draft_probs = torch.zeros((num_rows, 0, target_probs.shape[-1]), device=device)
+            if draft_probs is None:  # deterministic drafts (n-gram) or none: a one-hot q
+                draft_probs = torch.nn.functional.one_hot(draft_ids, target_probs.shape[-1]).to(
+                    target_probs.dtype
+                )  # [B, K, V]
             accepted_t, output_t = rejection_sample(
                 draft_ids, draft_probs, target_probs, spec_t, self.generator
             )
@@ -312,7 +341,25 @@ class SpecDecodeEngine:
         num_accepted = accepted_t.cpu().numpy().astype(np.int64)  # [B]
         output_ids = output_t.cpu().numpy().astype(np.int64)  # [B, K+1]
 
-        return self._roll_back(slots, lengths, drafting_rows, k_step, num_accepted, output_ids)
+        return self._roll_back(
+            slots, lengths, drafting_rows, k_step, num_accepted, output_ids, spec
+        )
+
+    def _lookup_drafts(
+        self, slots: IntArray, spec: IntArray, lengths: IntArray
+    ) -> tuple[IntArray, int, torch.Tensor]:
+        """(drafts found per row <= K, the widest, [B, widest] draft ids) by prompt lookup in
+        each row's known tokens [0, L] (its last token included)."""
+        assert isinstance(self.draft, NgramDraft)
+        rows = [
+            self.token_ids[slot, : length + 1] for slot, length in zip(slots, lengths, strict=True)
+        ]
+        drafts, found = propose_ngram_rows(
+            rows, spec, self.draft.config, self.config.max_model_len
+        )  # [B, K], [B]
+        k_found = int(found.max(initial=0))
+        draft_ids = torch.from_numpy(drafts[:, :k_found].copy()).to(self.device)  # [B, K']
+        return found, k_found, draft_ids
 
     def _roll_back(
         self,
@@ -322,6 +369,7 @@ class SpecDecodeEngine:
         k_step: int,
         num_accepted: IntArray,
         output_ids: IntArray,
+        num_drafted: IntArray,
     ) -> StepResult:
         """Keep what the step accepted (the reference and the fast step end here): the target
         keeps the last token and the accepted drafts; the emitted tokens are appended."""
@@ -334,15 +382,17 @@ class SpecDecodeEngine:
             self.draft_cache.lengths[slots[rows]] = valid
         for row in range(slots.size):
             self._append(int(slots[row]), output_ids[row, : num_accepted[row] + 1])
-        return StepResult(num_accepted=num_accepted, output_token_ids=output_ids)
+        return StepResult(
+            num_accepted=num_accepted, output_token_ids=output_ids, num_drafted=num_drafted
+        )
 
     # ----------------------------------------------------------------------------- internals
     def _draft(
         self, slots: IntArray, lengths: IntArray, k_step: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """k_step draft forwards for rows whose last token sits at `lengths` -> ([R, K], q)."""
-        assert self.draft is not None and self.draft_cache is not None
-        model, depth, cache = self.draft.model, self.draft.num_layers, self.draft_cache
+        assert self.model_draft is not None and self.draft_cache is not None
+        model, depth, cache = self.model_draft.model, self.model_draft.num_layers, self.draft_cache
         temperature = self.config.temperature
         slots_t = torch.from_numpy(slots).to(self.device)  # [R]
         # First forward: catch the draft's cache up to L, then the last token at L.

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
@@ -59,7 +59,7 @@ class TorchExecutor:
     def __init__(
         self,
         target: Transformer,
-        draft: Draft | None,
+        draft: AnyDraft | None,
         *,
         max_num_seqs: int,
         max_model_len: int,
@@ -159,10 +159,12 @@ class TorchExecutor:
         slots = np.array([self._slot(int(r)) for r in batch.req_ids], dtype=np.int64)  # [B]
         stop_index = np.full(num_rows, -1, dtype=np.int64)  # [B]
         num_accepted = np.zeros(num_decode, dtype=np.int64)  # [D]
+        num_drafted = np.zeros(num_decode, dtype=np.int64)  # [D]
 
         if num_decode:
             result = engine.step(slots[:num_decode], batch.num_spec_tokens[:num_decode])
             num_accepted = result.num_accepted
+            num_drafted = result.num_drafted
             stop_index[:num_decode] = self._first_stop(result.output_token_ids, num_accepted)
         if num_rows > num_decode:
             prefill_slots = slots[num_decode:]
@@ -180,7 +182,12 @@ class TorchExecutor:
         if self._is_cuda:
             torch.cuda.synchronize(engine.device)
         duration_s = max(time.perf_counter() - start_s, 1e-9)
-        return StepOutcome(duration_s=duration_s, num_accepted=num_accepted, stop_index=stop_index)
+        return StepOutcome(
+            duration_s=duration_s,
+            num_accepted=num_accepted,
+            stop_index=stop_index,
+            num_drafted=num_drafted,
+        )
 
     # ------------------------------------------------------------------------ helpers
     def output_token_ids(self, req_id: int) -> IntArray:

@@ -43,7 +43,9 @@ import numpy as np
 import torch
 
 from dsd.backend.engine import (
+    AnyDraft,
     Draft,
+    NgramDraft,
     SpecDecodeConfig,
     SpecDecodeEngine,
     StepResult,
@@ -188,7 +190,7 @@ class EagerStepRunner:
         engine = self.engine
         return fixed_shape_step(
             engine.target,
-            engine.draft,
+            engine.model_draft,
             engine.target_cache,
             engine.draft_cache,
             staged,
@@ -252,7 +254,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
     def __init__(
         self,
         target: Transformer,
-        draft: Draft | None,
+        draft: AnyDraft | None,
         config: SpecDecodeConfig,
         runner: Literal["eager", "cuda-graphs"] = "eager",
         min_kv_len: int = DEFAULT_MIN_KV_LEN,
@@ -264,6 +266,8 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             )
         if min_kv_len < 1:
             raise ValueError(f"min_kv_len must be >= 1, got {min_kv_len}")
+        if isinstance(draft, NgramDraft):
+            raise ValueError("the fast path runs model drafts; n-gram drafts use --fast-path off")
         super().__init__(target, draft, config)
         self.min_kv_len = min_kv_len
         self.batch_buckets = batch_buckets(config.num_slots)
@@ -305,19 +309,21 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]
 
-        return self._roll_back(slots, lengths, drafting_rows, k_step, num_accepted, output_ids)
+        return self._roll_back(
+            slots, lengths, drafting_rows, k_step, num_accepted, output_ids, spec
+        )
 
     def _catch_up_draft(self, slots: IntArray, lengths: IntArray) -> None:
         """Eager forward of the tokens the draft has not seen, so its cache holds [0, L)."""
-        assert self.draft is not None and self.draft_cache is not None
+        assert self.model_draft is not None and self.draft_cache is not None
         cache = self.draft_cache
         behind = cache.lengths[slots] < lengths  # [R]
         if not behind.any():
             return
         lagging = slots[behind]
         self._forward_span(
-            self.draft.model,
-            self.draft.num_layers,
+            self.model_draft.model,
+            self.model_draft.num_layers,
             cache,
             lagging,
             cache.lengths[lagging],
@@ -329,7 +335,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
 
 def build_spec_decode_engine(
     target: Transformer,
-    draft: Draft | None,
+    draft: AnyDraft | None,
     config: SpecDecodeConfig,
     fast_path: str = "off",
 ) -> SpecDecodeEngine:

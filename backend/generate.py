@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.model import Transformer, new_kv_cache
 from dsd.backend.pair import ModelPair
 from dsd.backend.tokenizer import TextTokenizer, chat_prompt, load_tokenizer
@@ -144,7 +144,7 @@ class SpeculativeCounts:
 
 def _speculative(
     target: Transformer,
-    draft: Draft,
+    draft: AnyDraft,
     prompts_ids: list[list[int]],
     config: GenerationConfig,
     stop_ids: Sequence[int],
@@ -183,10 +183,11 @@ def _speculative(
         result = engine.step(slots[rows], spec)
         for index, row in enumerate(rows):
             num_accepted = int(result.num_accepted[index])
+            num_drafted = int(result.num_drafted[index])  # <= K: prompt lookup finds fewer
             steps[row] += 1
-            drafted[row] += int(spec[index])
+            drafted[row] += num_drafted
             accepted[row] += num_accepted
-            for pos in range(int(spec[index])):
+            for pos in range(num_drafted):
                 drafted_at_pos[pos] += 1
                 accepted_at_pos[pos] += int(pos < num_accepted)
             for token in result.emitted(index).tolist():

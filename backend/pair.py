@@ -5,7 +5,10 @@ Model specs (`--target`, `--draft`), one spelling everywhere:
   weights; `random:NAME` forces random weights for any named shape (`random:smollm2-135m`);
 - anything `backend.weights.load_model` reads: `smollm2-135m` (the real weights), a .gguf file,
   an HF or dsd checkpoint folder;
-- drafts only: `early-exit:N` (the target's first N layers + final norm + head) and `none`.
+- drafts only: `early-exit:N` (the target's first N layers + final norm + head), `ngram` or
+  `ngram:MIN-MAX` (prompt lookup with vLLM's `ngram` semantics: n-grams of MIN..MAX tokens,
+  vLLM's prompt_lookup_min / prompt_lookup_max; `ngram` alone is vLLM's default 5-5; no model),
+  and `none`.
 
 `load_pair` checks the draft spec's spelling before any weights load and its depth against
 the target once the target is known. `ModelPair.real_workload` turns a workload into the one a
@@ -25,8 +28,9 @@ from typing import Any
 
 import torch
 
-from dsd.backend.engine import Draft
+from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
+from dsd.backend.ngram import NgramConfig
 from dsd.backend.tokenizer import chat_prompt, load_tokenizer
 from dsd.backend.weights import SMOLLM2_SPEC, check_pair, load_model
 from dsd.common.errors import InputError
@@ -34,6 +38,7 @@ from dsd.traces.workload import Workload
 
 NO_DRAFT = "none"
 EARLY_EXIT_PREFIX = "early-exit:"
+NGRAM = "ngram"
 RANDOM_PREFIX = "random:"
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -59,16 +64,31 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def check_draft_spec(spec: str) -> int | None:
-    """The early-exit depth of a draft spec (None for any other spec); bad spelling refused."""
+def _positive_int(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() and int(text) >= 1 else None
+
+
+def check_draft_spec(spec: str) -> int | NgramConfig | None:
+    """What a draft spec names before anything loads: an early-exit depth, an n-gram lookup, or
+    None (no draft, or a model spec); a bad spelling is a one-line error."""
+    if spec.lower() in (NO_DRAFT, NGRAM) and spec not in (NO_DRAFT, NGRAM):
+        raise InputError(f"--draft {spec}: write {spec.lower()}")
+    if spec == NGRAM:
+        return NgramConfig()
+    if spec.startswith(NGRAM + ":"):
+        low, sep, high = spec.removeprefix(NGRAM + ":").partition("-")
+        bounds = (_positive_int(low), _positive_int(high))
+        if not sep or bounds[0] is None or bounds[1] is None or bounds[1] < bounds[0]:
+            raise InputError(
+                f"--draft {spec}: write ngram:MIN-MAX with 1 <= MIN <= MAX (e.g. ngram:1-4)"
+            )
+        return NgramConfig(prompt_lookup_min=bounds[0], prompt_lookup_max=bounds[1])
     if not spec.startswith(EARLY_EXIT_PREFIX):
-        if spec.lower() == NO_DRAFT and spec != NO_DRAFT:
-            raise InputError(f"--draft {spec}: write {NO_DRAFT}")
         return None
-    depth = spec.removeprefix(EARLY_EXIT_PREFIX)
-    if not (depth.isascii() and depth.isdigit()) or int(depth) < 1:
+    depth = _positive_int(spec.removeprefix(EARLY_EXIT_PREFIX))
+    if depth is None:
         raise InputError(f"--draft {spec}: the depth N of {EARLY_EXIT_PREFIX}N must be >= 1")
-    return int(depth)
+    return depth
 
 
 def build_model(
@@ -94,7 +114,7 @@ class ModelPair:
     target_spec: str  # the --target spec it was loaded from
     draft_spec: str  # the --draft spec (`none` without a draft)
     target: Transformer  # the target model, eval mode
-    draft: Draft | None  # a separate model or an early exit of the target; None: no draft
+    draft: AnyDraft | None  # a separate model or an early exit of the target; None: no draft
     tokenizer_name: str | None  # the target's tokenizer (None: random weights, no text)
     dtype: torch.dtype  # of both models
 
@@ -142,12 +162,15 @@ def load_pair(
 ) -> ModelPair:
     """Load a target and its draft from specs (module docstring); random weights from `seed`
     (the target's) and `seed + 1` (a separate draft's)."""
-    depth = check_draft_spec(draft)
+    parsed = check_draft_spec(draft)
     check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     target_model, tokenizer_name = build_model(target, device, torch_dtype, seed)
-    draft_obj: Draft | None = None
-    if depth is not None:
+    draft_obj: AnyDraft | None = None
+    if isinstance(parsed, NgramConfig):
+        draft_obj = NgramDraft(parsed)
+    elif parsed is not None:
+        depth = parsed
         if depth >= target_model.config.num_layers:
             raise InputError(
                 f"--draft {draft}: N must be an integer in [1, "

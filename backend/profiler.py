@@ -41,7 +41,7 @@ import numpy as np
 import scipy.optimize
 import torch
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
 from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
@@ -542,7 +542,7 @@ def fit_host_overhead(samples: Sequence[HostOverheadSample]) -> HostOverhead:
 
 def measure_host_overhead(
     target: Transformer,
-    draft: Draft | None,
+    draft: AnyDraft | None,
     config: ProfileConfig,
     on_progress: ProgressCallback | None = None,
 ) -> tuple[HostOverhead, list[HostOverheadSample]]:
@@ -597,7 +597,7 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
 
 def profile_pair(
     target: Transformer,
-    draft: Draft | None,
+    draft: AnyDraft | None,
     config: ProfileConfig,
     prompts: Sequence[IntArray],
     output_lens: Sequence[int],

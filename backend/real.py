@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from dsd.backend.engine import Draft
+from dsd.backend.engine import AnyDraft
 from dsd.backend.executor import TorchExecutor
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
@@ -32,7 +32,7 @@ def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
 def torch_executor(
     resolved: ResolvedRun,
     target: Transformer,
-    draft: Draft | None,
+    draft: AnyDraft | None,
     *,
     tokenize: Callable[[str], Sequence[int]] | None = None,
     temperature: float = 0.0,

@@ -69,7 +69,9 @@ class StepFeedback:
     time_s: float  # engine clock when the outcome arrived, seconds
     batch_size: int  # B of that step, prefill chunks included
     req_ids: IntArray  # [num_decode_reqs] decode requests of that step
-    num_spec_tokens: IntArray  # [num_decode_reqs] K each request drafted; >= 0
+    # [num_decode_reqs] drafts each request verified: its K, or fewer when the drafter found
+    # fewer (n-gram lookup); >= 0
+    num_spec_tokens: IntArray
     num_accepted: IntArray  # [num_decode_reqs] accepted drafts; 0 <= a <= K
     duration_s: float  # step latency, seconds
     num_output_tokens: int = field(default=0)  # output tokens the step emitted (all requests)

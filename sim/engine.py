@@ -286,7 +286,12 @@ class Engine:
                 time_s=now_s,
                 batch_size=batch.batch_size,
                 req_ids=batch.req_ids[:num_decode],
-                num_spec_tokens=batch.num_spec_tokens[:num_decode],
+                # drafts each row verified (fewer than its K when the drafter found fewer)
+                num_spec_tokens=(
+                    batch.num_spec_tokens[:num_decode]
+                    if outcome.num_drafted is None
+                    else np.asarray(outcome.num_drafted, dtype=np.int64)
+                ),
                 num_accepted=np.asarray(outcome.num_accepted, dtype=np.int64),
                 duration_s=duration_s,
                 num_output_tokens=num_output_tokens,

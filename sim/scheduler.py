@@ -644,12 +644,24 @@ class Scheduler:
                 f"outcome of step {batch.step_index}: num_accepted has shape {accepted.shape}, "
                 f"expected ({num_decode},)"
             )
+        drafted = step.num_spec_tokens  # [D]
+        if outcome.num_drafted is not None:
+            drafted = np.asarray(outcome.num_drafted, dtype=np.int64)
+            if (
+                drafted.shape != (num_decode,)
+                or (drafted > step.num_spec_tokens).any()
+                or (accepted > drafted).any()
+            ):
+                raise ValueError(
+                    f"outcome of step {batch.step_index}: num_drafted must be one count per "
+                    "decode row with accepted <= drafted <= K"
+                )
         if (
             step.num_events_at_plan == self._num_events
             and num_decode == step.slots.shape[0]
             and outcome.stop_index is None
         ):
-            return self._update_live_decode(batch, step, accepted)
+            return self._update_live_decode(batch, step, accepted, drafted)
         rejected = step.num_spec_tokens - accepted  # [D]
         if num_decode and ((accepted < 0).any() or (rejected < 0).any()):
             raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
@@ -672,9 +684,9 @@ class Scheduler:
                 self.kv.shrink_to(fix_slots, self._num_computed[fix_slots])
             live_decode = live[:num_decode]
             if live_decode.all():
-                self.spec_stats.observe(step.num_spec_tokens, accepted)
+                self.spec_stats.observe(drafted, accepted)
             else:
-                self.spec_stats.observe(step.num_spec_tokens[live_decode], accepted[live_decode])
+                self.spec_stats.observe(drafted[live_decode], accepted[live_decode])
             emitted = np.concatenate(
                 [accepted + 1, step.completes_prompt[num_decode:].astype(np.int64)]
             )  # [B]
@@ -713,7 +725,7 @@ class Scheduler:
         )
 
     def _update_live_decode(
-        self, batch: ScheduledBatch, step: _CommittedStep, accepted: IntArray
+        self, batch: ScheduledBatch, step: _CommittedStep, accepted: IntArray, drafted: IntArray
     ) -> StepResult:
         """`update` of a step whose rows all decode and are all still live (no finish, abort
         or preemption since it was planned) and that reports no stop tokens: the same
@@ -733,7 +745,7 @@ class Scheduler:
             self._num_computed[slots] = computed
             self.kv.shrink_to(slots, computed)
             accepted_before = self.spec_stats.num_accepted_tokens
-            self.spec_stats.observe(step.num_spec_tokens, accepted)
+            self.spec_stats.observe(drafted, accepted)
             num_accepted_tokens = self.spec_stats.num_accepted_tokens - accepted_before
         if self._inflight:
             self._num_placeholders[slots] -= step.placeholders

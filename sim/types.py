@@ -51,10 +51,13 @@ class StepOutcome:
     """What the executor reports for one ScheduledBatch."""
 
     duration_s: float  # wall (measured) or modelled time of the whole step, seconds, > 0
-    num_accepted: IntArray  # [num_decode_reqs] accepted drafts per decode row, 0 <= a <= K
+    num_accepted: IntArray  # [num_decode_reqs] accepted drafts per decode row, 0 <= a <= d <= K
     # [B] index among the row's emitted output tokens (0..a) of a stop token (EOS), -1 if none.
     # None: the executor never stops early (simulation), only max_tokens/max_model_len apply.
     stop_index: IntArray | None = None
+    # [num_decode_reqs] drafts each decode row verified, 0 <= d <= K (a drafter that finds fewer,
+    # like vLLM's n-gram lookup, drafts fewer; then 0 <= a <= d). None: every row drafted its K.
+    num_drafted: IntArray | None = None
 
 
 class Executor(Protocol):

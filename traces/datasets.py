@@ -1,4 +1,4 @@
-"""Prompt-set datasets (MT-Bench, Spec-Bench, HumanEval, GSM8K, EAGLE subsets) and vLLM's `random`.
+"""Prompt sets (MT-Bench, Spec-Bench, HumanEval, GSM8K, EAGLE, InstructCoder) and vLLM's `random`.
 
 Prompt lengths are in tokens of the SmolLM2 tokenizer, precomputed by
 `traces/scripts/compute_prompt_lengths.py` into `traces/data/prompt_lengths.json`, so the run-time
@@ -6,6 +6,11 @@ path needs no tokenizer. Two lengths are stored per prompt: the raw first-turn t
 wrapped in the tokenizer's chat template with the generation prompt (what `vllm bench serve`
 sends for mt-bench, spec-bench and custom datasets unless `--skip-chat-template`). The default
 is the chat-templated length, as vLLM bench measures it.
+
+Output lengths: every request asks for DEFAULT_OUTPUT_LEN (256) tokens, except in sets with
+reference answers (`PROMPT_SET_REFERENCE_READERS`: InstructCoder), where each request asks for
+the SmolLM2 token count of its own reference answer, stored beside the prompt lengths. An
+explicit `output_len` overrides both.
 
 Sampling when `num_prompts` differs from the set size: prompts are taken in file order and
 cycled (prompt i is set[i % size]), so every prompt appears equally often; `shuffle=True` first
@@ -54,6 +59,9 @@ class PromptRecord:
     tag: str  # category, e.g. MT-Bench "coding"; RequestSpec.tag
     raw_len: int  # tokens of `text` alone (SmolLM2 tokenizer), >= 1
     chat_len: int  # tokens of `text` in the chat template with the generation prompt, >= raw_len
+    # tokens of the set's reference answer to this prompt, the request's default max_tokens;
+    # None where the set has no references (DEFAULT_OUTPUT_LEN then)
+    output_len: int | None = None
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
@@ -104,6 +112,51 @@ def _field_reader(file_name: str, field: str, tag: str) -> Callable[[], list[tup
     return read
 
 
+def render_edit_prompt(instruction: str, code: str) -> str:
+    """A code-edit task as one user turn: the instruction, a blank line, the code fenced.
+
+    The fence (```python: every InstructCoder input is Python) marks exactly where the code
+    starts and ends, as a user pasting code into a chat does, so the instruction cannot run into
+    the code and the model sees the code verbatim (the n-grams its edited copy will repeat).
+    Surrounding whitespace of the instruction and trailing whitespace of the code are dropped
+    (some instructions end in a space, some inputs in a newline); leading indentation is kept.
+    """
+    return f"{instruction.strip()}\n\n```python\n{code.rstrip()}\n```"
+
+
+def _edit_rows(file_name: str) -> list[tuple[str, str]]:
+    """(rendered prompt, reference output) of every InstructCoder-style edit task in file order."""
+    path = PROMPTS_DIR / file_name
+    rows = []
+    for line_no, row in _jsonl_rows(path):
+        fields = {}
+        for field in ("instruction", "input", "output"):
+            value = row.get(field)
+            if not isinstance(value, str) or not value.strip():
+                raise InputError(f"{path.name}: line {line_no}: '{field}' must be non-empty text")
+            fields[field] = value
+        rows.append((render_edit_prompt(fields["instruction"], fields["input"]), fields["output"]))
+    return rows
+
+
+def _edit_reader(file_name: str, tag: str) -> Callable[[], list[tuple[str, str]]]:
+    """Reader for code-edit files (instruction + input code, see render_edit_prompt)."""
+
+    def read() -> list[tuple[str, str]]:
+        return [(prompt, tag) for prompt, _ in _edit_rows(file_name)]
+
+    return read
+
+
+def _edit_reference_reader(file_name: str) -> Callable[[], list[str]]:
+    """Reference outputs of a code-edit file, one per prompt of `_edit_reader`, in file order."""
+
+    def read() -> list[str]:
+        return [reference for _, reference in _edit_rows(file_name)]
+
+    return read
+
+
 # name -> reader of (first-turn text, tag) in file order. A plain dict is the registry.
 PROMPT_SET_READERS: dict[str, Callable[[], list[tuple[str, str]]]] = {
     "mt-bench": _turns_reader("mt_bench_question.jsonl"),
@@ -114,8 +167,16 @@ PROMPT_SET_READERS: dict[str, Callable[[], list[tuple[str, str]]]] = {
     "eagle-humaneval": _turns_reader("eagle_humaneval_question.jsonl"),
     "eagle-qa": _turns_reader("eagle_qa_question.jsonl"),
     "eagle-sum": _turns_reader("eagle_sum_question.jsonl"),
+    # the file's only per-task metadata is the author's initials, so one tag for the whole set
+    "instructcoder": _edit_reader("instructcoder_edit_eval.jsonl", "code-edit"),
 }
 PROMPT_SET_NAMES: tuple[str, ...] = tuple(PROMPT_SET_READERS)
+
+# name -> reader of reference answers, one per prompt in the same order, for the sets whose
+# requests default to their reference's token count as output length (stored as `output_len`).
+PROMPT_SET_REFERENCE_READERS: dict[str, Callable[[], list[str]]] = {
+    "instructcoder": _edit_reference_reader("instructcoder_edit_eval.jsonl"),
+}
 
 
 def texts_sha256(texts: list[str]) -> str:
@@ -163,9 +224,24 @@ def load_prompt_set(name: str) -> tuple[PromptRecord, ...]:
             f"{PROMPT_LENGTHS_PATH.name}: lengths for {name!r} do not match the prompt file; "
             "run traces/scripts/compute_prompt_lengths.py"
         )
+    output_lens: list[int | None] = [None] * len(items)
+    if name in PROMPT_SET_REFERENCE_READERS:
+        references = PROMPT_SET_REFERENCE_READERS[name]()
+        stored = entry.get("output_len")
+        if (
+            not isinstance(stored, list)
+            or len(stored) != len(items)
+            or len(references) != len(items)
+            or entry.get("references_sha256") != texts_sha256(references)
+        ):
+            raise InputError(
+                f"{PROMPT_LENGTHS_PATH.name}: output lengths for {name!r} do not match the "
+                "reference answers; run traces/scripts/compute_prompt_lengths.py"
+            )
+        output_lens = [int(length) for length in stored]
     return tuple(
-        PromptRecord(text=text, tag=tag, raw_len=int(raw), chat_len=int(chat))
-        for (text, tag), raw, chat in zip(items, raw_lens, chat_lens, strict=True)
+        PromptRecord(text=text, tag=tag, raw_len=int(raw), chat_len=int(chat), output_len=out)
+        for (text, tag), raw, chat, out in zip(items, raw_lens, chat_lens, output_lens, strict=True)
     )
 
 
@@ -186,7 +262,8 @@ def prompt_set_workload(
     """Requests from a named prompt set, all arriving at 0 (see traces.arrivals to re-time).
 
     num_prompts: requests to make; None takes each prompt once. Cycles the set when larger.
-    output_len: max_tokens of every request; None is DEFAULT_OUTPUT_LEN (256).
+    output_len: max_tokens of every request; None is each prompt's reference length in sets
+        with references (instructcoder), else DEFAULT_OUTPUT_LEN (256).
     chat_template: prompt_len counts the chat-templated prompt (vLLM bench default) or raw text.
     shuffle: permute the set with `rng` before taking/cycling (rng required then).
     """
@@ -199,10 +276,15 @@ def prompt_set_workload(
             raise InputError("shuffle: needs a seed")
         order = rng.permutation(len(records))  # [size]
     count = len(records) if num_prompts is None else num_prompts
-    max_tokens = DEFAULT_OUTPUT_LEN if output_len is None else output_len
     requests = []
     for index in range(count):
         record = records[int(order[index % len(records)])]
+        if output_len is not None:
+            max_tokens = output_len
+        elif record.output_len is not None:
+            max_tokens = record.output_len
+        else:
+            max_tokens = DEFAULT_OUTPUT_LEN
         requests.append(
             RequestSpec(
                 prompt_len=record.chat_len if chat_template else record.raw_len,

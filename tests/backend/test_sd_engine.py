@@ -20,8 +20,9 @@ from mock_models import (
     tiny_target,
 )
 
-from dsd.backend.engine import Draft, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.engine import Draft, NgramDraft, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.model import new_kv_cache
+from dsd.backend.ngram import NgramConfig
 
 
 def run_to_completion(
@@ -247,3 +248,37 @@ def test_sampling_with_identical_draft_accepts_every_draft(target) -> None:
     _, accepted = run_to_completion(engine, prompts, 20, lambda step, rows: [4] * rows)
     # p == q: min(1, p/q) = 1 up to float rounding, so every draft is accepted
     assert np.mean(np.array(accepted) == 4) > 0.95
+
+
+@pytest.mark.parametrize("bounds", [(1, 2), (2, 4)])
+def test_greedy_output_equals_target_greedy_with_ngram_drafts(target, bounds) -> None:  # type: ignore[no-untyped-def]
+    # Prompts that repeat a block, so the lookup finds n-grams; K per row changes every step.
+    rng = np.random.default_rng(11)
+    block = random_prompt(rng, 6)
+    prompts = [np.concatenate([block, block, block[:n]]) for n in (1, 3, 5)]
+    k_rng = np.random.default_rng(12)
+    engine = make_engine(target, NgramDraft(NgramConfig(*bounds)), k_max=4)
+    drafted: list[int] = []
+    requested: list[int] = []
+    real_step = engine.step
+
+    def recording_step(slots, ks):  # type: ignore[no-untyped-def]
+        result = real_step(slots, ks)
+        assert ((result.num_drafted <= ks) & (result.num_accepted <= result.num_drafted)).all()
+        drafted.extend(result.num_drafted.tolist())
+        requested.extend(np.asarray(ks).tolist())
+        return result
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    outputs, accepted = run_to_completion(
+        engine, prompts, 24, lambda step, rows: k_rng.integers(0, 5, size=rows)
+    )
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output == target_greedy_decode(target, prompt, 24)
+    assert sum(accepted) > 0  # the lookup's drafts were accepted somewhere
+    assert sum(drafted) < sum(requested)  # and it drafted fewer than asked somewhere
+
+
+def test_ngram_drafts_need_no_draft_model_or_cache(target) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(target, NgramDraft(NgramConfig(1, 3)), k_max=3)
+    assert engine.model_draft is None and engine.draft_cache is None

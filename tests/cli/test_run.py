@@ -9,6 +9,8 @@ import pytest
 
 # (arguments, fragment of the one-line error)
 CLI_ERRORS = [
+    (["--target", "tiny", "--draft", "ngram:4-1"], "ngram:MIN-MAX"),  # MIN above MAX
+    (["--target", "tiny", "--draft", "NGRAM"], "write ngram"),  # one spelling
     (["--target", "tiny", "--draft", "early-exit:5"], "early-exit:5"),  # deeper than the target
     (["--target", "no-such-model"], "no-such-model"),  # neither a shape nor a file
     (["--target", "tiny", "--device", "tpu"], "--device"),  # unknown device
@@ -93,3 +95,14 @@ def test_dsd_run_takes_the_simulators_workload_flags(capsys) -> None:
     assert metrics["completed"] == 3
     assert metrics["total_input_tokens"] == 3 * 20
     assert 3 <= metrics["total_output_tokens"] <= 3 * 6
+
+
+def test_dsd_run_drafts_by_prompt_lookup(capsys) -> None:  # type: ignore[no-untyped-def]
+    from dsd.cli import main
+
+    main(["run", "--target", "tiny", "--draft", "ngram:1-3", "--num-spec-tokens", "3",
+          "--num-prompts", "3", "--output-len", "12", "--ignore-eos", "--json"])  # fmt: skip
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["completed"] == 3 and metrics["draft"] == "ngram:1-3"
+    # drafts counted are the ones found: at most K per decode step
+    assert metrics["spec_decode_draft_tokens"] <= 3 * metrics["spec_decode_num_drafts"]

@@ -6,6 +6,11 @@ tokenizer's chat template (`chat_template.jinja`, one user message, generation p
 which is what `vllm bench serve` sends by default. SmolLM2's tokenizer adds no special tokens
 on encode, so both counts are plain `len(encode(text).ids)`.
 
+Sets with reference answers (`PROMPT_SET_REFERENCE_READERS`, e.g. instructcoder) also store
+`output_len`, the token count of each prompt's reference answer (the request's default
+max_tokens), and `references_sha256`, the fingerprint of those answers. The other sets' entries
+have neither key, so their entries are exactly what they were before the keys existed.
+
 Run:  python traces/scripts/compute_prompt_lengths.py [--check]
 --check compares with the shipped file instead of writing it (exit 1 on a difference).
 This script needs `tokenizers` and `jinja2`; nothing at run time does.
@@ -27,6 +32,7 @@ from dsd.traces.datasets import (  # noqa: E402
     PROMPT_LENGTHS_PATH,
     PROMPT_SET_NAMES,
     PROMPT_SET_READERS,
+    PROMPT_SET_REFERENCE_READERS,
     texts_sha256,
 )
 
@@ -54,16 +60,24 @@ def compute_lengths() -> dict[str, object]:
         chat = tokenizer.encode_batch(
             [render_chat(template_text, text) for text in texts], add_special_tokens=True
         )
-        datasets[name] = {
+        entry: dict[str, object] = {
             "num_prompts": len(texts),
             "texts_sha256": texts_sha256(texts),
             "raw_len": [len(encoding.ids) for encoding in raw],
             "chat_len": [len(encoding.ids) for encoding in chat],
         }
+        if name in PROMPT_SET_REFERENCE_READERS:
+            references = PROMPT_SET_REFERENCE_READERS[name]()
+            answers = tokenizer.encode_batch(references, add_special_tokens=True)
+            entry["references_sha256"] = texts_sha256(references)
+            entry["output_len"] = [len(encoding.ids) for encoding in answers]
+        datasets[name] = entry
     return {
         "tokenizer": "SmolLM2-135M-Instruct tokenizer.json (backend/data/tokenizer), 49,152 tokens",
         "raw_len": "tokens of the first-turn text alone",
         "chat_len": "tokens of the text in chat_template.jinja, one user turn, generation prompt",
+        "output_len": "sets with reference answers only: tokens of each prompt's reference answer "
+        "(references_sha256 fingerprints them), the request's default max_tokens",
         "generated_by": "traces/scripts/compute_prompt_lengths.py",
         "datasets": datasets,
     }
