@@ -14,8 +14,12 @@ head is tied to the embedding). Qwen3's per-head `self_attn.{q,k}_norm.weight` e
 `ModelConfig.qk_norm` is set. RoPE uses HF's rotate_half convention (the two halves of each head
 are the real/imaginary parts), so HF weights work unchanged. Norms compute in float32 like HF.
 
+On CPU, `Transformer.prepare_cpu_kernels()` lays the float32 weights out for inference
+(`CpuKernels`): the few-token forwards that SD verification runs are bound by how matmuls
+with a handful of rows are done, not by attention.
+
 It deliberately does not: load files (`backend.weights`), tokenize, support attention biases,
-sliding windows, MoE or tensor parallelism, or pick fast kernels (plain SDPA everywhere).
+sliding windows, MoE or tensor parallelism, or pick attention kernels (plain SDPA everywhere).
 """
 
 from __future__ import annotations
@@ -334,6 +338,65 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
 
 
+def _onednn_linear_available() -> bool:
+    ops = torch.ops.mkldnn
+    return (
+        bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+    )
+
+
+class CpuKernels:
+    """Inference layouts of one float32 CPU weight [out, in] for `x @ weight.T`.
+
+    One row (B = T = 1 decoding) is a matrix-vector product, fastest when it reads the weight
+    contiguously along `out`: the weight's storage is switched in place to column-major (the
+    tensor keeps its shape and values; no second copy). Several rows (a verification of K + 1
+    tokens, a batch) go to oneDNN with the weight pre-blocked once: F.linear's small-M GEMM
+    re-packs the weight on every call, which made a 5-token forward cost twice a 1-token one
+    (docs/backend.md has the measurement). The blocked copy is the only extra memory (one
+    weight's worth). In-place changes to the weight are noticed and the blocked copy rebuilt.
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
+            raise ValueError("CpuKernels: a 2-D float32 CPU weight is required")
+        with torch.no_grad():
+            weight.data = weight.data.t().contiguous().t()  # same shape, column-major storage
+        self.weight = weight
+        self._pack()
+
+    def _pack(self) -> None:
+        self.version = self.weight._version
+        self.blocked = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 4)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight._version != self.version:
+            self._pack()
+        if x.numel() == x.shape[-1]:
+            return F.linear(x, self.weight)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.blocked, None, "none", [], ""
+        )
+        return out
+
+
+class Linear(nn.Linear):
+    """nn.Linear without bias that runs on `CpuKernels` once they are prepared (inference only:
+    with autograd recording it is plain F.linear)."""
+
+    kernels: CpuKernels | None = None
+
+    def __init__(self, in_features: int, out_features: int, device: Any, dtype: Any) -> None:
+        super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels is None or torch.is_grad_enabled():
+            return F.linear(x, self.weight)
+        return self.kernels(x)
+
+
 class RMSNorm(nn.Module):
     """RMSNorm computed in float32, weight applied in the input dtype (as HF Llama does)."""
 
@@ -357,11 +420,11 @@ class Attention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        kw = {"bias": False, "device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, **kw)
-        self.k_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
-        self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
-        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, **kw)
+        kw = {"device": device, "dtype": dtype}
+        self.q_proj = Linear(config.hidden_size, config.num_heads * config.head_dim, **kw)
+        self.k_proj = Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
+        self.v_proj = Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
+        self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, **kw)
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
@@ -422,10 +485,10 @@ class MLP(nn.Module):
 
     def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
-        kw = {"bias": False, "device": device, "dtype": dtype}
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, **kw)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, **kw)
+        kw = {"device": device, "dtype": dtype}
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size, **kw)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -458,11 +521,10 @@ class Transformer(nn.Module):
             DecoderLayer(config, device, dtype) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, device, dtype)
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: Linear | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(
-                config.hidden_size, config.vocab_size, bias=False, device=device, dtype=dtype
-            )
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, device, dtype)
+        self.tied_head_kernels: CpuKernels | None = None  # the tied head's, once prepared
         # Not a parameter and not in the state dict: derived from the config.
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
 
@@ -518,8 +580,33 @@ class Transformer(nn.Module):
             gather_index = logit_indices[:, :, None].expand(-1, -1, hidden.shape[-1])  # [B,N,hid]
             hidden = hidden.gather(1, gather_index)  # [B, N, hidden]
         hidden = self.norm(hidden)  # [B, T or N, hidden]
-        head = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight  # [V, hid]
-        return F.linear(hidden, head).float()  # [B, T or N, V]
+        logits: torch.Tensor  # [B, T or N, V]
+        if self.lm_head is not None:
+            logits = self.lm_head(hidden)
+        elif self.tied_head_kernels is not None and not torch.is_grad_enabled():
+            logits = self.tied_head_kernels(hidden)
+        else:
+            logits = F.linear(hidden, self.embed_tokens.weight)
+        return logits.float()
+
+    def prepare_cpu_kernels(self) -> bool:
+        """Lay the weights out for CPU inference (`CpuKernels`); True if done.
+
+        Only float32 CPU weights where torch has oneDNN's linear ops; otherwise (CUDA, other
+        dtypes) nothing changes and False is returned. Values are unchanged; logits agree with the
+        plain path to float32 rounding (the summation order differs).
+        """
+        weight = self.embed_tokens.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return False
+        if not _onednn_linear_available():
+            return False
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.kernels = CpuKernels(module.weight)
+        if self.lm_head is None:
+            self.tied_head_kernels = CpuKernels(weight)
+        return True
 
 
 def init_random_(model: Transformer, seed: int, std: float = 0.02) -> Transformer:

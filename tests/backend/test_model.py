@@ -104,13 +104,16 @@ def reference_logits(model: Transformer, input_ids: torch.Tensor, num_layers: in
     return torch.stack(outs).float()
 
 
-def build(cfg: ModelConfig, seed: int = 0) -> Transformer:
+def build(cfg: ModelConfig, seed: int = 0, prepared: bool = False) -> Transformer:
+    """Random weights; `prepared`: with the CPU inference layouts (`prepare_cpu_kernels`)."""
     model = init_random_(Transformer(cfg), seed, std=0.1)
     # Non-trivial norm weights so a mix-up of norms would show.
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(len(name)))
+    if prepared:
+        assert model.prepare_cpu_kernels()
     return model.eval()
 
 
@@ -127,9 +130,10 @@ CONFIG_CASES = [
 ]
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["plain", "cpu-kernels"])
 @pytest.mark.parametrize("cfg", CONFIG_CASES)
-def test_full_forward_matches_reference(cfg: ModelConfig) -> None:
-    model = build(cfg)
+def test_full_forward_matches_reference(cfg: ModelConfig, prepared: bool) -> None:
+    model = build(cfg, prepared=prepared)
     ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(11).expand(2, 11)
     with torch.no_grad():
@@ -137,9 +141,10 @@ def test_full_forward_matches_reference(cfg: ModelConfig) -> None:
     torch.testing.assert_close(got, reference_logits(model, ids), atol=ATOL, rtol=1e-4)
 
 
+@pytest.mark.parametrize("prepared", [False, True], ids=["plain", "cpu-kernels"])
 @pytest.mark.parametrize("cfg", CONFIG_CASES)
-def test_cached_incremental_decoding_equals_full_forward(cfg: ModelConfig) -> None:
-    model = build(cfg, seed=3)
+def test_cached_incremental_decoding_equals_full_forward(cfg: ModelConfig, prepared: bool) -> None:
+    model = build(cfg, seed=3, prepared=prepared)
     seq_len = 13
     ids = torch.randint(0, cfg.vocab_size, (3, seq_len), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -181,6 +186,53 @@ def test_padding_past_real_tokens_does_not_change_real_logits() -> None:
         full = model(ids, torch.arange(6).expand(2, 6))
     torch.testing.assert_close(got[0, 0], full[0, 4], atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(got[1], full[1, 4:6], atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_cpu_kernels_agree_with_plain_linear_for_any_row_count(tied: bool) -> None:
+    cfg = small_config(tie_word_embeddings=tied)
+    plain, prepared = build(cfg, seed=4), build(cfg, seed=4, prepared=True)
+    for name, tensor in prepared.state_dict().items():  # values kept; storage may be transposed
+        assert torch.equal(tensor, plain.state_dict()[name]), name
+    gen = torch.Generator().manual_seed(3)
+    with torch.inference_mode():
+        for batch, tokens in [(1, 1), (1, 2), (1, 7), (3, 1), (4, 5)]:
+            ids = torch.randint(0, cfg.vocab_size, (batch, tokens), generator=gen)
+            positions = torch.arange(tokens).expand(batch, tokens)
+            torch.testing.assert_close(
+                prepared(ids, positions), plain(ids, positions), atol=1e-5, rtol=1e-5
+            )
+
+
+def test_cpu_kernels_follow_in_place_weight_changes() -> None:
+    cfg = small_config()
+    model = build(cfg, prepared=True)
+    ids = torch.tensor([[1, 2, 3]])
+    positions = torch.arange(3)[None]
+    with torch.no_grad():
+        before = model(ids, positions)
+        model.layers[1].mlp.down_proj.weight.mul_(2.0)
+        model.lm_head.weight.add_(0.5)  # type: ignore[union-attr]
+        after = model(ids, positions)
+        plain = Transformer(cfg)
+        plain.load_state_dict(model.state_dict())
+        expected = plain.eval()(ids, positions)
+    assert not torch.allclose(before, after)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_prepared_model_still_trains() -> None:
+    """With autograd recording, projections are plain F.linear: gradients reach every weight."""
+    model = build(small_config(tie_word_embeddings=True), prepared=True).train()
+    logits = model(torch.tensor([[3, 1, 4, 1]]), torch.arange(4)[None])
+    logits.logsumexp(-1).sum().backward()
+    assert all(param.grad is not None for param in model.parameters())
+
+
+def test_cpu_kernels_only_for_float32() -> None:
+    model = Transformer(small_config(), dtype=torch.bfloat16)
+    assert model.prepare_cpu_kernels() is False
+    assert all(param.is_contiguous() for param in model.parameters())
 
 
 def test_parameter_names_are_hf_llama_names() -> None:
