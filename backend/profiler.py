@@ -8,9 +8,10 @@ Three measurements, all on the real SD engine (`backend.engine` or its fast path
   draft's catch-up is the steady-state one token at most). Median, p10, p90 and n per point.
 - **prefill cost**: one request's prompt of N tokens in one chunk (target and draft), for a few N.
 - **acceptance**: the prompt set run through the engine at K = k_max (greedy or sampled at the
-  profile's temperature) until each request has its output tokens or an EOS; per position i
-  the count of steps that drafted >= i tokens and that accepted >= i, for the whole set and per
-  request (each request's own unconditional rates).
+  profile's temperature) until each request has its output tokens or an EOS; over the rows that
+  asked for k_max, per position i the count of steps that drafted d >= i tokens (an n-gram
+  lookup may draft fewer) and that accepted a >= i, and per request its (d, a) histogram and
+  its own unconditional rates.
 
 - **host overhead of the engine loop**: the real loop `dsd validate` runs (`sim.engine.Engine`
   with the wall clock, `sim.scheduler`, a static policy, `backend.executor.TorchExecutor`) on
@@ -28,27 +29,45 @@ This module does not parse flags, build models, tokenize or write files (`dsd pr
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata as importlib_metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import scipy.optimize
 import torch
 
-from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.engine import AnyDraft, NgramDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
 from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import torch_executor
+from dsd.backend.threads import thread_settings
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
-from dsd.policies.profile import HostOverhead, HostOverheadLine, LatencyPoint, PrefillPoint, Profile
+from dsd.common.machine import cpu_model, load_average
+from dsd.policies.profile import (
+    HostOverhead,
+    HostOverheadLine,
+    LatencyPoint,
+    PrefillPoint,
+    Profile,
+    lower_triangular_rows,
+)
+from dsd.policies.profile_quality import (
+    PointProblem,
+    QualityLimits,
+    check_latency,
+    check_prefill,
+    problems_line,
+)
 from dsd.sim.build import build_engine
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, RunConfig
 from dsd.sim.engine import LoopConfig
@@ -58,6 +77,7 @@ from dsd.traces.registry import build_workload
 from dsd.traces.workload import RequestSpec, Workload
 
 ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
+Point = TypeVar("Point", bound=Hashable)  # what one timed measurement is of: (B, K), a size
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,12 @@ class ProfileConfig:
     # Output tokens per request of the host-overhead loop runs (2 x B requests at C = B per
     # profiled B, K = 0 and K = K_max); 0: do not measure the host overhead.
     host_overhead_output_len: int = 32
+    # Timing checks (policies.profile_quality): points that fail are measured again up to
+    # max_remeasure times; a profile that still fails is refused unless allow_noisy (then its
+    # problems are recorded in metadata["quality"]).
+    quality_limits: QualityLimits = field(default_factory=QualityLimits)
+    max_remeasure: int = 2
+    allow_noisy: bool = False
 
     def __post_init__(self) -> None:
         def ints(name: str, values: tuple[int, ...], minimum: int) -> None:
@@ -107,6 +133,8 @@ class ProfileConfig:
             raise InputError(f"num_warmup: must be >= 0, got {self.num_warmup}")
         if self.num_iters < 1:
             raise InputError(f"num_iters: must be >= 1, got {self.num_iters}")
+        if self.max_remeasure < 0:
+            raise InputError(f"max_remeasure: must be >= 0, got {self.max_remeasure}")
         if self.acceptance_output_len is not None and self.acceptance_output_len < 2:
             raise InputError(
                 f"acceptance_output_len: must be >= 2, got {self.acceptance_output_len}"
@@ -138,10 +166,11 @@ class ProfileConfig:
 
     def num_units(self, num_prompts: int) -> int:
         """Progress units of `profile_pair` over `num_prompts` acceptance prompts: one per
-        decode point, prefill point, prompt and host-overhead loop run."""
+        round of decode timing per context length, one for the prefill points, one per prompt
+        and host-overhead loop run (re-measuring adds units past the total)."""
         return (
-            len(self.batch_sizes) * len(self.spec_tokens) * len(self.context_lens)
-            + len(self.prefill_token_counts)
+            (self.num_warmup + self.num_iters) * len(self.context_lens)
+            + 1
             + num_prompts
             + (2 * len(self.batch_sizes) if self.host_overhead_output_len > 0 else 0)
         )
@@ -149,13 +178,21 @@ class ProfileConfig:
 
 @dataclass(frozen=True)
 class AcceptanceCounts:
-    """Per-position counts of one acceptance run (unconditional: position i = first i drafts)."""
+    """Per-position counts of one acceptance run, over the steps where a row asked for k_max
+    drafts (unconditional: position i = first i drafts; vLLM's per-position semantics)."""
 
-    drafted_at_pos: tuple[int, ...]  # [k_max] steps that drafted >= i tokens, i = 1..k_max
-    accepted_at_pos: tuple[int, ...]  # [k_max] steps that accepted >= i tokens
-    per_request_rates: tuple[tuple[float, ...], ...]  # each request's accepted/drafted per pos
+    drafted_at_pos: tuple[int, ...]  # [k_max] steps that drafted d >= i tokens, i = 1..k_max
+    accepted_at_pos: tuple[int, ...]  # [k_max] steps that accepted a >= i tokens
+    # each request's r_i = P(a >= i) over its steps at k_max (those drafting nothing included)
+    per_request_rates: tuple[tuple[float, ...], ...]
     num_steps: int  # SD steps run
     num_output_tokens: int  # output tokens emitted by those steps
+    # rows that asked for k_max drafts, those that drafted fewer or none included: the
+    # denominator of r_i = accepted_at_pos / it and s_i = drafted_at_pos / it
+    num_steps_at_k_max: int = 0
+    # per request with such steps (the ones per_request_rates has, in order): its (d, a) counts
+    # as lower-triangular rows, `policies.profile.Profile.draft_outcomes`
+    draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes
 
 
@@ -199,58 +236,212 @@ def _percentiles(samples_ms: list[float]) -> tuple[float, float, float]:
     return float(median), float(p10), float(p90)
 
 
+class ProfileQualityError(InputError):
+    """The profile's timing stayed noisy or non-monotonic after re-measuring."""
+
+
+def _timed_ms(device: torch.device, work: Callable[[], object]) -> float:
+    _device_sync(device)
+    start_s = time.perf_counter()
+    work()
+    _device_sync(device)
+    return (time.perf_counter() - start_s) * 1000.0
+
+
+def warm_up(
+    time_one_ms: Callable[[], float], min_steps: int, window: int = 5, max_steps: int = 60
+) -> int:
+    """Run `time_one_ms` at least `min_steps` times, then until the median of the last `window`
+    times is within 5% of the window's before (caches, allocator, clocks settled) or
+    `max_steps` ran; returns the steps run."""
+    times: list[float] = []
+    while len(times) < max_steps:
+        times.append(time_one_ms())
+        if len(times) < max(min_steps, 2 * window):
+            continue
+        last = float(np.median(times[-window:]))
+        before = float(np.median(times[-2 * window : -window]))
+        if abs(last - before) <= 0.05 * before:
+            break
+    return len(times)
+
+
+def decode_prompt(
+    engine: SpecDecodeEngine,
+    rng: np.random.Generator,
+    context_len: int,
+    k_max: int,
+    avoid_ids: Sequence[int],
+) -> IntArray:
+    """Synthetic ids for a decode point's slot: a prompt of `context_len` tokens and the token
+    that follows it (which replaces the sampled first token, see `_DecodeSlots`). Random, or
+    for an n-gram draft a random block repeated, so that the lookup always finds K drafts (the
+    cost of verifying K is what a latency point means; acceptance does not matter here)."""
+    vocab = engine.target.config.vocab_size
+    if not isinstance(engine.draft, NgramDraft):
+        return synthetic_ids(rng, context_len + 1, vocab, avoid_ids)
+    period = max(engine.draft.config.prompt_lookup_max + 1, k_max + 1, 8)
+    block = synthetic_ids(rng, period, vocab, avoid_ids)
+    return np.resize(block, context_len + 1).astype(np.int64)  # [context_len + 1]
+
+
+def _remeasure_keys(
+    problems: Sequence[PointProblem], keys: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """The (B, K) points to measure again: a noisy point itself; for a fall in K (in B) every
+    point of its B row (K column), since either end of the fall may be the outlier."""
+    chosen: set[tuple[int, int]] = set()
+    for problem in problems:
+        b, k = problem.batch_size, problem.num_spec_tokens
+        if problem.kind == "noisy":
+            chosen.add((int(b or 0), int(k or 0)))
+        elif problem.kind == "falls-with-k":
+            chosen |= {key for key in keys if key[0] == b}
+        elif problem.kind == "falls-with-b":
+            chosen |= {key for key in keys if key[1] == k}
+    return [key for key in keys if key in chosen]
+
+
+class _DecodeSlots:
+    """max(B) prefilled slots of one context length; B = b steps the first b of them, and every
+    timed step is truncated back so each one sees the same context."""
+
+    def __init__(
+        self,
+        engine: SpecDecodeEngine,
+        config: ProfileConfig,
+        rng: np.random.Generator,
+        avoid_ids: Sequence[int],
+        context_len: int,
+    ) -> None:
+        self.engine = engine
+        self.context_len = context_len
+        ids = [
+            decode_prompt(engine, rng, context_len, config.k_max, avoid_ids)
+            for _ in range(max(config.batch_sizes))
+        ]  # [max B] of [context_len + 1]
+        self.slots = np.array(
+            [engine.alloc_slot(row[:context_len]) for row in ids], dtype=np.int64
+        )  # [max B]
+        _prefill_all(engine, self.slots)
+        # After prefill a slot knows context_len + 1 tokens: the prompt and the sampled first
+        # token, which is not in the cache yet. Replace the latter by the synthetic next token
+        # so that an n-gram lookup continues the pattern.
+        self.known = context_len + 1
+        engine.token_ids[self.slots, context_len] = np.array([row[context_len] for row in ids])
+
+    def time_step(self, point: tuple[int, int]) -> float:
+        """Wall ms of one engine step at (B, K); refuses a draft that proposed fewer than K."""
+        b, k = point
+        rows = self.slots[:b]
+        results: list[StepResult] = []
+        elapsed_ms = _timed_ms(
+            self.engine.device,
+            lambda: results.append(self.engine.step(rows, np.full(b, k, dtype=np.int64))),
+        )
+        _truncate(self.engine, rows, self.known)
+        drafted = int(results[0].num_drafted.min(initial=k))
+        if drafted < k:
+            raise InputError(
+                f"profile: the draft proposed {drafted} of K={k} tokens at context "
+                f"{self.context_len}; use longer --context-lens"
+            )
+        return elapsed_ms
+
+    def free(self) -> None:
+        for slot in self.slots:
+            self.engine.free_slot(int(slot))
+
+
+def _timed_rounds(
+    time_one_ms: Callable[[Point], float],
+    todo: Sequence[Point],
+    config: ProfileConfig,
+    rng: np.random.Generator,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[Point, list[float]]:
+    """`num_warmup` untimed then `num_iters` timed rounds; each round times every point once,
+    in a fresh random order. Returns the timed samples per point."""
+    samples: dict[Point, list[float]] = {point: [] for point in todo}
+    for round_index in range(config.num_warmup + config.num_iters):
+        for index in rng.permutation(len(todo)):
+            point = todo[int(index)]
+            elapsed_ms = time_one_ms(point)
+            if round_index >= config.num_warmup:
+                samples[point].append(elapsed_ms)
+        if on_round is not None:
+            on_round(round_index)
+    return samples
+
+
+def _round_done(on_progress: ProgressCallback | None, label: str, round_index: int) -> None:
+    if on_progress is not None:
+        on_progress(f"{label} round {round_index + 1}")
+
+
 def measure_decode(
     engine: SpecDecodeEngine,
     config: ProfileConfig,
     rng: np.random.Generator,
     avoid_ids: Sequence[int],
     on_progress: ProgressCallback | None = None,
+    quality: dict[str, Any] | None = None,
 ) -> list[LatencyPoint]:
-    """ITL points for every (context, B, K) of the config (see the module docstring)."""
+    """ITL points for every (context, B, K) of the config (see the module docstring).
+
+    Per context length: after warm-up at the most expensive point, every round times each
+    (B, K) once in a fresh random order, so drift on a shared machine spreads over all points
+    instead of biasing one K. Points that `check_latency` flags are measured again (interleaved)
+    up to `config.max_remeasure` times. `quality` (a dict) receives what was done: warm-up
+    steps and re-measured points.
+    """
+    record = quality if quality is not None else {}
+    warmup_steps: list[int] = record.setdefault("warmup_steps", [])
+    remeasured: list[str] = record.setdefault("remeasured", [])
+    keys = [(b, k) for b in sorted(config.batch_sizes) for k in sorted(config.spec_tokens)]
     points: list[LatencyPoint] = []
-    vocab = engine.target.config.vocab_size
-    device = engine.device
     for context_len in sorted(config.context_lens):
-        for batch_size in sorted(config.batch_sizes):
-            slots = np.array(
-                [
-                    engine.alloc_slot(synthetic_ids(rng, context_len, vocab, avoid_ids))
-                    for _ in range(batch_size)
-                ],
-                dtype=np.int64,
-            )  # [B]
-            _prefill_all(engine, slots)
-            # After prefill each slot holds context_len + 1 known tokens (the sampled first one).
-            known = context_len + 1
-            for k in sorted(config.spec_tokens):
-                spec = np.full(batch_size, k, dtype=np.int64)  # [B]
-                samples_ms: list[float] = []
-                for index in range(config.num_warmup + config.num_iters):
-                    _device_sync(device)
-                    start_s = time.perf_counter()
-                    engine.step(slots, spec)
-                    _device_sync(device)
-                    elapsed_ms = (time.perf_counter() - start_s) * 1000.0
-                    _truncate(engine, slots, known)
-                    if index >= config.num_warmup:
-                        samples_ms.append(elapsed_ms)
-                median, p10, p90 = _percentiles(samples_ms)
-                points.append(
-                    LatencyPoint(
-                        batch_size=batch_size,
-                        num_spec_tokens=k,
-                        median_ms=max(median, 1e-6),
-                        context_len=known,
-                        p10_ms=max(p10, 1e-6),
-                        p90_ms=max(p90, 1e-6),
-                        n=len(samples_ms),
-                    )
+        slots = _DecodeSlots(engine, config, rng, avoid_ids, context_len)
+        heaviest = (max(config.batch_sizes), config.k_max)
+        warmup_steps.append(
+            warm_up(functools.partial(slots.time_step, heaviest), config.num_warmup)
+        )
+        label = f"ITL ctx={context_len}"
+        progress = functools.partial(_round_done, on_progress, label)
+        samples = _timed_rounds(slots.time_step, keys, config, rng, progress)
+        for attempt in range(config.max_remeasure + 1):
+            found = [_latency_point(b, k, slots.known, samples[(b, k)]) for b, k in keys]
+            todo = _remeasure_keys(check_latency(found, config.quality_limits), keys)
+            if not todo or attempt == config.max_remeasure:
+                break
+            remeasured += [f"B={b} K={k} ctx={slots.known}" for b, k in todo]
+            samples.update(
+                _timed_rounds(
+                    slots.time_step,
+                    todo,
+                    config,
+                    rng,
+                    functools.partial(
+                        _round_done, on_progress, f"{label} re-measure {attempt + 1}"
+                    ),
                 )
-                if on_progress is not None:
-                    on_progress(f"ITL B={batch_size} K={k} ctx={context_len}")
-            for slot in slots:
-                engine.free_slot(int(slot))
+            )
+        points += found
+        slots.free()
     return points
+
+
+def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) -> LatencyPoint:
+    median, p10, p90 = _percentiles(samples_ms)
+    return LatencyPoint(
+        batch_size=b,
+        num_spec_tokens=k,
+        median_ms=max(median, 1e-6),
+        context_len=context_len,
+        p10_ms=max(p10, 1e-6),
+        p90_ms=max(p90, 1e-6),
+        n=len(samples_ms),
+    )
 
 
 def measure_prefill(
@@ -260,28 +451,38 @@ def measure_prefill(
     avoid_ids: Sequence[int],
     on_progress: ProgressCallback | None = None,
 ) -> list[PrefillPoint]:
-    """One prefill point per prompt size: a whole prompt in one chunk, batch size 1."""
-    points: list[PrefillPoint] = []
+    """One prefill point per prompt size: a whole prompt in one chunk, batch size 1. Sizes are
+    timed in a fresh random order each round; a prefill that falls as the prompt grows is
+    measured again (all sizes) up to `config.max_remeasure` times."""
     vocab = engine.target.config.vocab_size
-    for num_tokens in sorted(config.prefill_token_counts):
-        samples_ms: list[float] = []
-        for index in range(config.num_warmup + config.num_iters):
-            slot = engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))
-            slots = np.array([slot], dtype=np.int64)
-            _device_sync(engine.device)
-            start_s = time.perf_counter()
-            engine.prefill(slots, np.array([num_tokens], dtype=np.int64))
-            _device_sync(engine.device)
-            elapsed_ms = (time.perf_counter() - start_s) * 1000.0
-            engine.free_slot(slot)
-            if index >= config.num_warmup:
-                samples_ms.append(elapsed_ms)
-        median, _p10, _p90 = _percentiles(samples_ms)
-        points.append(
-            PrefillPoint(num_tokens=num_tokens, median_ms=max(median, 1e-6), n=len(samples_ms))
+    sizes = sorted(config.prefill_token_counts)
+
+    def time_prefill(num_tokens: int) -> float:
+        slot = engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))
+        elapsed_ms = _timed_ms(
+            engine.device,
+            lambda: engine.prefill(
+                np.array([slot], dtype=np.int64), np.array([num_tokens], dtype=np.int64)
+            ),
         )
+        engine.free_slot(slot)
+        return elapsed_ms
+
+    points: list[PrefillPoint] = []
+    for attempt in range(config.max_remeasure + 1):
+        samples = _timed_rounds(time_prefill, sizes, config, rng)
+        points = [
+            PrefillPoint(
+                num_tokens=size,
+                median_ms=max(_percentiles(samples[size])[0], 1e-6),
+                n=len(samples[size]),
+            )
+            for size in sizes
+        ]
         if on_progress is not None:
-            on_progress(f"prefill {num_tokens} tokens")
+            on_progress(f"prefill, pass {attempt + 1}")
+        if not check_prefill(points, config.quality_limits):
+            break
     return points
 
 
@@ -293,14 +494,17 @@ def measure_acceptance(
     eos_token_ids: Sequence[int] = (),
     on_progress: ProgressCallback | None = None,
 ) -> AcceptanceCounts:
-    """Run every prompt at K = k_max (continuous batching over the engine's slots)."""
+    """Run every prompt at K = k_max (continuous batching over the engine's slots).
+
+    Each row that asks for k_max drafts counts one (d, a): d = the drafts it got
+    (`StepResult.num_drafted`; below k_max when an n-gram lookup finds fewer), a = accepted.
+    """
     if len(prompts) != len(output_lens) or not prompts:
         raise InputError("acceptance: need one output length per prompt and at least one prompt")
     num_requests = len(prompts)
-    drafted = np.zeros((num_requests, k_max), dtype=np.int64)  # [R, k_max]
-    accepted = np.zeros((num_requests, k_max), dtype=np.int64)  # [R, k_max]
+    # [R, k_max + 1, k_max + 1] per request: steps at k_max that drafted d and accepted a
+    joint = np.zeros((num_requests, k_max + 1, k_max + 1), dtype=np.int64)
     eos = np.asarray(list(eos_token_ids), dtype=np.int64)
-    positions = np.arange(k_max)  # [k_max]
     waiting = list(range(num_requests))
     running: dict[int, int] = {}  # request -> slot
     num_steps = 0
@@ -320,12 +524,12 @@ def measure_acceptance(
         num_steps += 1
         num_output_tokens += int((result.num_accepted + 1).sum())
         rows = np.arange(len(reqs))
-        # Count only rows at the full k_max: then every position is drafted equally often and
-        # the unconditional rates accepted/drafted cannot rise with position.
+        # Count only rows that asked for the full k_max: then every position is asked for
+        # equally often and the unconditional rates cannot rise with position. A row that got
+        # fewer drafts (d < k_max) still counts: r_i and s_i are over all steps that asked.
         full = spec == k_max  # [B]
-        req_index = np.array(reqs, dtype=np.int64)[full]
-        drafted[req_index] += 1
-        accepted[req_index] += positions[None, :] < result.num_accepted[full][:, None]
+        req_index = np.array(reqs, dtype=np.int64)[full]  # [F]
+        np.add.at(joint, (req_index, result.num_drafted[full], result.num_accepted[full]), 1)
         for row in rows:
             req, slot = reqs[row], int(slots[row])
             emitted = result.emitted(int(row))
@@ -336,20 +540,27 @@ def measure_acceptance(
                 del running[req]
                 if on_progress is not None:
                     on_progress(f"acceptance request {req}")
+    positions = range(1, k_max + 1)
+    # [R, k_max] steps per request with d >= i and with a >= i (suffix sums of the joint)
+    drafted = np.stack([joint[:, i:, :].sum(axis=(1, 2)) for i in positions], axis=1)
+    accepted = np.stack([joint[:, :, i:].sum(axis=(1, 2)) for i in positions], axis=1)
+    steps = joint.sum(axis=(1, 2))  # [R] steps at k_max per request
     per_request: list[tuple[float, ...]] = []
+    outcomes: list[tuple[tuple[int, ...], ...]] = []
     for req in range(num_requests):
-        # A request that never drafted k_max tokens (too short) gives no sample.
-        if drafted[req, 0] == 0:
+        # A request that never asked for k_max drafts (too short) gives no sample.
+        if steps[req] == 0:
             continue
-        length = k_max
-        rates = accepted[req, :length] / drafted[req, :length]
-        per_request.append(tuple(float(r) for r in rates))
+        per_request.append(tuple(float(a) / float(steps[req]) for a in accepted[req]))
+        outcomes.append(lower_triangular_rows(joint[req]))
     return AcceptanceCounts(
         drafted_at_pos=tuple(int(v) for v in drafted.sum(axis=0)),
         accepted_at_pos=tuple(int(v) for v in accepted.sum(axis=0)),
         per_request_rates=tuple(per_request),
         num_steps=num_steps,
         num_output_tokens=num_output_tokens,
+        num_steps_at_k_max=int(steps.sum()),
+        draft_outcomes=tuple(outcomes),
     )
 
 
@@ -574,11 +785,12 @@ def measure_host_overhead(
 
 
 def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Device name, dtype, versions and date, for a profile's or report's metadata."""
+    """Device name, dtype, versions, date, threads and load, for a profile's or report's
+    metadata."""
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:
-        device_name = f"cpu ({platform.processor() or platform.machine()})"
+        device_name = f"cpu ({cpu_model()})"
     versions = {"python": sys.version.split()[0], "torch": torch.__version__}
     for package in ("dsd", "numpy"):
         try:
@@ -592,6 +804,8 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
         "versions": versions,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "platform": platform.platform(),
+        "threads": thread_settings(),
+        "load_average": load_average(),
     }
 
 
@@ -614,7 +828,9 @@ def profile_pair(
     k_max = config.k_max
     longest_request = max(len(p) + int(n) for p, n in zip(prompts, output_lens, strict=True))
     max_model_len = max(
-        max(config.context_lens) + 2, max(config.prefill_token_counts) + 2, longest_request + 1
+        max(config.context_lens) + k_max + 2,
+        max(config.prefill_token_counts) + 2,
+        longest_request + 1,
     )
     engine = build_spec_decode_engine(
         target,
@@ -631,17 +847,35 @@ def profile_pair(
     rng = np.random.default_rng(np.random.SeedSequence(config.seed))
     specials = set(target.config.eos_token_ids) | ({target.config.bos_token_id} - {None})
     avoid = sorted(int(s) for s in specials if s is not None)
-    latency = measure_decode(engine, config, rng, avoid, on_progress)
+    quality: dict[str, Any] = {"load_before": load_average()}
+    latency = measure_decode(engine, config, rng, avoid, on_progress, quality)
     prefill = measure_prefill(engine, config, rng, avoid, on_progress)
+    problems = check_latency(latency, config.quality_limits) + check_prefill(
+        prefill, config.quality_limits
+    )
+    quality.update(
+        load_after_timing=load_average(),
+        limits=dataclasses.asdict(config.quality_limits),
+        problems=[str(problem) for problem in problems],
+    )
+    if problems and not config.allow_noisy:
+        raise ProfileQualityError(
+            f"profile: timing still noisy or non-monotonic after {config.max_remeasure} "
+            f"re-measurements: {problems_line(problems)} (quiet the machine, or "
+            "--allow-noisy-profile to keep it)"
+        )
     counts = measure_acceptance(
         engine, prompts, output_lens, k_max, config.eos_token_ids, on_progress
     )
-    if counts.drafted_at_pos[-1] == 0:
+    if counts.num_steps_at_k_max == 0:
         raise InputError(
-            "acceptance: no step drafted K_max tokens (prompts too close to max_model_len?)"
+            "acceptance: no step asked for K_max drafts (prompts too close to max_model_len?)"
         )
-    rates = tuple(a / d for a, d in zip(counts.accepted_at_pos, counts.drafted_at_pos, strict=True))
+    # Over every step that asked for k_max: r_i = P(a >= i), s_i = P(d >= i).
+    rates = tuple(a / counts.num_steps_at_k_max for a in counts.accepted_at_pos)
+    draft_rates = tuple(d / counts.num_steps_at_k_max for d in counts.drafted_at_pos)
     info = environment_metadata(engine.device, engine.dtype)
+    info["quality"] = quality
     del engine  # free its KV cache before the loop runs build their own
     host_overhead: HostOverhead | None = None
     if config.host_overhead_output_len > 0:
@@ -680,6 +914,9 @@ def profile_pair(
         per_request_rates=counts.per_request_rates,
         temperature=config.temperature,
         host_overhead=host_overhead,
+        draft_rates=draft_rates,
+        num_acceptance_steps=counts.num_steps_at_k_max,
+        draft_outcomes=counts.draft_outcomes,
         metadata=info,
     )
 

@@ -29,6 +29,7 @@ def small_config(**overrides) -> ProfileConfig:
         prefill_token_counts=(4, 16),
         num_warmup=1,
         num_iters=4,
+        allow_noisy=True,  # millisecond steps of tiny models on a shared CPU are noisy
     )
     values.update(overrides)
     return ProfileConfig(**values)  # type: ignore[arg-type]
@@ -288,3 +289,123 @@ def test_profile_carries_the_host_overhead_unless_off(target, tmp_path) -> None:
 def test_bad_host_overhead_output_len_is_refused(value) -> None:
     with pytest.raises(InputError, match="host_overhead_output_len"):
         small_config(host_overhead_output_len=value)
+
+
+# --- trustworthy timing: interleaving, re-measuring, refusing ---------------------------------
+
+
+def _fake_timing(monkeypatch, cost_ms) -> list[tuple[int, int]]:
+    """Replace each decode step's measured time by `cost_ms(point, call_index)` (the step still
+    runs, so the engine state is real); returns the (B, K) call order."""
+    from dsd.backend import profiler
+
+    calls: list[tuple[int, int]] = []
+    real = profiler._DecodeSlots.time_step
+
+    def fake(self, point):  # type: ignore[no-untyped-def]
+        real(self, point)
+        calls.append(point)
+        return float(cost_ms(point, len(calls) - 1))
+
+    monkeypatch.setattr(profiler._DecodeSlots, "time_step", fake)
+    return calls
+
+
+def _profile(target, **overrides):  # type: ignore[no-untyped-def]
+    draft = Draft(perturbed_copy(target, noise_std=0.01, seed=1))
+    # One prefill size: its real (unfaked) timing cannot fall with the prompt size.
+    config = small_config(
+        **{"context_lens": (8,), "prefill_token_counts": (4,), "allow_noisy": False, **overrides}
+    )
+    rng = np.random.default_rng(0)
+    return profile_pair(target, draft, config, [random_prompt(rng, 6) for _ in range(2)], [6, 6])
+
+
+def _physical(point: tuple[int, int]) -> float:
+    b, k = point
+    return 10.0 + 2.0 * b + 1.0 * k
+
+
+def test_points_are_timed_in_a_fresh_random_order_each_round(target, monkeypatch) -> None:
+    calls = _fake_timing(monkeypatch, lambda point, index: _physical(point))
+    profile = _profile(target, num_warmup=0, num_iters=4)
+    assert profile.metadata["quality"]["remeasured"] == []
+    points = 2 * 3  # batch sizes x K values of small_config
+    warmup = profile.metadata["quality"]["warmup_steps"][0]
+    rounds = [tuple(calls[warmup + r * points : warmup + (r + 1) * points]) for r in range(4)]
+    assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # every point once per round
+    assert len(set(rounds)) > 1  # and not always in the same order
+
+
+def test_a_disturbed_point_is_measured_again_and_then_kept(target, monkeypatch) -> None:
+    # The first pass's 4 samples of B=1 K=0 are disturbed (+50 ms: K=1 looks cheaper than
+    # K=0); the re-measure is clean, so the profile is accepted with the clean median.
+    seen = {"B=1 K=0": 0}
+
+    def cost(point, index):  # type: ignore[no-untyped-def]
+        if point == (1, 0):
+            seen["B=1 K=0"] += 1
+            return _physical(point) + (50.0 if seen["B=1 K=0"] <= 4 else 0.0)
+        return _physical(point)
+
+    _fake_timing(monkeypatch, cost)
+    profile = _profile(target, num_warmup=0, num_iters=4)
+    remeasured = profile.metadata["quality"]["remeasured"]
+    assert any(label.startswith("B=1 K=0") for label in remeasured)
+    assert profile.metadata["quality"]["problems"] == []
+    by_point = {(p.batch_size, p.num_spec_tokens): p.median_ms for p in profile.latency}
+    assert by_point[(1, 0)] == pytest.approx(_physical((1, 0)))
+
+
+def test_timing_that_stays_non_monotonic_is_refused_naming_the_point(target, monkeypatch) -> None:
+    from dsd.backend.profiler import ProfileQualityError
+
+    def cost(point, index):  # type: ignore[no-untyped-def]
+        return 5.0 if point == (3, 3) else _physical(point)  # B=3 K=3 always too fast
+
+    _fake_timing(monkeypatch, cost)
+    with pytest.raises(ProfileQualityError, match=r"B=3 K=3 ctx=9: median 5 ms is below"):
+        _profile(target, num_warmup=0, num_iters=3, max_remeasure=1)
+    kept = _profile(target, num_warmup=0, num_iters=3, max_remeasure=1, allow_noisy=True)
+    problems = kept.metadata["quality"]["problems"]
+    assert problems and all(p.startswith("B=3 K=3") for p in problems)
+
+
+def test_noisy_point_is_refused(target, monkeypatch) -> None:
+    from dsd.backend.profiler import ProfileQualityError
+
+    def cost(point, index):  # type: ignore[no-untyped-def]
+        return _physical(point) * (3.0 if point == (1, 1) and index % 2 else 1.0)
+
+    _fake_timing(monkeypatch, cost)
+    with pytest.raises(ProfileQualityError, match=r"B=1 K=1 ctx=9: p10-p90"):
+        _profile(target, num_warmup=0, num_iters=6, max_remeasure=0)
+
+
+def test_warm_up_runs_until_two_windows_agree() -> None:
+    from dsd.backend.profiler import warm_up
+
+    settling = iter([50.0, 40.0, 30.0, 20.0, 15.0] + [10.0] * 100)
+    # windows [.., 15, 10, 10, 10, 10] vs [20, 15, 10, 10, 10] agree first after 13 steps
+    assert warm_up(lambda: next(settling), min_steps=0, window=5) == 13
+    assert warm_up(lambda: 10.0, min_steps=12, window=5) == 12
+    drifting = itertools.count(1.0)  # never settles: stops at max_steps
+    assert warm_up(lambda: next(drifting), min_steps=0, window=5, max_steps=40) == 40
+
+
+def test_ngram_draft_is_profiled_with_periodic_contexts(target) -> None:
+    """Every timed step drafts its full K (the lookup always matches), and a context too short
+    for that is refused before any point is kept."""
+    from dsd.backend.engine import NgramDraft
+    from dsd.backend.ngram import NgramConfig
+
+    rng = np.random.default_rng(0)
+    prompts = [random_prompt(rng, 8) for _ in range(2)]
+    draft = NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    config = small_config(context_lens=(24,), host_overhead_output_len=0)
+    profile = profile_pair(target, draft, config, prompts, [6, 6])
+    assert {(p.batch_size, p.num_spec_tokens) for p in profile.latency} == {
+        (b, k) for b in (1, 3) for k in (0, 1, 3)
+    }
+    with pytest.raises(InputError, match=r"proposed .* of K=3 tokens at context 4"):
+        profile_pair(target, draft, small_config(context_lens=(4,)), prompts, [6, 6])

@@ -8,6 +8,7 @@ unique test-module basenames.)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,10 +19,11 @@ from typer.testing import CliRunner
 
 from dsd.cli.validate import register
 from dsd.common.errors import InputError
-from dsd.policies.profile_io import load_profile
+from dsd.policies.profile_io import load_profile, save_profile
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"
+H100_PROFILE = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,7 @@ PROFILE_ARGS = [
     "--prefill-tokens", "16,64",
     "--num-prompts", "6",
     "--output-len", "16",
+    "--allow-noisy-profile",  # millisecond steps of tiny models on a shared CPU are noisy
     "--warmup", "1",
     "--iters", "3",
 ]  # fmt: skip
@@ -89,6 +92,7 @@ def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
         "--max-concurrency", "1,2",
         "--num-prompts-per-concurrency", "2",
         "--output-len", "12",
+        "--allow-noisy-profile",
         "--out", str(out),
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -119,6 +123,7 @@ def test_validate_host_overhead_flag_overrides_the_measured_model(
         "--num-prompts-per-concurrency", "1",
         "--output-len", "4",
         "--host-overhead-ms", "0",
+        "--allow-noisy-profile",
         "--out", str(out),
     ]  # fmt: skip
     result = CliRunner().invoke(app, args)
@@ -154,3 +159,29 @@ def test_bad_flags_raise_input_error(app, args, message: str) -> None:
     result = CliRunner().invoke(app, args)
     assert isinstance(result.exception, InputError), result.output
     assert message in str(result.exception)
+
+
+def test_validate_refuses_a_profile_whose_timing_fails_the_checks(app, tmp_path) -> None:
+    """K = 1 cheaper than K = 0 cannot be physics: refused before anything runs, naming the
+    point; --allow-noisy-profile goes on and records the problem in the report."""
+    profile = load_profile(H100_PROFILE)
+    bad_points = tuple(
+        dataclasses.replace(p, median_ms=p.median_ms * 0.5)
+        if (p.batch_size, p.num_spec_tokens) == (1, 1)
+        else p
+        for p in profile.latency
+    )
+    bad = tmp_path / "bad.json"
+    save_profile(dataclasses.replace(profile, latency=bad_points), bad)
+    args = ["validate", "--profile", str(bad), "--target", "tiny", "--draft", "early-exit:1",
+            "--policies", "static:0", "--max-concurrency", "1",
+            "--num-prompts-per-concurrency", "1", "--output-len", "4"]  # fmt: skip
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "refused")])
+    assert isinstance(result.exception, InputError), result.output
+    assert "B=1 K=1" in str(result.exception) and "--allow-noisy-profile" in str(result.exception)
+    assert not (tmp_path / "refused").exists()
+    out = tmp_path / "allowed"
+    result = CliRunner().invoke(app, [*args, "--allow-noisy-profile", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    problems = json.loads((out / "config.json").read_text())["profile_problems"]
+    assert problems and all("B=1 K=1" in p for p in problems)

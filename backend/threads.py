@@ -1,0 +1,30 @@
+"""torch's thread settings: the one place a command applies its `--threads`, and what it records.
+
+A timing without its thread count cannot be compared with another; profiles, benchmarks and
+reports record `thread_settings()` next to `common.machine`'s CPU model and load.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def set_threads(threads: int | None) -> None:
+    """torch's intra-op threads (None: leave torch's default)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def thread_settings() -> dict[str, Any]:
+    """torch's intra/inter-op threads and the thread variables of the environment."""
+    return {
+        "torch_intra_op_threads": torch.get_num_threads(),
+        "torch_inter_op_threads": torch.get_num_interop_threads(),
+        **{name: os.environ.get(name) for name in THREAD_ENV_VARS},
+        "cpu_count": os.cpu_count(),
+    }
