@@ -95,8 +95,10 @@ class TorchExecutor:
         self._seed_sequence = np.random.SeedSequence(seed)
         self._requests: dict[int, _RequestState] = {}
         # Output ids of finished requests, as generated (the scheduler may count fewer: it trims
-        # tokens past max_tokens or an EOS). For reports and tests; small next to the KV cache.
+        # tokens past max_tokens or an EOS), and every request's prompt ids (tokenized or
+        # synthetic). For reports, replay recordings and tests; small next to the KV cache.
         self.finished_output_ids: dict[int, IntArray] = {}
+        self.prompt_ids: dict[int, IntArray] = {}
         vocab = target.config.vocab_size
         specials = set(eos) | ({target.config.bos_token_id} - {None})
         # Synthetic prompts avoid special ids (an EOS inside a prompt would read as a stop).
@@ -133,6 +135,7 @@ class TorchExecutor:
         self._requests[req_id] = _RequestState(
             token_ids=token_ids, num_prompt_tokens=int(token_ids.size)
         )
+        self.prompt_ids[req_id] = token_ids
 
     def execute(self, batch: ScheduledBatch) -> StepOutcome:
         start_s = time.perf_counter()

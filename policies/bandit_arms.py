@@ -14,7 +14,12 @@ import numpy as np
 
 from dsd.common.arrays import FloatArray
 from dsd.common.errors import InputError, require_int
-from dsd.policies.goodput import ItlTable, acceptance_lengths
+from dsd.policies.goodput import (
+    ItlTable,
+    acceptance_lengths,
+    expected_itl_ms,
+    partial_draft_rates,
+)
 from dsd.policies.profile import Profile
 from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
@@ -67,6 +72,8 @@ def profile_prior_rewards(profile: Profile, k_max: int, max_num_seqs: int) -> Fl
     num_buckets = batch_bucket(max_num_seqs) + 1
     mids = np.array([bucket_middle_batch_size(b, max_num_seqs) for b in range(num_buckets)])
     itl_ms = itl.itl_ms_at(mids[:, None], np.arange(k_max + 1.0)[None, :])  # [buckets, K+1]
+    # Rows that draft fewer than K (the profile's draft rates) make K cost its expected ITL.
+    itl_ms = expected_itl_ms(itl_ms, partial_draft_rates(profile.draft_rates, k_max), mids)
     return np.asarray(al_by_k[None, :] / itl_ms, dtype=np.float64)  # [buckets, K+1]
 
 

@@ -36,7 +36,12 @@ import numpy as np
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
 from dsd.common.user_files import read_json_argument
-from dsd.policies.goodput import acceptance_lengths, table_batch_size
+from dsd.policies.goodput import (
+    acceptance_lengths,
+    expected_itl_ms,
+    partial_draft_rates,
+    table_batch_size,
+)
 from dsd.policies.profile import Profile
 from dsd.policies.range_table import (
     check_batch_ranges,
@@ -133,13 +138,20 @@ class ContextGoodputPolicy:
     """K* = argmax_k AL(k) / ITL(B, k, total context), read from the view every step."""
 
     def __init__(
-        self, latency_ms: ContextLatencyFn, acceptance_rates: Sequence[float], k_max: int
+        self,
+        latency_ms: ContextLatencyFn,
+        acceptance_rates: Sequence[float],
+        k_max: int,
+        draft_rates: Sequence[float] | None = None,
     ) -> None:
+        """`draft_rates` s_i (None: every step drafts its K): K is then priced at its expected
+        ITL over the rows' drafted counts (`policies.goodput.expected_itl_ms`)."""
         require_int(k_max, "context: k_max", 0)
         self.latency_ms = latency_ms
         self.k_max = k_max
         self.al_by_k = acceptance_lengths(acceptance_rates, k_max)  # [k_max + 1]
         self.k_values = np.arange(k_max + 1, dtype=np.float64)  # [k_max + 1]
+        self.draft_rates = partial_draft_rates(draft_rates, k_max)  # [k_max] or None
 
     def best_k(self, num_decode: int, context_tokens: float, k_cap: int) -> int:
         """The goodput-optimal K at `num_decode` rows reading `context_tokens` in total."""
@@ -149,6 +161,8 @@ class ContextGoodputPolicy:
         itl = np.asarray(
             self.latency_ms(float(max(num_decode, 1)), ks, float(context_tokens)), dtype=np.float64
         )  # [k+1]
+        if self.draft_rates is not None:
+            itl = expected_itl_ms(itl[None, :], self.draft_rates, [max(num_decode, 1)])[0]
         return int(np.argmax(self.al_by_k[: k_cap + 1] / itl))  # first max: smallest K on ties
 
     def choose_k(self, view: StepView) -> int:

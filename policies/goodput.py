@@ -4,7 +4,15 @@ For each batch size B and each k in 0..K_max the policy scores
 
     goodput(B, k) = AL(k) / ITL(B, k),    AL(k) = 1 + sum_{i<=k} r_i,
 
-and picks the argmax (the smallest k on ties). ITL(B, k) comes from the profiled table
+and picks the argmax (the smallest k on ties). With a drafter that may find fewer than k
+drafts (n-gram lookup; the profile's draft rates s_i = P(d >= i) < 1), the step verifies only
+what was drafted, so its cost is the expectation over the widest row: with B iid rows,
+
+    E[ITL](B, k) = sum_j P(max_rows min(d, k) = j) ITL(B, j),  P(max <= j) = P(min(d, k) <= j)^B
+
+(`expected_itl_ms`); AL(k) stays the expected output tokens, since r_i counts the steps that
+drafted fewer. With every s_i = 1 (model drafts) this is ITL(B, k) itself, the PR's rule.
+ITL(B, k) comes from the profiled table
 `batch_stats` / `Profile.latency` by piecewise-linear interpolation:
 
 1. per profiled B, linear in K between that B's profiled K values (clamped at its ends), which
@@ -136,6 +144,52 @@ def acceptance_lengths(acceptance_rates: Sequence[float] | FloatArray, k_max: in
     return np.concatenate(([1.0], 1.0 + np.cumsum(rates)))  # [k_max + 1]
 
 
+def partial_draft_rates(
+    draft_rates: Sequence[float] | FloatArray | None, k_max: int
+) -> FloatArray | None:
+    """[k_max] s_1..s_kmax when some step drafts fewer than its K, else None (every s_i = 1).
+
+    None keeps the cost at ITL(B, K) on the very code path that predates draft rates, so
+    model-draft profiles give bit-identical tables. Positions past the given rates reuse the
+    last one (an extrapolation, like the acceptance models').
+    """
+    if draft_rates is None or k_max <= 0:
+        return None
+    rates = np.asarray(draft_rates, dtype=np.float64)[:k_max]  # [<= k_max]
+    if rates.size == 0 or bool(np.all(rates == 1.0)):
+        return None
+    if rates.size < k_max:
+        rates = np.concatenate((rates, np.full(k_max - rates.size, rates[-1])))  # [k_max]
+    return rates
+
+
+def expected_itl_ms(
+    itl_by_k: FloatArray, draft_rates: FloatArray | None, num_rows: npt.ArrayLike
+) -> FloatArray:
+    """[N, k_max + 1] E[ITL](B, K) for K = 0..k_max from ITL(B, j) [N, k_max + 1].
+
+    The step's verification width is the widest row's drafted count, max over the B rows of
+    min(d, K); rows draw d independently with P(d >= i) = s_i (`draft_rates` [>= k_max]), so
+    P(max <= j) = (1 - s_{j+1})^B for j < K and 1 at j = K. `num_rows` [N] is B per table row.
+    `draft_rates` None (every s_i = 1) returns `itl_by_k` itself.
+    """
+    if draft_rates is None:
+        return itl_by_k
+    num_k = itl_by_k.shape[-1] - 1  # k_max
+    if num_k == 0:
+        return itl_by_k
+    rows = np.asarray(num_rows, dtype=np.float64).reshape(-1, 1)  # [N, 1]
+    # all_at_most[:, j] = P(every row drafts <= j) = (1 - s_{j+1})^B, j = 0..k_max-1
+    all_at_most = (1.0 - np.clip(draft_rates[:num_k], 0.0, 1.0))[None, :] ** rows  # [N, k_max]
+    widest_is = np.diff(all_at_most, axis=1, prepend=0.0)  # [N, k_max] P(max d = j), j < k_max
+    # E[ITL](K) = sum_{j<K} P(max d = j) ITL(j) + P(max d >= K) ITL(K)
+    below = np.cumsum(widest_is * itl_by_k[:, :num_k], axis=1)  # [N, k_max] sum over j <= K-1
+    expected = np.empty_like(itl_by_k)  # [N, k_max + 1]
+    expected[:, 0] = itl_by_k[:, 0]
+    expected[:, 1:] = below + (1.0 - all_at_most) * itl_by_k[:, 1:]
+    return expected
+
+
 @dataclass(frozen=True)
 class GoodputTable:
     """Per-B decision of the goodput rule for B = 1..max_num_seqs (row i is B = i + 1)."""
@@ -143,7 +197,7 @@ class GoodputTable:
     batch_sizes: IntArray  # [N] 1..max_num_seqs
     k_star: IntArray  # [N] chosen K per B, in [0, k_max]
     acceptance_length: FloatArray  # [N] AL(K*) per B
-    itl_ms: FloatArray  # [N] ITL(B, K*) ms
+    itl_ms: FloatArray  # [N] ITL(B, K*) ms (its expectation when rows draft fewer than K)
     goodput: FloatArray  # [N] AL(K*) / ITL(B, K*), output tokens per ms per request
     goodput_by_k: FloatArray  # [N, k_max + 1] the whole objective, for explain and tests
 
@@ -153,14 +207,22 @@ def goodput_table(
     acceptance_rates: Sequence[float] | FloatArray,
     max_num_seqs: int,
     k_max: int | None = None,
+    draft_rates: Sequence[float] | FloatArray | None = None,
 ) -> GoodputTable:
-    """The goodput rule evaluated for every B in 1..max_num_seqs and every k in 0..k_max."""
+    """The goodput rule evaluated for every B in 1..max_num_seqs and every k in 0..k_max.
+
+    `draft_rates` (s_i; None: every step drafts its K) prices each k at its expected ITL.
+    """
     require_int(max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS)
     num_k = len(acceptance_rates) if k_max is None else k_max
     al_by_k = acceptance_lengths(acceptance_rates, num_k)  # [K+1]
     bs = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
     k_values = np.arange(num_k + 1, dtype=np.int64)  # [K+1]
-    itl_by_k = itl.itl_ms_at(bs[:, None], k_values[None, :])  # [N, K+1]
+    itl_by_k = expected_itl_ms(
+        itl.itl_ms_at(bs[:, None], k_values[None, :]),
+        partial_draft_rates(draft_rates, num_k),
+        bs,
+    )  # [N, K+1]
     objective = al_by_k[None, :] / itl_by_k  # [N, K+1]
     k_star = np.argmax(objective, axis=1).astype(np.int64)  # [N]; first max = smallest k on ties
     rows = np.arange(len(bs))
@@ -201,7 +263,8 @@ def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> in
 
 
 class GoodputPolicy:
-    """K* = argmax_k AL(k) / ITL(B, k) from the profile, precomputed for B = 1..max_num_seqs."""
+    """K* = argmax_k AL(k) / ITL(B, k) from the profile, precomputed for B = 1..max_num_seqs
+    (ITL in expectation over drafted counts when the profile's draft rates are below 1)."""
 
     def __init__(
         self,
@@ -214,7 +277,9 @@ class GoodputPolicy:
         self.k_max = profile.k_max
         self.itl = ItlTable.from_profile(profile)
         rates = profile.acceptance_rates if acceptance_rates is None else acceptance_rates
-        self.table = goodput_table(self.itl, rates, max_num_seqs, profile.k_max)
+        self.table = goodput_table(
+            self.itl, rates, max_num_seqs, profile.k_max, draft_rates=profile.draft_rates
+        )
         # choose_k runs every step: K* per B as a tuple of ints (row i is B = i + 1), rebuilt
         # if `table` is replaced.
         self._k_star_of_table: tuple[GoodputTable, tuple[int, ...]] = (

@@ -13,6 +13,10 @@ a test can show the collapse; do not use it for anything else.
 - runtime counts decay by `decay` per observed step (exponential forgetting), so a position not
   drafted recently drifts back to its prior instead of staying at 0 or at a stale value;
 - the estimates are made non-increasing in i (a running minimum), as unconditional rates are;
+- with a drafter that drafts fewer than K (the profile's draft rates s_i < 1, n-gram lookup),
+  feedback counts positions that were drafted, so the runtime counts estimate the rate given
+  drafted, q_i = P(a >= i | d >= i): the prior is q_i = r_i / s_i, and the table uses
+  r_i = q_i s_i (exact, since a >= i implies d >= i) with the expected ITL over drafted counts;
 - the K table (goodput over B = 1..max_num_seqs) is recomputed only when some rate moved more
   than `recompute_tolerance` since the last table, so a step costs O(B * K_max) to count plus
   O(K_max) to update.
@@ -29,7 +33,7 @@ import numpy as np
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError
-from dsd.policies.goodput import ItlTable, goodput_table, lookup_batch_k
+from dsd.policies.goodput import ItlTable, goodput_table, lookup_batch_k, partial_draft_rates
 from dsd.policies.profile import Profile
 from dsd.policies.types import StepFeedback, StepView, position_counts
 
@@ -80,6 +84,8 @@ class OnlineAcceptancePolicy:
         self.max_num_seqs = max_num_seqs
         self.k_max = profile.k_max
         self.itl = ItlTable.from_profile(profile)
+        # [k_max] s_i, or None when every step drafts its K (then rates need no conversion)
+        self.draft_rates = partial_draft_rates(profile.draft_rates, self.k_max)
         self.prior_rates = np.asarray(profile.acceptance_rates, dtype=np.float64)  # [k_max]
         self.drafted = np.zeros(self.k_max)  # [k_max] decayed runtime drafted_at_pos
         self.accepted = np.zeros(self.k_max)  # [k_max] decayed runtime accepted_at_pos
@@ -89,15 +95,27 @@ class OnlineAcceptancePolicy:
         self._build_table(self.prior_rates)
 
     def _build_table(self, rates: FloatArray) -> None:
-        self.table = goodput_table(self.itl, rates, self.max_num_seqs, self.k_max)
+        self.table = goodput_table(
+            self.itl, rates, self.max_num_seqs, self.k_max, draft_rates=self.draft_rates
+        )
         self.table_rates = rates.copy()
         self.num_table_builds += 1
 
     def estimated_rates(self) -> FloatArray:
-        """[k_max] posterior-mean rates, made non-increasing in position."""
+        """[k_max] posterior-mean rates r_i, made non-increasing in position."""
         strength = self.config.prior_strength
-        posterior = (self.accepted + strength * self.prior_rates) / (self.drafted + strength)
-        return np.minimum.accumulate(posterior)  # [k_max]
+        if self.draft_rates is None:
+            posterior = (self.accepted + strength * self.prior_rates) / (self.drafted + strength)
+            return np.minimum.accumulate(posterior)  # [k_max]
+        # Counts are of drafted positions: estimate q_i = r_i / s_i, then r_i = q_i s_i.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            prior_given_drafted = np.where(
+                self.draft_rates > 0, self.prior_rates / self.draft_rates, 0.0
+            )  # [k_max]
+        given_drafted = (self.accepted + strength * np.clip(prior_given_drafted, 0.0, 1.0)) / (
+            self.drafted + strength
+        )  # [k_max]
+        return np.minimum.accumulate(given_drafted * self.draft_rates)  # [k_max]
 
     def current_rates(self) -> FloatArray:
         """[k_max] the rates the policy decides with now (the prior during warm-up)."""

@@ -56,7 +56,12 @@ import numpy.typing as npt
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
-from dsd.policies.goodput import ItlTable, table_batch_size
+from dsd.policies.goodput import (
+    ItlTable,
+    expected_itl_ms,
+    partial_draft_rates,
+    table_batch_size,
+)
 from dsd.policies.profile import Profile
 from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
@@ -156,6 +161,9 @@ class PerRequestPolicy:
         self.k_max = profile.k_max
         self.max_num_seqs = max_num_seqs
         self.itl = ItlTable.from_profile(profile)
+        # s_i (None: every step drafts its K): the padded cost is then ITL in expectation over
+        # the rows' drafted counts; the token-equivalent cost keeps the requested drafts.
+        self.draft_rates = partial_draft_rates(profile.draft_rates, self.k_max)
         self.profile_rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]
         q0 = pooled_conditional_rate(self.profile_rates)
         strength = self.config.prior_strength
@@ -221,6 +229,8 @@ class PerRequestPolicy:
         batch_size = table_batch_size(view)
         if self.config.mixed_k == "padded":
             itl_by_k = self.itl.itl_ms_at(float(batch_size), np.arange(k_cap + 1.0))  # [k+1]
+            if self.draft_rates is not None:
+                itl_by_k = expected_itl_ms(itl_by_k[None, :], self.draft_rates, [batch_size])[0]
             k = best_uniform_k(rates, itl_by_k)
             return np.full(num_decode, k, dtype=np.int64)
         return best_allocation(rates, self.itl_by_total_drafts(num_decode, k_cap, batch_size))

@@ -2,7 +2,9 @@
 
 A `Profile` holds what was measured of one (target, draft, device) setup: step latency points
 ITL(B, K, context), prefill points, per-position acceptance counts, per-request acceptance
-samples, an optional measured host-overhead model of the engine loop, and metadata. It is data
+samples, how often the drafter proposes fewer than K tokens (n-gram lookup: `draft_rates` and
+per-request (drafted, accepted) histograms), an optional measured host-overhead model of the
+engine loop, and metadata. It is data
 only: loading/validation is in `policies.profile_io`, fitting latency models is in `sim.latency`,
 fitting the host overhead is in `backend.profiler`, the PR #32374 file format is in
 `backend.vllm`.
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from dsd.common.arrays import FloatArray
+from dsd.common.arrays import FloatArray, IntArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +81,12 @@ class Profile:
 
     k_max: int  # largest profiled K (num_speculative_tokens)
     latency: tuple[LatencyPoint, ...]  # decode step latency points
-    acceptance_rates: tuple[float, ...]  # r_1..r_kmax, unconditional per-position rates
-    drafted_at_pos: tuple[int, ...] | None = None  # counts behind the rates, if known
+    # r_1..r_kmax: r_i = P(a >= i) at a step that asked for k_max drafts, over all such steps
+    # (those that drafted fewer or none included), so AL(K) = 1 + sum_{i<=K} r_i
+    acceptance_rates: tuple[float, ...]
+    # counts behind the rates, if known: steps that drafted >= i tokens (vLLM's per-position
+    # draft count) and steps whose first i drafts were all accepted
+    drafted_at_pos: tuple[int, ...] | None = None
     accepted_at_pos: tuple[int, ...] | None = None
     prefill: tuple[PrefillPoint, ...] = ()
     # per-request samples: each request's own unconditional per-position rates (len <= k_max)
@@ -89,6 +95,18 @@ class Profile:
     # measured host time per step of the real engine loop; None: not measured (older profiles,
     # PR #32374 files)
     host_overhead: HostOverhead | None = None
+    # s_1..s_kmax: s_i = P(d >= i), the drafter proposed at least i tokens at a step that asked
+    # for k_max (an n-gram lookup finds fewer or none), over the same steps as r_i; r_i <= s_i.
+    # None: every step drafts its K (s_i = 1: model drafts, older profiles, PR #32374 files)
+    draft_rates: tuple[float, ...] | None = None
+    # steps at K = k_max behind the counts, those that drafted nothing included: then
+    # r_i = accepted_at_pos / num_acceptance_steps and s_i = drafted_at_pos / it. None: counts
+    # of an older profile, where every step drafted k_max (r_i = accepted / drafted)
+    num_acceptance_steps: int | None = None
+    # per request, its (d, a) counts at K = k_max as lower-triangular rows:
+    # draft_outcomes[j][d][a] = steps of request j that drafted d and accepted a (a <= d, so
+    # row d has d + 1 entries; k_max + 1 rows). Their sum is the joint the counts come from.
+    draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)  # models, device, versions, command...
 
     def batch_sizes(self) -> list[int]:
@@ -120,3 +138,29 @@ class Profile:
     def acceptance_length(self, k: int) -> float:
         """AL(k) = 1 + sum_{i<=k} r_i."""
         return 1.0 + float(sum(self.acceptance_rates[:k]))
+
+    def draft_outcome_matrix(self) -> IntArray | None:
+        """[k_max + 1, k_max + 1] counts of (d, a) summed over requests (None: not recorded)."""
+        if not self.draft_outcomes:
+            return None
+        joint: IntArray = outcome_matrices(self.draft_outcomes, self.k_max).sum(axis=0)
+        return joint  # [k+1, k+1]
+
+
+def outcome_matrices(
+    draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...], k_max: int
+) -> IntArray:
+    """[R, k_max + 1, k_max + 1] dense (d, a) counts from lower-triangular rows (0 above)."""
+    dense = np.zeros((len(draft_outcomes), k_max + 1, k_max + 1), dtype=np.int64)
+    for index, rows in enumerate(draft_outcomes):
+        for num_drafted, counts in enumerate(rows):
+            dense[index, num_drafted, : len(counts)] = counts
+    return dense
+
+
+def lower_triangular_rows(matrix: IntArray) -> tuple[tuple[int, ...], ...]:
+    """A [k+1, k+1] (d, a) count matrix as the rows `Profile.draft_outcomes` stores."""
+    return tuple(
+        tuple(int(v) for v in matrix[num_drafted, : num_drafted + 1])
+        for num_drafted in range(matrix.shape[0])
+    )

@@ -11,12 +11,14 @@ Every problem is an `InputError` with one line naming the file and the field
 what the table latency model and the goodput policy need: finite positive ITL; integer B >= 1
 and K >= 0; B = 1 profiled; K = 0, 1 and K_max profiled at every profiled B; K_max rates in
 [0, 1], non-increasing (they are unconditional); accepted <= drafted counts; the optional
-`host_overhead` model (native only): finite ms >= 0, integer counts >= 1.
+`host_overhead` model (native only): finite ms >= 0, integer counts >= 1; the optional drafted
+availability (native only, absent = every step drafts its K): draft rates s_i >= r_i, or counts
+with `num_steps`, and per-request (drafted, accepted) histograms that sum to those counts.
 
 `save_profile` writes the native form atomically (temp file + os.replace);
 `profile_to_pr32374` / `save_pr32374` write the PR's form (ITL averaged over context lengths,
-per-request samples, prefill points and the host overhead dropped, since that format has no
-place for them).
+per-request samples, prefill points, the host overhead and the draft rates dropped, since that
+format has no place for them).
 
 This module does not fit or interpolate anything (see `policies.goodput`, `sim`).
 """
@@ -39,6 +41,7 @@ from dsd.policies.profile import (
     LatencyPoint,
     PrefillPoint,
     Profile,
+    outcome_matrices,
 )
 
 NATIVE_FORMAT = "dsd-profile"
@@ -317,16 +320,23 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     acceptance = reader.obj(reader.require(data, "acceptance", ""), "acceptance")
     drafted: tuple[int, ...] | None = None
     accepted: tuple[int, ...] | None = None
+    num_steps: int | None = None
+    draft_rates: tuple[float, ...] | None = None
     if "rates" in acceptance:
         rates = reader.rates(acceptance["rates"], "acceptance.rates")
+        if acceptance.get("draft_rates") is not None:
+            draft_rates = _parse_draft_rates(reader, acceptance["draft_rates"], rates)
     elif "drafted_at_pos" in acceptance or "accepted_at_pos" in acceptance:
-        drafted, accepted, rates = _parse_counts(reader, acceptance)
+        drafted, accepted, num_steps, rates, draft_rates = _parse_counts(reader, acceptance)
     else:
         raise reader.fail(
             "acceptance", "needs 'rates' or both 'drafted_at_pos' and 'accepted_at_pos'"
         )
     if len(rates) != k_max:
         raise reader.fail("acceptance", f"needs k_max={k_max} positions, got {len(rates)}")
+    draft_outcomes = _parse_draft_outcomes(
+        reader, data.get("draft_outcomes", []), k_max, num_steps, drafted, accepted
+    )
 
     per_request: list[tuple[float, ...]] = []
     for index, raw in enumerate(reader.seq(data.get("per_request_rates", []), "per_request_rates")):
@@ -349,8 +359,81 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         per_request_rates=tuple(per_request),
         temperature=temperature,
         host_overhead=host_overhead,
+        draft_rates=draft_rates,
+        num_acceptance_steps=num_steps,
+        draft_outcomes=draft_outcomes,
         metadata=metadata,
     )
+
+
+def _parse_draft_rates(reader: _Reader, values: Any, rates: tuple[float, ...]) -> tuple[float, ...]:
+    """s_i of the rates form: like rates (in [0, 1], non-increasing), one per rate, >= r_i."""
+    draft_rates = reader.rates(values, "acceptance.draft_rates")
+    if len(draft_rates) != len(rates):
+        raise reader.fail(
+            "acceptance.draft_rates", f"needs {len(rates)} positions, got {len(draft_rates)}"
+        )
+    for i, (rate, draft_rate) in enumerate(zip(rates, draft_rates, strict=True)):
+        if rate > draft_rate + RATE_TOLERANCE:
+            raise reader.fail(
+                f"acceptance.draft_rates[{i}]",
+                f"a step accepts at most what it drafted: rate {rate!r} > draft rate "
+                f"{draft_rate!r}",
+            )
+    return draft_rates
+
+
+def _parse_draft_outcomes(
+    reader: _Reader,
+    raw: Any,
+    k_max: int,
+    num_steps: int | None,
+    drafted: tuple[int, ...] | None,
+    accepted: tuple[int, ...] | None,
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """Per-request (d, a) histograms at k_max; their sum must give the acceptance counts."""
+    items = reader.seq(raw, "draft_outcomes")
+    if not items:
+        return ()
+    if num_steps is None or drafted is None or accepted is None:
+        raise reader.fail(
+            "draft_outcomes", "needs the acceptance counts with 'num_steps' they sum to"
+        )
+    outcomes: list[tuple[tuple[int, ...], ...]] = []
+    for index, item in enumerate(items):
+        path = f"draft_outcomes[{index}]"
+        rows = reader.seq(item, path)
+        if len(rows) != k_max + 1:
+            raise reader.fail(path, f"needs k_max + 1 = {k_max + 1} rows (d = 0..k_max)")
+        parsed: list[tuple[int, ...]] = []
+        for num_drafted, row in enumerate(rows):
+            row_path = f"{path}[{num_drafted}]"
+            counts = reader.seq(row, row_path)
+            if len(counts) != num_drafted + 1:
+                raise reader.fail(
+                    row_path, f"needs {num_drafted + 1} counts (a = 0..{num_drafted})"
+                )
+            parsed.append(
+                tuple(reader.integer(v, f"{row_path}[{a}]", 0) for a, v in enumerate(counts))
+            )
+        if sum(sum(row) for row in parsed) == 0:
+            raise reader.fail(path, "a request without steps gives no sample")
+        outcomes.append(tuple(parsed))
+    joint = outcome_matrices(tuple(outcomes), k_max).sum(axis=0)  # [k+1, k+1] (d, a)
+    positions = range(1, k_max + 1)
+    derived = (
+        int(joint.sum()),
+        tuple(int(joint[i:].sum()) for i in positions),
+        tuple(int(joint[:, i:].sum()) for i in positions),
+    )
+    if derived != (num_steps, drafted, accepted):
+        raise reader.fail(
+            "draft_outcomes",
+            f"sum to num_steps {derived[0]}, drafted {list(derived[1])}, accepted "
+            f"{list(derived[2])}; the acceptance counts say {num_steps}, {list(drafted)}, "
+            f"{list(accepted)}",
+        )
+    return tuple(outcomes)
 
 
 def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
@@ -392,7 +475,18 @@ def host_overhead_to_native(model: HostOverhead) -> dict[str, Any]:
 
 def _parse_counts(
     reader: _Reader, acceptance: Mapping[str, Any]
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[float, ...]]:
+) -> tuple[
+    tuple[int, ...], tuple[int, ...], int | None, tuple[float, ...], tuple[float, ...] | None
+]:
+    """(drafted, accepted, num_steps, r, s) of the counts form.
+
+    With `num_steps` (steps at k_max, those that drafted nothing included): r_i = accepted /
+    num_steps, s_i = drafted / num_steps. Without it (older profiles, every step drafted
+    k_max): r_i = accepted / drafted and s = None.
+    """
+    num_steps: int | None = None
+    if acceptance.get("num_steps") is not None:
+        num_steps = reader.integer(acceptance["num_steps"], "acceptance.num_steps", 1)
     raw_drafted = reader.seq(
         reader.require(acceptance, "drafted_at_pos", "acceptance"), "acceptance.drafted_at_pos"
     )
@@ -404,8 +498,12 @@ def _parse_counts(
             "acceptance",
             f"drafted_at_pos has {len(raw_drafted)} positions, accepted_at_pos {len(raw_accepted)}",
         )
+    # With num_steps a position may never be drafted (a lookup that finds little); without
+    # it every step drafted every position, so a zero count would be a 0/0 rate.
+    min_drafted = 0 if num_steps is not None else 1
     drafted = tuple(
-        reader.integer(v, f"acceptance.drafted_at_pos[{i}]", 1) for i, v in enumerate(raw_drafted)
+        reader.integer(v, f"acceptance.drafted_at_pos[{i}]", min_drafted)
+        for i, v in enumerate(raw_drafted)
     )
     accepted = tuple(
         reader.integer(v, f"acceptance.accepted_at_pos[{i}]", 0) for i, v in enumerate(raw_accepted)
@@ -427,22 +525,38 @@ def _parse_counts(
                 f"acceptance.accepted_at_pos[{i}]",
                 f"must be non-increasing, got {num_accepted} after {accepted[i - 1]}",
             )
-    rates = [a / d for a, d in zip(accepted, drafted, strict=True)]
-    # Re-check through the same rule as given rates: unconditional rates must not rise.
-    reader.rates(rates, "acceptance (accepted_at_pos / drafted_at_pos)")
-    return drafted, accepted, tuple(rates)
+    if num_steps is None:
+        per_drafted = [a / d for a, d in zip(accepted, drafted, strict=True)]
+        # Re-check through the same rule as given rates: unconditional rates must not rise.
+        reader.rates(per_drafted, "acceptance (accepted_at_pos / drafted_at_pos)")
+        return drafted, accepted, None, tuple(per_drafted), None
+    if drafted and drafted[0] > num_steps:
+        raise reader.fail(
+            "acceptance.drafted_at_pos[0]",
+            f"{drafted[0]} steps drafted, more than num_steps {num_steps}",
+        )
+    # Counts are non-increasing (checked above), so these rates are too.
+    rates = tuple(a / num_steps for a in accepted)
+    draft_rates = tuple(d / num_steps for d in drafted)
+    return drafted, accepted, num_steps, rates, draft_rates
 
 
 def profile_to_native(profile: Profile) -> dict[str, Any]:
     """The native JSON object for `profile` (inverse of loading it)."""
     acceptance: dict[str, Any]
-    if profile.drafted_at_pos is not None and profile.accepted_at_pos is not None:
+    has_counts = profile.drafted_at_pos is not None and profile.accepted_at_pos is not None
+    if has_counts and (profile.num_acceptance_steps is not None or profile.draft_rates is None):
         acceptance = {
-            "drafted_at_pos": list(profile.drafted_at_pos),
-            "accepted_at_pos": list(profile.accepted_at_pos),
+            "drafted_at_pos": list(profile.drafted_at_pos or ()),
+            "accepted_at_pos": list(profile.accepted_at_pos or ()),
         }
+        # Written only when known, so an older profile stays byte-identical.
+        if profile.num_acceptance_steps is not None:
+            acceptance["num_steps"] = profile.num_acceptance_steps
     else:
         acceptance = {"rates": list(profile.acceptance_rates)}
+        if profile.draft_rates is not None:
+            acceptance["draft_rates"] = list(profile.draft_rates)
     latency = []
     for point in profile.latency:
         entry: dict[str, Any] = {
@@ -479,6 +593,8 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
     # Written only when measured, so a profile without it stays byte-identical to before.
     if profile.host_overhead is not None:
         native["host_overhead"] = host_overhead_to_native(profile.host_overhead)
+    if profile.draft_outcomes:
+        native["draft_outcomes"] = [[list(row) for row in rows] for rows in profile.draft_outcomes]
     return native
 
 

@@ -30,7 +30,9 @@ from dsd.policies.goodput import (
     GoodputTable,
     ItlTable,
     acceptance_lengths,
+    expected_itl_ms,
     lookup_batch_k,
+    partial_draft_rates,
 )
 from dsd.policies.profile import Profile
 from dsd.policies.types import MAX_NUM_SEQS, KPolicy, StepFeedback, StepView
@@ -210,8 +212,14 @@ def evaluate_policy(policy: KPolicy, profile: Profile, max_num_seqs: int) -> Goo
     al_by_k = acceptance_lengths(profile.acceptance_rates, profile.k_max)  # [k_max + 1]
     batch_sizes = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
     k_values = np.arange(profile.k_max + 1, dtype=np.int64)  # [k_max + 1]
-    objective = al_by_k[None, :] / itl.itl_ms_at(batch_sizes[:, None], k_values[None, :])
-    itl_chosen = itl.itl_ms_at(batch_sizes, k_by_batch)  # [N]
+    draft_rates = partial_draft_rates(profile.draft_rates, profile.k_max)
+    itl_by_k = itl.itl_ms_at(batch_sizes[:, None], k_values[None, :])  # [N, k_max + 1]
+    objective = al_by_k[None, :] / expected_itl_ms(itl_by_k, draft_rates, batch_sizes)
+    if draft_rates is None:
+        itl_chosen = itl.itl_ms_at(batch_sizes, k_by_batch)  # [N]
+    else:  # the chosen K's expected ITL (rows draft fewer than K)
+        expected = expected_itl_ms(itl_by_k, draft_rates, batch_sizes)  # [N, k_max + 1]
+        itl_chosen = expected[np.arange(max_num_seqs), k_by_batch]  # [N]
     return GoodputTable(
         batch_sizes=batch_sizes,
         k_star=k_by_batch,

@@ -179,7 +179,12 @@ def _build_context(argument: str | None, context: PolicyContext) -> KPolicy:
     latency = context.context_latency
     if latency is None:
         latency = ContextLatencyGrid.from_profile(profile)
-    return ContextGoodputPolicy(latency, profile.acceptance_rates[: context.k_max], context.k_max)
+    return ContextGoodputPolicy(
+        latency,
+        profile.acceptance_rates[: context.k_max],
+        context.k_max,
+        draft_rates=profile.draft_rates,
+    )
 
 
 def _split_hysteresis(argument: str) -> tuple[str, str | None]:

@@ -8,16 +8,23 @@ Vocabulary (DESIGN §1; use these words, and only these, in code and docs):
   they carry drafts). `num_tokens`: tokens the target computes in the step.
 - **K** (`num_spec_tokens`): draft tokens proposed for one request in one step. K=0 is plain
   decoding.
-- **accepted** `a` in [0, K]: the leading drafts the target agreed with. Every decode step emits
-  `a + 1` **output tokens**: the +1 is the *bonus* token when all K drafts were accepted, else the
-  *recovered* token sampled at the first rejected position. Rejected = K - a.
-- **per-position acceptance rate** `r_i` (i = 1..K_max): P(the first i drafts all accepted | at
-  least i drafted) = accepted_at_pos[i] / drafted_at_pos[i]. It is unconditional in i, so
-  r_i <= r_{i-1}; the conditional rate is r_i / r_{i-1}. vLLM's *logged* rate divides by all
-  drafts, which reads low when K varies; we count `drafted_at_pos` separately.
+- **drafted** `d` in [0, K]: the drafts a request actually got in a step. A model draft always
+  drafts K; a lookup drafter (n-gram) drafts what it finds, possibly fewer or none, and the step
+  verifies only those.
+- **accepted** `a` in [0, d]: the leading drafts the target agreed with. Every decode step emits
+  `a + 1` **output tokens**: the +1 is the *bonus* token when all drafts were accepted, else the
+  *recovered* token sampled at the first rejected position. Rejected = d - a.
+- **per-position acceptance rate** `r_i` (i = 1..K_max): P(the first i drafts all accepted) at a
+  step that asked for at least i drafts, counting the steps that drafted fewer (for model drafts
+  = accepted_at_pos[i] / drafted_at_pos[i]). It is unconditional in i, so r_i <= r_{i-1}; the
+  conditional rate is r_i / r_{i-1}. vLLM's *logged* rate divides by all drafts, which reads low
+  when K varies; we count `drafted_at_pos` separately.
+- **draft rate** `s_i`: P(d >= i) at a step that asked for at least i drafts (1 for model
+  drafts); r_i <= s_i, and accepted_at_pos[i] / drafted_at_pos[i] = r_i / s_i.
 - **AL(K)** (acceptance length) = expected output tokens per decode step = 1 + sum_{i<=K} r_i.
 - **ITL(B, K)**: latency of one decode step at batch size B with K drafts per request, in ms
-  (draft passes + verification + host overhead).
+  (draft passes + verification + host overhead); with s_i < 1, its expectation over the widest
+  row's drafted count (`policies.goodput.expected_itl_ms`).
 - **goodput(B, K)** = AL(K) / ITL(B, K): output tokens per ms per request (not SLO goodput).
 - Request metrics follow `vllm bench serve`: TTFT; TPOT = (E2EL - TTFT) / (output_tokens - 1),
   only for requests with more than one output token; ITL = gaps between successive output

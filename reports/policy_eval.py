@@ -16,9 +16,9 @@ passes cost):
   time and no static K is right throughout; closed loop at C = 16, 64. The two categories'
   per-position rates are measured, not chosen: the MT-Bench categories with the highest and
   the lowest acceptance length in the bundled early-exit recording
-  (sim/data/earlyexit_acceptance_mtbench.json, exit layer sim.acceptance.DEFAULT_EXIT_LAYER),
+  (sim/data/earlyexit_acceptance_mtbench.json, exit layer sim.replay.DEFAULT_EXIT_LAYER),
   each category's rates counted by replaying greedy chain SD at K = K_MAX along its recorded
-  match sequences (sim.acceptance.per_position_rates_from_recording). The phases are tagged
+  match sequences (sim.replay.per_position_rates_from_recording). The phases are tagged
   with those category names.
 
 Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
@@ -60,14 +60,14 @@ from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
 from dsd.policies.profile_io import save_profile
 from dsd.policies.types import KPolicy
-from dsd.sim.acceptance import (
+from dsd.sim.build import build_engine, fitted_executor, learned_profile
+from dsd.sim.config import RunConfig
+from dsd.sim.engine import Engine
+from dsd.sim.replay import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from dsd.sim.build import build_engine, fitted_executor, learned_profile
-from dsd.sim.config import RunConfig
-from dsd.sim.engine import Engine
 from dsd.sim.resolve import resolve
 from dsd.traces.loaders import TraceOptions
 from dsd.traces.registry import build_workload
@@ -155,11 +155,7 @@ def measured_categories() -> tuple[MeasuredCategory, MeasuredCategory]:
     measured = []
     for name in sorted({c for c in recording.categories if c is not None}):
         members = [i for i, c in enumerate(recording.categories) if c == name]
-        subset = dataclasses.replace(
-            recording,
-            sequences=tuple(recording.sequences[i] for i in members),
-            categories=tuple(name for _ in members),
-        )
+        subset = recording.subset(members)
         counted = per_position_rates_from_recording(subset, K_MAX)
         measured.append(
             MeasuredCategory(name, tuple(counted.rates), counted.acceptance_length, len(members))

@@ -1,60 +1,58 @@
-"""Acceptance models: how many drafts the target accepts, per decode row and step (DESIGN §4).
+"""Acceptance models: what each decode row drafts and accepts, per step (DESIGN §4).
 
 Every model implements `sim.types.AcceptanceModel` and is vectorised over rows: one call of
-`sample_accepted` per step, numpy over up to hundreds of rows, no Python loop over rows.
+`sample_outcomes` per step returns (drafted d [n], accepted a [n]) with 0 <= a <= d <= K, numpy
+over up to hundreds of rows, no Python loop over rows. A model draft drafts d = K always; a
+lookup drafter (n-gram) drafts fewer or none, which the profile records as draft rates
+s_i = P(d >= i) and per-request (d, a) histograms at K = k_max. A model whose rows always draft
+their K returns `num_spec_tokens` itself as d (the executor's fast path tests identity).
 
-- `PerPositionAcceptance`: every request alike. From unconditional per-position rates r_i the
-  conditional rates are c_i = r_i / r_{i-1} (r_0 = 1); a row with K drafts accepts the number
-  of leading successes of independent Bernoulli(c_1..c_K). Hence P(a >= i) = r_i and
-  E[a | K] = sum_{i<=K} r_i, so AL(K) of the profile is reproduced.
+- `PerPositionAcceptance`: every request alike. Without drafting shortfall, from unconditional
+  rates r_i the conditional rates are c_i = r_i / r_{i-1} (r_0 = 1); a row with K drafts accepts
+  the number of leading successes of independent Bernoulli(c_1..c_K), so P(a >= i) = r_i. With
+  it, each row draws (d, a) from the joint at k_max (the profile's histograms summed, or built
+  from r and s) and clips both at K: P(a >= i) = r_i and P(d >= i) = s_i at every K <= k_max.
 - `HeterogeneousAcceptance`: requests differ. Each request draws a strength u ~ U(0, 1) once and
   gets its own rates r_{j,i} = BetaQuantile(u; mean r_i, concentration kappa), then samples like
-  the per-position model with its own rates. The population mean of r_{j,i} is r_i, but the
-  mean of per-request TPOT is not ITL / mean AL (Jensen).
-- `ReplayAcceptance`: replays recorded draft/target match sequences (greedy chain SD): a row at
-  output position p with K drafts accepts the leading 1s of match[p : p+K].
+  the per-position model with its own rates (with shortfall: rates given drafted r_i / s_i,
+  d drawn from s_i, a = min(d, leading successes)). The population mean of r_{j,i} is r_i, but
+  the mean of per-request TPOT is not ITL / mean AL (Jensen).
+- `EmpiricalAcceptance`: requests differ as the measured ones did. Each request is given one
+  recorded request's (d, a) histogram (seeded, by req_id) and samples (d, a) from it each step.
+- `sim.replay.ReplayAcceptance`: replays what a real run's drafter proposed and the target
+  accepted, position by position (exact at temperature 0).
 - `CategoryAcceptance`: routes requests to one model per `RequestSpec.tag`.
 
 Positions past the rates a model knows (K larger than the profiled K_max) reuse the last
-conditional rate: an extrapolation, stated here and in docs/models.md.
+conditional rate (and the last conditional draft rate s_kmax / s_{kmax-1}): an extrapolation,
+stated here and in docs/models.md.
 
 Requests are keyed by `req_id`, a per-run counter (small non-negative ints), so per-request
 state lives in dense arrays indexed by req_id and the hot path is a numpy gather.
 
-What this module does not do: temperature > 0 acceptance from probabilities (the recording's
-`alpha` is not replayed), acceptance that depends on context length or on the batch, or any
-timing (that is `sim.latency`).
+What this module does not do: temperature > 0 acceptance from probabilities, acceptance that
+depends on context length or on the batch, or any timing (that is `sim.latency`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 from scipy.special import betaincinv
 
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
-from dsd.common.errors import InputError
-from dsd.policies.profile import Profile
+from dsd.policies.profile import Profile, outcome_matrices
 from dsd.sim.types import AcceptanceModel
 from dsd.traces.workload import RequestSpec
 
-DEFAULT_RECORDING_PATH = (
-    Path(__file__).resolve().parent / "data" / "earlyexit_acceptance_mtbench.json"
-)
-DEFAULT_EXIT_LAYER = 27
 # Spread (standard deviation over requests) of the per-request r_1 when a profile has no
 # per-request samples: 0.08, what the bundled recording shows at exit layer 27 (per-prompt match
 # rate std 0.092 over ~120 tokens per prompt, less ~0.046 of binomial noise in quadrature).
 DEFAULT_SPREAD = 0.08
-
-Assignment = Literal["round-robin", "random"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,7 +121,7 @@ def _sample_leading_successes(
     return counts
 
 
-class _DenseRows:
+class DenseRows:
     """Per-request rows of a fixed width in a growable array indexed by req_id."""
 
     def __init__(self, width: int, fill: float, dtype: type[np.generic]) -> None:
@@ -159,22 +157,151 @@ class _DenseRows:
         return self.values[req_ids]
 
 
+def comonotone_joint(rates: FloatArray, draft_rates: FloatArray) -> FloatArray:
+    """[k+1, k+1] P(d, a) with one uniform U per step: d = #{i: U < s_i}, a = #{i: U < r_i}.
+
+    The joint a profile implies when it gives only the marginals r_i = P(a >= i) and
+    s_i = P(d >= i) (no histograms): it has exactly those marginals, and a <= d because
+    r_i <= s_i (both made non-increasing, r capped at s). Steps that draft more accept more.
+    """
+    drafts = np.minimum.accumulate(np.clip(draft_rates, 0.0, 1.0))  # [k]
+    accepts = np.minimum(np.minimum.accumulate(np.clip(rates, 0.0, 1.0)), drafts)  # [k]
+    edges = np.unique(np.concatenate(([0.0, 1.0], drafts, accepts)))  # [m] sorted
+    low, high = edges[:-1], edges[1:]  # [m-1] U in [low, high)
+    # s_i > U for every U in [low, high) iff s_i >= high (s_i is one of the edges).
+    num_drafted = (drafts[None, :] >= high[:, None]).sum(axis=1)  # [m-1]
+    num_accepted = (accepts[None, :] >= high[:, None]).sum(axis=1)  # [m-1]
+    joint = np.zeros((len(rates) + 1, len(rates) + 1))  # [k+1, k+1]
+    np.add.at(joint, (num_drafted, num_accepted), high - low)
+    return joint
+
+
+class JointOutcomes:
+    """Sampling (d, a) from joint histograms at k_max, clipped at K and extended past k_max.
+
+    `joints` [R, k+1, k+1] (counts or probabilities, a <= d) holds one joint per recorded
+    request (R = 1 for a global joint). Rows clip both counts at their K, which keeps
+    P(a >= i) and P(d >= i) for every i <= K. Past k_max (K > k_max): a row that drafted k_max
+    drafts on with the pooled last conditional draft rate s_k / s_{k-1}, and one that accepted
+    k_max accepts on with the last conditional rate r_k / r_{k-1}, never past its drafts.
+    """
+
+    def __init__(self, joints: npt.ArrayLike) -> None:
+        counts = np.asarray(joints, dtype=np.float64)  # [R, k+1, k+1]
+        if counts.ndim != 3 or counts.shape[1] != counts.shape[2] or counts.shape[1] < 2:
+            raise ValueError(
+                f"joint histograms must be [R, k+1, k+1] with k >= 1, got {counts.shape}"
+            )
+        if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+            raise ValueError("joint histograms must be finite and >= 0")
+        if np.any(np.triu(counts, k=1) > 0):
+            raise ValueError("joint histograms put mass on a > d (accepted more than drafted)")
+        totals = counts.sum(axis=(1, 2))  # [R]
+        if np.any(totals <= 0):
+            raise ValueError("every joint histogram needs some steps")
+        self.k_max = counts.shape[1] - 1
+        cells = counts.reshape(counts.shape[0], -1) / totals[:, None]  # [R, (k+1)^2]
+        cdf = np.cumsum(cells, axis=1)  # [R, (k+1)^2]
+        cdf[:, -1] = 1.0  # rounding must not leave a uniform beyond the last cell
+        self.cdf = cdf
+        pooled = counts.sum(axis=0) / totals.sum()  # [k+1, k+1]
+        positions = range(1, self.k_max + 1)
+        self.rates = np.array([pooled[:, i:].sum() for i in positions])  # [k] P(a >= i)
+        self.draft_rates = np.array([pooled[i:].sum() for i in positions])  # [k] P(d >= i)
+        # Every step drafted k_max: d = K at any K (the executor's fast path).
+        self.always_drafts = bool(counts[:, : self.k_max].sum() == 0)
+        self._draft_tail = float(conditional_rates(self.draft_rates)[-1])
+        self._accept_tail = float(conditional_rates(self.rates)[-1])
+
+    def sample(
+        self,
+        rng: np.random.Generator,
+        num_spec_tokens: IntArray,
+        which: IntArray | None = None,
+    ) -> tuple[IntArray, IntArray]:
+        """(d [n], a [n]) for rows with K [n], from joint `which` [n] (None: the only one)."""
+        num_rows = int(num_spec_tokens.shape[0])
+        uniforms = rng.random(num_rows)  # [n]
+        if which is None:
+            cell = np.searchsorted(self.cdf[0], uniforms, side="right")  # [n]
+        else:
+            # First cell whose cumulative probability exceeds the uniform, per row's own joint.
+            cell = (self.cdf[which] <= uniforms[:, None]).sum(axis=1)  # [n]
+        drafted, accepted = np.divmod(cell.astype(np.int64), self.k_max + 1)  # [n] each
+        if num_rows and int(np.maximum.reduce(num_spec_tokens)) > self.k_max:
+            self._extend(rng, drafted, accepted, num_spec_tokens)
+        np.minimum(drafted, num_spec_tokens, out=drafted)
+        np.minimum(accepted, num_spec_tokens, out=accepted)
+        return drafted, accepted
+
+    def _extend(
+        self,
+        rng: np.random.Generator,
+        drafted: IntArray,
+        accepted: IntArray,
+        num_spec_tokens: IntArray,
+    ) -> None:
+        """Drafts and accepts past k_max for rows with K > k_max (in place)."""
+        rows = np.flatnonzero((num_spec_tokens > self.k_max) & (drafted == self.k_max))  # [m]
+        if rows.size == 0:
+            return
+        beyond = num_spec_tokens[rows] - self.k_max  # [m]
+        more_drafted = _sample_leading_successes(rng, np.array([self._draft_tail]), beyond)
+        drafted[rows] += more_drafted
+        full = accepted[rows] == self.k_max  # [m]
+        more_accepted = _sample_leading_successes(
+            rng, np.array([self._accept_tail]), more_drafted[full]
+        )
+        accepted[rows[full]] += more_accepted
+
+
 # --------------------------------------------------------------------------------------------
 # Homogeneous per-position rates
 # --------------------------------------------------------------------------------------------
 
 
 class PerPositionAcceptance:
-    """All requests share the unconditional per-position rates r_1..r_kmax."""
+    """All requests share the unconditional per-position rates r_1..r_kmax (and the draft rates
+    s_1..s_kmax, or the joint of (d, a) at k_max, when the drafter drafts fewer than K)."""
 
-    def __init__(self, rates: Sequence[float] | FloatArray, seed: np.random.SeedSequence) -> None:
+    def __init__(
+        self,
+        rates: Sequence[float] | FloatArray,
+        seed: np.random.SeedSequence,
+        draft_rates: Sequence[float] | FloatArray | None = None,
+        joint: npt.ArrayLike | None = None,
+    ) -> None:
+        """`joint` [k+1, k+1] (d, a) counts at k_max; else `draft_rates` s_i, from which the
+        comonotone joint is built; neither: every step drafts its K."""
         self.rates = _validated_rates(rates, "PerPositionAcceptance")  # [k_max]
         self.cond = conditional_rates(self.rates)  # [k_max]
         self.rng = np.random.default_rng(seed)
+        if joint is None and draft_rates is not None:
+            s = _validated_rates(draft_rates, "PerPositionAcceptance draft rates")
+            if s.shape != self.rates.shape:
+                raise ValueError(f"need {len(self.rates)} draft rates, got {len(s)}")
+            if not np.all(s == 1.0):
+                joint = comonotone_joint(self.rates, s)
+        # None: every step drafts its K, sampled from the rates alone (the fast path).
+        self.joint: JointOutcomes | None = None
+        if joint is not None:
+            outcomes = JointOutcomes(np.asarray(joint, dtype=np.float64)[None])
+            if outcomes.k_max != len(self.rates):
+                raise ValueError(
+                    f"joint is for k_max {outcomes.k_max}, rates for {len(self.rates)}"
+                )
+            if not outcomes.always_drafts:
+                self.joint = outcomes
 
     @staticmethod
     def from_profile(profile: Profile, seed: np.random.SeedSequence) -> PerPositionAcceptance:
-        return PerPositionAcceptance(profile.acceptance_rates, seed)
+        """The profile's rates, with its (d, a) histograms summed (or its draft rates)."""
+        return PerPositionAcceptance(
+            profile.acceptance_rates,
+            seed,
+            draft_rates=profile.draft_rates,
+            joint=profile.draft_outcome_matrix(),
+        )
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         """Requests are alike: nothing to draw."""
@@ -182,10 +309,12 @@ class PerPositionAcceptance:
     def remove_request(self, req_id: int) -> None:
         """No per-request state."""
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
-    ) -> IntArray:
-        return _sample_leading_successes(self.rng, self.cond, num_spec_tokens)
+    ) -> tuple[IntArray, IntArray]:
+        if self.joint is None:
+            return num_spec_tokens, _sample_leading_successes(self.rng, self.cond, num_spec_tokens)
+        return self.joint.sample(self.rng, num_spec_tokens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +375,12 @@ class HeterogeneousAcceptance:
     the profile's per-request r_1 samples (method of moments; it includes each sample's own
     counting noise, so it reads high when samples are short); else `spread` (std of per-request
     r_1 over the population; None: DEFAULT_SPREAD, capped where the mean cannot have it).
+
+    Draft rates s_i < 1 (a drafter that drafts fewer than K): every row draws d from s_i alone
+    (d = #{i: U < s_i}, one uniform, clipped at K; requests alike in what they draft) and
+    accepts min(d, A), A the leading successes of its request's rates given drafted, whose
+    population mean is q_i = r_i / s_i. Since d and A are independent, P(a >= i) = s_i q_i = r_i
+    (exactly when q_i is non-increasing; else its non-increasing envelope, slightly lower).
     """
 
     def __init__(
@@ -254,17 +389,32 @@ class HeterogeneousAcceptance:
         seed: np.random.SeedSequence,
         spread: float | None = None,
         concentration: float | None = None,
+        draft_rates: Sequence[float] | FloatArray | None = None,
     ) -> None:
         validated = _validated_rates(rates, "HeterogeneousAcceptance")
+        # [k_max] s_i, or None when every step drafts its K (the fast path, rates as given)
+        self.draft_rates: FloatArray | None = None
+        if draft_rates is not None:
+            s = np.minimum.accumulate(
+                _validated_rates(draft_rates, "HeterogeneousAcceptance draft rates")
+            )
+            if s.shape != validated.shape:
+                raise ValueError(f"need {len(validated)} draft rates, got {len(s)}")
+            if not np.all(s == 1.0):
+                self.draft_rates = s
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    validated = np.clip(np.where(s > 0, validated / s, 0.0), 0.0, 1.0)
+                self._draft_ascending = s[::-1].copy()  # [k_max] for the inverse-CDF draw
+                self._draft_tail = float(conditional_rates(s)[-1])
         # The non-increasing envelope: a comonotone draw needs non-increasing means.
-        self.rates = np.minimum.accumulate(validated)  # [k_max]
+        self.rates = np.minimum.accumulate(validated)  # [k_max] (given drafted, with s_i < 1)
         if concentration is None:
             concentration = _concentration_for_rates(self.rates, spread)
         if not (math.isfinite(concentration) and concentration > 0):
             raise ValueError(f"concentration must be finite and > 0, got {concentration}")
         self.concentration = float(concentration)
         self.rng = np.random.default_rng(seed)
-        self._cond = _DenseRows(len(self.rates), 0.0, np.float64)  # [req, k_max] conditional
+        self._cond = DenseRows(len(self.rates), 0.0, np.float64)  # [req, k_max] conditional
 
     @staticmethod
     def from_profile(
@@ -276,14 +426,23 @@ class HeterogeneousAcceptance:
         if len(first) >= 2:
             mean = float(profile.acceptance_rates[0])
             variance = float(np.var(first, ddof=1))
+            draft_rate = 1.0 if profile.draft_rates is None else float(profile.draft_rates[0])
+            if draft_rate < 1.0 and draft_rate > 0:
+                # The Beta is over rates given drafted: r_1 / s_1 per request.
+                mean, variance = mean / draft_rate, variance / draft_rate**2
             if variance > 0 and 0 < mean < 1:
                 concentration = max(mean * (1.0 - mean) / variance - 1.0, 1e-3)
         return HeterogeneousAcceptance(
-            profile.acceptance_rates, seed, spread=spread, concentration=concentration
+            profile.acceptance_rates,
+            seed,
+            spread=spread,
+            concentration=concentration,
+            draft_rates=profile.draft_rates,
         )
 
     def request_rates(self, req_id: int) -> FloatArray:
-        """The unconditional rates drawn for one request [k_max] (for tests and reports)."""
+        """The rates drawn for one request [k_max] (for tests and reports): unconditional, or
+        given drafted when the model has draft rates below 1."""
         cond = self._cond.gather(np.array([req_id], dtype=np.int64))[0]  # [k_max]
         rates: FloatArray = np.cumprod(cond)
         return rates
@@ -300,203 +459,117 @@ class HeterogeneousAcceptance:
     def remove_request(self, req_id: int) -> None:
         self._cond.remove(req_id)
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
-    ) -> IntArray:
+    ) -> tuple[IntArray, IntArray]:
         cond = self._cond.gather(req_ids)  # [n, k_max]
-        return _sample_leading_successes(self.rng, cond, num_spec_tokens)
+        accepted = _sample_leading_successes(self.rng, cond, num_spec_tokens)  # [n]
+        if self.draft_rates is None:
+            return num_spec_tokens, accepted
+        drafted = self._sample_drafted(num_spec_tokens)  # [n]
+        return drafted, np.minimum(accepted, drafted)
+
+    def _sample_drafted(self, num_spec_tokens: IntArray) -> IntArray:
+        """d [n] = #{i: U < s_i} (P(d >= i) = s_i), past k_max by the last conditional draft
+        rate, clipped at K."""
+        k_max = self._draft_ascending.shape[0]
+        uniforms = self.rng.random(num_spec_tokens.shape[0])  # [n]
+        # s is non-increasing, so #{i: s_i > U} = k - #{ascending s <= U}
+        drafted = k_max - np.searchsorted(self._draft_ascending, uniforms, side="right")  # [n]
+        drafted = drafted.astype(np.int64)
+        rows = np.flatnonzero((num_spec_tokens > k_max) & (drafted == k_max))  # [m]
+        if rows.size:
+            drafted[rows] += _sample_leading_successes(
+                self.rng, np.array([self._draft_tail]), num_spec_tokens[rows] - k_max
+            )
+        clipped: IntArray = np.minimum(drafted, num_spec_tokens)
+        return clipped
 
 
 # --------------------------------------------------------------------------------------------
-# Replay of recorded match sequences
+# Empirical per-request histograms
 # --------------------------------------------------------------------------------------------
 
+# Requests' recorded-request picks are drawn in blocks of this many req_ids, in req_id order.
+_PICK_BLOCK = 1024
 
-@dataclass(frozen=True)
-class ReplayRecording:
-    """Recorded greedy match sequences of one draft (exit layer), one per prompt."""
 
-    layer: int  # draft exit layer the sequences belong to
-    sequences: tuple[npt.NDArray[np.bool_], ...]  # per prompt [gen_len]: draft argmax == target
-    categories: tuple[str | None, ...]  # per prompt category (MT-Bench), or None
-    source: str  # file name or "inline", for messages
+def per_request_joints(profile: Profile) -> FloatArray:
+    """[R, k+1, k+1] each measured request's (d, a) distribution at k_max.
 
-    def __post_init__(self) -> None:
-        if not self.sequences:
-            raise ValueError(f"{self.source}: no sequences")
-        if len(self.categories) != len(self.sequences):
-            raise ValueError(f"{self.source}: one category per sequence expected")
-        if any(len(s) == 0 for s in self.sequences):
-            raise ValueError(f"{self.source}: empty sequence")
+    From `draft_outcomes` when the profile has them; else from `per_request_rates` with d = k_max
+    (a model draft): P(a = i) = r_i - r_{i+1}, a sample shorter than k_max extended by its last
+    conditional rate. ValueError when the profile has neither.
+    """
+    if profile.draft_outcomes:
+        return outcome_matrices(profile.draft_outcomes, profile.k_max).astype(np.float64)
+    if not profile.per_request_rates:
+        raise ValueError(
+            "the profile has no per-request samples (draft_outcomes or per_request_rates); "
+            "use per-position or heterogeneous"
+        )
+    k_max = profile.k_max
+    joints = np.zeros((len(profile.per_request_rates), k_max + 1, k_max + 1))
+    for index, sample in enumerate(profile.per_request_rates):
+        given = _validated_rates(sample, f"per_request_rates[{index}]")  # [<= k_max]
+        rates = np.cumprod(_widen(conditional_rates(given), k_max))  # [k_max]
+        at_least = np.concatenate(([1.0], np.minimum.accumulate(rates), [0.0]))  # [k_max + 2]
+        joints[index, k_max] = np.maximum(at_least[:-1] - at_least[1:], 0.0)
+    return joints
+
+
+class EmpiricalAcceptance:
+    """Each request samples (d, a) every step from one measured request's joint histogram.
+
+    At add_request a request is given recorded request `pick[req_id]`, where `pick` is drawn
+    uniformly with replacement from a stream of its own in req_id order (so a request's pick
+    depends on the seed and its id only, not on arrival order or on other requests). Each step
+    it draws one cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore
+    differ exactly as the measured ones did, in acceptance and in what their drafter finds,
+    without a parametric form; the price is that the population is the measured prompt set.
+    """
+
+    def __init__(self, joints: npt.ArrayLike, seed: np.random.SeedSequence) -> None:
+        """`joints` [R, k+1, k+1]: (d, a) counts or probabilities per recorded request."""
+        self.outcomes = JointOutcomes(joints)
+        self.num_recorded = int(self.outcomes.cdf.shape[0])
+        # Two child streams: the picks (by req_id) and the per-step draws.
+        self._pick_rng = np.random.default_rng(
+            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 0))
+        )
+        self.rng = np.random.default_rng(
+            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 1))
+        )
+        self._picks = np.zeros(0, dtype=np.int64)  # [drawn] pick per req_id
+        self._recorded_of = DenseRows(1, -1, np.int64)  # [req, 1] recorded request
 
     @staticmethod
-    def from_sequences(
-        sequences: Sequence[Sequence[int] | Sequence[bool]],
-        categories: Sequence[str | None] | None = None,
-        layer: int = DEFAULT_EXIT_LAYER,
-    ) -> ReplayRecording:
-        arrays = tuple(np.asarray(s, dtype=np.bool_) for s in sequences)
-        cats = tuple(categories) if categories is not None else (None,) * len(arrays)
-        return ReplayRecording(layer=layer, sequences=arrays, categories=cats, source="inline")
+    def from_profile(profile: Profile, seed: np.random.SeedSequence) -> EmpiricalAcceptance:
+        return EmpiricalAcceptance(per_request_joints(profile), seed)
 
-
-def load_replay_recording(
-    path: str | Path = DEFAULT_RECORDING_PATH, layer: int = DEFAULT_EXIT_LAYER
-) -> ReplayRecording:
-    """Read an early-exit recording (`sim/data/earlyexit_acceptance_mtbench.json` format)."""
-    name = Path(path).name
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{name}: line {exc.lineno}: invalid JSON: {exc.msg}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):
-        raise InputError(f"{name}: expected an object with a 'prompts' list")
-    layers = data.get("layers")
-    if isinstance(layers, list) and layer not in layers:
-        raise InputError(f"{name}: exit layer {layer} not recorded (layers: {layers})")
-    sequences: list[npt.NDArray[np.bool_]] = []
-    categories: list[str | None] = []
-    for index, prompt in enumerate(data["prompts"]):
-        where = f"{name}: prompts[{index}]"
-        match = prompt.get("match") if isinstance(prompt, dict) else None
-        if not isinstance(match, dict) or str(layer) not in match:
-            raise InputError(f"{where}: no match sequence for layer {layer}")
-        seq = match[str(layer)]
-        if not isinstance(seq, list) or any(v not in (0, 1) for v in seq):
-            raise InputError(f"{where}: match['{layer}'] must be a list of 0/1")
-        if not seq:
-            continue  # a prompt that generated nothing has nothing to replay
-        sequences.append(np.asarray(seq, dtype=np.bool_))
-        category = prompt.get("category")
-        categories.append(str(category) if category is not None else None)
-    if not sequences:
-        raise InputError(f"{name}: no non-empty match sequences at layer {layer}")
-    return ReplayRecording(
-        layer=layer, sequences=tuple(sequences), categories=tuple(categories), source=name
-    )
-
-
-@dataclass(frozen=True)
-class RecordedRates:
-    """Per-position acceptance counts of a chain-SD replay of a recording at fixed K."""
-
-    rates: tuple[float, ...]  # r_i = accepted_at_pos[i] / drafted_at_pos[i], i = 1..k_max
-    drafted_at_pos: tuple[int, ...]  # steps that drafted at least i tokens
-    accepted_at_pos: tuple[int, ...]  # steps whose first i drafts were all accepted
-    num_steps: int  # decode steps replayed
-    acceptance_length: float  # output tokens per decode step, bonus included
-
-
-def per_position_rates_from_recording(recording: ReplayRecording, k_max: int) -> RecordedRates:
-    """Replay greedy chain SD with K = k_max along every sequence and count per position.
-
-    Output position 0 comes from prefill, so decode steps start at position 1. A step at
-    position p drafts min(k_max, len - p) tokens (nothing is drafted past the recorded end),
-    accepts the leading matches and emits accepted + 1 tokens. This is what a profiler would
-    log with K fixed, so the rates can fill a Profile's `acceptance_rates`.
-    """
-    if k_max < 1:
-        raise ValueError(f"k_max must be >= 1, got {k_max}")
-    drafted = np.zeros(k_max, dtype=np.int64)
-    accepted = np.zeros(k_max, dtype=np.int64)
-    num_steps = 0
-    num_emitted = 0
-    for seq in recording.sequences:
-        length = len(seq)
-        position = 1
-        while position < length:
-            num_drafts = min(k_max, length - position)
-            window = seq[position : position + num_drafts]
-            misses = np.flatnonzero(~window)
-            num_accepted = int(misses[0]) if misses.size else num_drafts
-            drafted[:num_drafts] += 1
-            accepted[:num_accepted] += 1
-            num_steps += 1
-            num_emitted += min(num_accepted + 1, length - position)
-            position += num_accepted + 1
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rates = np.where(drafted > 0, accepted / np.maximum(drafted, 1), 0.0)
-    return RecordedRates(
-        rates=tuple(float(v) for v in rates),
-        drafted_at_pos=tuple(int(v) for v in drafted),
-        accepted_at_pos=tuple(int(v) for v in accepted),
-        num_steps=num_steps,
-        acceptance_length=num_emitted / max(num_steps, 1),
-    )
-
-
-class ReplayAcceptance:
-    """Accepted count = leading 1s of the request's recorded match[p : p+K] (greedy chain SD).
-
-    Valid when the draft's proposal at a position along the target trajectory does not depend
-    on earlier rejections: exact for early exit, approximate for a separate draft model.
-    Requests map to recorded prompts at add_request: among the prompts whose category equals
-    the request's tag when there are any (`by_tag`), else among all; round-robin in arrival
-    order or seeded random. A request longer than its recorded sequence wraps around (position
-    p reads match[p mod len]): it keeps the prompt's own statistics at the cost of one
-    artificial join per wrap.
-    """
-
-    def __init__(
-        self,
-        recording: ReplayRecording,
-        seed: np.random.SeedSequence,
-        assignment: Assignment = "round-robin",
-        by_tag: bool = True,
-    ) -> None:
-        if assignment not in ("round-robin", "random"):
-            raise ValueError(f"assignment must be round-robin or random, got {assignment!r}")
-        self.recording = recording
-        self.assignment = assignment
-        self.by_tag = by_tag
-        self.rng = np.random.default_rng(seed)
-        lengths = np.array([len(s) for s in recording.sequences], dtype=np.int64)  # [P]
-        self._lengths = lengths
-        self._starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # [P]
-        self._flat = np.concatenate(recording.sequences)  # [sum(len)]
-        self._all_prompts = np.arange(len(lengths), dtype=np.int64)
-        self._by_category: dict[str, IntArray] = {}
-        for category in {c for c in recording.categories if c is not None}:
-            members = [i for i, c in enumerate(recording.categories) if c == category]
-            self._by_category[category] = np.array(members, dtype=np.int64)
-        self._next_in_group: dict[str | None, int] = {}  # round-robin cursor per group
-        self._prompt_of = _DenseRows(1, -1, np.int64)  # [req, 1] prompt index
-
-    def _candidates(self, tag: str | None) -> tuple[str | None, IntArray]:
-        if self.by_tag and tag is not None and tag in self._by_category:
-            return tag, self._by_category[tag]
-        return None, self._all_prompts
+    def recorded_of(self, req_id: int) -> int:
+        """Index of the measured request whose histogram a request samples."""
+        return int(self._recorded_of.gather(np.array([req_id], dtype=np.int64))[0, 0])
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
-        group, candidates = self._candidates(spec.tag)
-        if self.assignment == "random":
-            pick = int(self.rng.integers(len(candidates)))
-        else:
-            pick = self._next_in_group.get(group, 0) % len(candidates)
-            self._next_in_group[group] = pick + 1
-        self._prompt_of.set(req_id, [int(candidates[pick])])
-
-    def prompt_of(self, req_id: int) -> int:
-        """Index of the recorded prompt a request replays."""
-        return int(self._prompt_of.gather(np.array([req_id], dtype=np.int64))[0, 0])
+        if req_id < 0:
+            raise ValueError(f"req_id must be >= 0, got {req_id}")
+        while req_id >= self._picks.shape[0]:
+            block = self._pick_rng.integers(self.num_recorded, size=_PICK_BLOCK)  # [block]
+            self._picks = np.concatenate((self._picks, block.astype(np.int64)))
+        self._recorded_of.set(req_id, [int(self._picks[req_id])])
 
     def remove_request(self, req_id: int) -> None:
-        self._prompt_of.remove(req_id)
+        self._recorded_of.remove(req_id)
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
-    ) -> IntArray:
-        num_rows = int(num_spec_tokens.shape[0])
-        width = int(num_spec_tokens.max()) if num_rows else 0
-        if width <= 0:
-            return np.zeros(num_rows, dtype=np.int64)
-        prompts = self._prompt_of.gather(req_ids)[:, 0]  # [n]
-        lengths = self._lengths[prompts]  # [n]
-        offsets = num_output_tokens[:, None] + np.arange(width)[None, :]  # [n, w]
-        index = self._starts[prompts][:, None] + offsets % lengths[:, None]  # [n, w]
-        return count_leading(self._flat[index], num_spec_tokens)
+    ) -> tuple[IntArray, IntArray]:
+        recorded = self._recorded_of.gather(req_ids)[:, 0]  # [n]
+        drafted, accepted = self.outcomes.sample(self.rng, num_spec_tokens, recorded)
+        if self.outcomes.always_drafts:
+            return num_spec_tokens, accepted  # d == K on every row: the executor's fast path
+        return drafted, accepted
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,7 +583,7 @@ class CategoryAcceptance:
     def __init__(self, by_tag: Mapping[str, AcceptanceModel], default: AcceptanceModel) -> None:
         self.models: list[AcceptanceModel] = [default, *by_tag.values()]  # index 0 is the default
         self._index_of_tag = {tag: i + 1 for i, tag in enumerate(by_tag)}
-        self._route = _DenseRows(1, -1, np.int64)  # [req, 1] model index
+        self._route = DenseRows(1, -1, np.int64)  # [req, 1] model index
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         index = self._index_of_tag.get(spec.tag, 0) if spec.tag is not None else 0
@@ -523,14 +596,20 @@ class CategoryAcceptance:
             self.models[index].remove_request(req_id)
         self._route.remove(req_id)
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
-    ) -> IntArray:
+    ) -> tuple[IntArray, IntArray]:
         routes = self._route.gather(req_ids)[:, 0]  # [n]
         accepted = np.zeros(req_ids.shape[0], dtype=np.int64)  # [n]
+        drafted: IntArray | None = None  # [n] once some model drafts fewer than K
         for index in np.unique(routes).tolist():  # a loop over models, not rows
             rows = np.flatnonzero(routes == index)
-            accepted[rows] = self.models[index].sample_accepted(
-                req_ids[rows], num_output_tokens[rows], num_spec_tokens[rows]
+            ks = num_spec_tokens[rows]  # [m]
+            model_drafted, accepted[rows] = self.models[index].sample_outcomes(
+                req_ids[rows], num_output_tokens[rows], ks
             )
-        return accepted
+            if model_drafted is not ks:
+                if drafted is None:
+                    drafted = num_spec_tokens.copy()
+                drafted[rows] = model_drafted
+        return (num_spec_tokens if drafted is None else drafted), accepted

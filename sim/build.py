@@ -19,14 +19,15 @@ from dsd.policies.types import KPolicy
 from dsd.sim.ablation import FixedBatchLatency, FixedBatchPolicy, FreePrefillLatency
 from dsd.sim.acceptance import (
     CategoryAcceptance,
+    EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
-    ReplayAcceptance,
 )
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.executor import FittedExecutor, LatencyJitter
 from dsd.sim.latency import PrefillCost
+from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
 from dsd.sim.types import AcceptanceModel, Executor, LatencyModel
@@ -73,6 +74,7 @@ def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:
             resolved.profile,
             streams["acceptance"],
             config.category_acceptance,
+            resolved.replay_recording,
         ),
         host_overhead_ms=resolved.host_overhead_ms,
         jitter=jitter,
@@ -99,7 +101,9 @@ def _acceptance_model(
     profile: Profile,
     seed: np.random.SeedSequence,
     category_acceptance: tuple[tuple[str, tuple[float, ...]], ...] = (),
+    recording: ReplayRecording | None = None,
 ) -> AcceptanceModel:
+    """The run's acceptance model; `recording` is the replay file's (None: the bundled one)."""
     if category_acceptance:
         # The default model keeps the stream it has without routing (spawn_key unchanged), so
         # untagged requests draw as before; each category gets its own child stream.
@@ -110,7 +114,7 @@ def _acceptance_model(
             tag: PerPositionAcceptance(rates, child)
             for (tag, rates), child in zip(category_acceptance, children, strict=True)
         }
-        return CategoryAcceptance(by_tag, _acceptance_model(kind, profile, seed))
+        return CategoryAcceptance(by_tag, _acceptance_model(kind, profile, seed, (), recording))
     if kind == "per-position":
         return PerPositionAcceptance.from_profile(profile, seed)
     if kind == "heterogeneous":
@@ -118,7 +122,14 @@ def _acceptance_model(
             return HeterogeneousAcceptance.from_profile(profile, seed)
         except ValueError as exc:
             raise InputError(f"acceptance_model heterogeneous: {exc}") from None
-    return ReplayAcceptance(cached_recording(), seed)
+    if kind == "empirical":
+        try:
+            return EmpiricalAcceptance.from_profile(profile, seed)
+        except ValueError as exc:
+            raise InputError(f"acceptance_model empirical: {exc}") from None
+    # A run's own recording replays request i as recorded request i (by id); the bundled
+    # early-exit recording round-robins over its prompts by category.
+    return ReplayAcceptance(cached_recording() if recording is None else recording, seed)
 
 
 def _latency_model(resolved: ResolvedRun) -> LatencyModel:

@@ -17,12 +17,12 @@ from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
 from dsd.traces.rollout import RolloutConfig
 
-AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]
+AcceptanceKind = Literal["per-position", "heterogeneous", "empirical", "replay"]
 PrefillCostMode = Literal["profile", "free"]
 
 SCHEDULING_MODES: tuple[str, ...] = ("sync", "async")
 LATENCY_MODEL_KINDS: tuple[str, ...] = ("auto", "table", "parametric")
-ACCEPTANCE_MODEL_KINDS: tuple[str, ...] = ("heterogeneous", "per-position", "replay")
+ACCEPTANCE_MODEL_KINDS: tuple[str, ...] = ("heterogeneous", "per-position", "empirical", "replay")
 PREFILL_COST_MODES: tuple[str, ...] = ("profile", "free")
 MIXED_K_COSTINGS: tuple[str, ...] = ("padded", "token-equivalent")
 
@@ -111,9 +111,15 @@ class RunConfig:
     # Step latency model: "table" (the profile, goodput's interpolation), "parametric" (fitted,
     # extrapolates), "auto" (table when it covers K=0..k_max at every profiled B).
     latency_model: LatencyModelKind = "auto"
-    # Acceptance model: "heterogeneous" (requests differ), "per-position" (all alike), "replay"
-    # (the bundled recorded match sequences).
+    # Acceptance model (docs/models.md §2): "heterogeneous" (requests differ: Beta-distributed
+    # rates), "per-position" (all alike), "empirical" (each request samples one measured
+    # request's (drafted, accepted) histogram from the profile), "replay" (recorded drafts and
+    # matches position by position: `replay_recording`, else the bundled early-exit recording).
     acceptance_model: AcceptanceKind = "heterogeneous"
+    # Replay recording file for acceptance_model "replay": a "dsd-replay" JSON of a real run
+    # (sim.replay; request i replays recorded request i, so the run's own workload replays
+    # exactly) or an early-exit match recording. None: the bundled recording.
+    replay_recording: str | None = None
     # Host time per step that the profile's step timing did not see, ms, >= 0, added to every
     # step; None: the profile's measured host-overhead model if it has one, else 0.
     host_overhead_ms: float | None = None
@@ -166,6 +172,16 @@ class RunConfig:
         require_int(self.k_max, "k_max", 0, optional=True)
         require_choice(self.latency_model, "latency_model", LATENCY_MODEL_KINDS)
         require_choice(self.acceptance_model, "acceptance_model", ACCEPTANCE_MODEL_KINDS)
+        if self.replay_recording is not None:
+            if not isinstance(self.replay_recording, str) or not self.replay_recording.strip():
+                raise InputError(
+                    f"replay_recording: must be a file path or None, got {self.replay_recording!r}"
+                )
+            if self.acceptance_model != "replay":
+                raise InputError(
+                    "replay_recording: only the replay acceptance model reads a recording, "
+                    f"got acceptance_model {self.acceptance_model!r}"
+                )
         require_number(self.host_overhead_ms, "host_overhead_ms", minimum=0.0, optional=True)
         require_number(self.jitter_sigma, "jitter_sigma", minimum=0.0)
         require_choice(self.prefill_cost, "prefill_cost", PREFILL_COST_MODES)

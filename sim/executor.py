@@ -1,16 +1,23 @@
 """The simulator's executor: one step's duration and accepted counts from fitted models.
 
 `FittedExecutor` implements `sim.types.Executor` with a `LatencyModel` (how long the step takes)
-and an `AcceptanceModel` (how many drafts each decode row accepts). Per step it frees the
-acceptance state of finished requests, samples accepted counts for the decode rows at their
-output positions and K, and returns `StepOutcome(duration_s, num_accepted)`.
+and an `AcceptanceModel` (how many drafts each decode row gets and accepts). Per step it frees
+the acceptance state of finished requests, samples (drafted d, accepted a) for the decode rows at
+their output positions and K, and returns `StepOutcome(duration_s, num_accepted, num_drafted)`.
 
-Duration = latency_model.step_ms(batch) + host overhead, times an optional multiplicative
+The step is charged as it ran: like the real engine, which verifies only the drafts a row got
+(a B x (max d + 1) forward), rows that drafted d < K (an n-gram lookup found fewer) are priced
+at d: the latency model sees the batch with each decode row's K replaced by its d (`padded`
+table costing reads max d, token-equivalent sum(d + 1)), and the host-overhead class is "some
+row drafted" (d > 0). When the model reports d = K for every row (model drafts), the batch is
+priced as scheduled, with no copy.
+
+Duration = latency_model.step_ms(batch as run) + host overhead, times an optional multiplicative
 lognormal noise exp(sigma * Z) with its own generator (off by default). The noise has median 1,
 because profiles record median step latency. The host overhead is host time of the engine loop
 that the profiled step timing does not see (scheduler, policy, metrics, bookkeeping): either a
 constant `host_overhead_ms` or a measured `policies.profile.HostOverhead` model, which charges
-intercept + per_row x B by whether any decode row drafts (K > 0). Default: none (0).
+intercept + per_row x B by whether any decode row drafts (d > 0). Default: none (0).
 
 What this does not do: decide anything about scheduling (the scheduler), stop early on EOS
 (simulated requests run to max_tokens; `stop_index` stays None), or touch torch.
@@ -18,20 +25,22 @@ What this does not do: decide anything about scheduling (the scheduler), stop ea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 
+from dsd.common.arrays import IntArray
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.sim.acceptance import (
+    EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
-    ReplayAcceptance,
-    load_replay_recording,
 )
+from dsd.sim.config import AcceptanceKind
 from dsd.sim.latency import LatencyModelKind, fit_latency_model
+from dsd.sim.replay import ReplayAcceptance, load_replay_recording
 from dsd.sim.types import AcceptanceModel, LatencyModel, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -80,28 +89,59 @@ class FittedExecutor:
             self.acceptance.remove_request(req_id)
         num_decode = batch.num_decode_reqs
         decode_ks = batch.num_spec_tokens[:num_decode]  # [D]
-        num_accepted = self.acceptance.sample_accepted(
+        num_drafted, num_accepted = self.acceptance.sample_outcomes(
             batch.req_ids[:num_decode],
             batch.num_output_tokens[:num_decode],
             decode_ks,
-        )  # [D]
-        # The contract the engine relies on: 0 <= a <= K for every decode row, i.e. neither a
-        # nor K - a is negative.
-        if num_accepted.shape != decode_ks.shape or (
-            num_decode > 0 and int(np.minimum(num_accepted, decode_ks - num_accepted).min()) < 0
-        ):
-            raise RuntimeError(
-                f"step {batch.step_index}: acceptance model returned accepted counts outside "
-                f"[0, K]: {num_accepted.tolist()} for K {decode_ks.tolist()}"
-            )
-        step_ms = self.latency.step_ms(batch) + self._host_ms(batch)
+        )  # [D] each
+        if num_drafted is decode_ks:
+            # Every row drafted its K: the step runs as scheduled (the fast path). The contract
+            # the engine relies on: 0 <= a <= K, i.e. neither a nor K - a is negative.
+            if num_accepted.shape != decode_ks.shape or (
+                num_decode > 0 and int(np.minimum(num_accepted, decode_ks - num_accepted).min()) < 0
+            ):
+                raise RuntimeError(
+                    f"step {batch.step_index}: acceptance model returned accepted counts "
+                    f"outside [0, K]: {num_accepted.tolist()} for K {decode_ks.tolist()}"
+                )
+            ran = batch
+            reported_drafted = None
+        else:
+            self._check_outcomes(batch, decode_ks, num_drafted, num_accepted)
+            ran = as_drafted(batch, num_drafted)
+            reported_drafted = num_drafted.astype(np.int64, copy=False)
+        step_ms = self.latency.step_ms(ran) + self._host_ms(ran)
         if self._jitter_rng is not None and self.jitter_sigma > 0:
             step_ms *= math.exp(self.jitter_sigma * float(self._jitter_rng.standard_normal()))
         if not (math.isfinite(step_ms) and step_ms > 0):
             raise RuntimeError(f"step {batch.step_index}: latency model gave {step_ms} ms")
         return StepOutcome(
-            duration_s=step_ms / 1000.0, num_accepted=num_accepted.astype(np.int64, copy=False)
+            duration_s=step_ms / 1000.0,
+            num_accepted=num_accepted.astype(np.int64, copy=False),
+            num_drafted=reported_drafted,
         )
+
+    @staticmethod
+    def _check_outcomes(
+        batch: ScheduledBatch, decode_ks: IntArray, drafted: IntArray, accepted: IntArray
+    ) -> None:
+        """0 <= a <= d <= K for every decode row (a violation is a bug in the model)."""
+        if (
+            drafted.shape != decode_ks.shape
+            or accepted.shape != decode_ks.shape
+            or (
+                decode_ks.shape[0] > 0
+                and int(
+                    np.minimum(np.minimum(accepted, drafted - accepted), decode_ks - drafted).min()
+                )
+                < 0
+            )
+        ):
+            raise RuntimeError(
+                f"step {batch.step_index}: acceptance model returned outcomes outside "
+                f"0 <= accepted <= drafted <= K: accepted {accepted.tolist()}, drafted "
+                f"{drafted.tolist()} for K {decode_ks.tolist()}"
+            )
 
     def _host_ms(self, batch: ScheduledBatch) -> float:
         model = self.host_overhead_model
@@ -110,7 +150,21 @@ class FittedExecutor:
         return model.overhead_ms(batch.batch_size, batch.has_drafts)
 
 
-AcceptanceKind = Literal["per-position", "heterogeneous", "replay"]
+def as_drafted(batch: ScheduledBatch, num_drafted: IntArray) -> ScheduledBatch:
+    """The batch as the engine ran it: decode rows carry their drafted count d [D] in place of
+    K (and verify 1 + d tokens); prefill rows unchanged. What the step's latency is read at."""
+    num_decode = batch.num_decode_reqs
+    drafted = np.asarray(num_drafted, dtype=np.int64)  # [D]
+    spec = batch.num_spec_tokens.copy()  # [B]
+    spec[:num_decode] = drafted
+    scheduled = batch.num_scheduled_tokens.copy()  # [B]
+    scheduled[:num_decode] = drafted + 1
+    return dataclasses.replace(
+        batch,
+        num_spec_tokens=spec,
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=int(scheduled.sum()),
+    )
 
 
 def build_fitted_executor(
@@ -123,9 +177,9 @@ def build_fitted_executor(
     jitter_sigma: float = 0.0,
     host_overhead_model: HostOverhead | None = None,
 ) -> FittedExecutor:
-    """The usual wiring: latency from `fit_latency_model`, acceptance from the profile's rates
-    ("replay": the bundled recording at its default exit layer). `seed` is split into one stream
-    for acceptance and one for latency noise."""
+    """The usual wiring: latency from `fit_latency_model`, acceptance from the profile ("replay":
+    the bundled recording at its default exit layer; "empirical": the profile's per-request
+    samples). `seed` is split into one stream for acceptance and one for latency noise."""
     acceptance_seed, jitter_seed = seed.spawn(2)
     latency: LatencyModel = fit_latency_model(profile, kind=latency_kind, k_max=k_max)
     acceptance: AcceptanceModel
@@ -133,6 +187,8 @@ def build_fitted_executor(
         acceptance = PerPositionAcceptance.from_profile(profile, acceptance_seed)
     elif acceptance_kind == "heterogeneous":
         acceptance = HeterogeneousAcceptance.from_profile(profile, acceptance_seed)
+    elif acceptance_kind == "empirical":
+        acceptance = EmpiricalAcceptance.from_profile(profile, acceptance_seed)
     elif acceptance_kind == "replay":
         acceptance = ReplayAcceptance(load_replay_recording(), acceptance_seed)
     else:

@@ -2,10 +2,10 @@
 
 `resolve(config, workload=None)` is the one place where the defaults a config leaves open are
 chosen (k_max, max_num_seqs, max_model_len, the KV pool, the latency model, the host overhead)
-and where a bad input fails, before anything runs. `resolved_config_dict` is the record of all
-of it that runs write beside their outputs. Profiles, fitted latency models and the replay
-recording are cached per process, keyed by the file's resolved path, size and mtime, because a
-sweep resolves hundreds of cells.
+and where a bad input fails (a replay recording file included), before anything runs.
+`resolved_config_dict` is the record of all of it that runs write beside their outputs.
+Profiles, fitted latency models and replay recordings are cached per process, keyed by the
+file's resolved path, size and mtime, because a sweep resolves hundreds of cells.
 
 Randomness: the run seed roots one `np.random.SeedSequence(seed)`; its children 0..2 are the
 workload's streams (spawned inside `traces.registry`), child 3 the simulator's (acceptance,
@@ -33,7 +33,6 @@ from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
 from dsd.policies.spec import parse_policy
 from dsd.policies.types import KPolicy
-from dsd.sim.acceptance import ReplayRecording, load_replay_recording
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.latency import (
     LatencyModelKind,
@@ -44,6 +43,7 @@ from dsd.sim.latency import (
     fit_latency_model,
     table_covers,
 )
+from dsd.sim.replay import ReplayRecording, load_replay_recording
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload
 
@@ -60,10 +60,10 @@ SIM_STREAM_NAMES: tuple[str, ...] = ("acceptance", "latency_noise", "policy")
 # --------------------------------------------------------------------------------------------
 
 
-def _file_key(path: str) -> tuple[str, int, int]:
+def _file_key(path: str, what: str = "profile") -> tuple[str, int, int]:
     resolved = Path(path).expanduser().resolve()
     if resolved.is_dir():
-        raise InputError(f"{path}: is a directory, expected a profile file")
+        raise InputError(f"{path}: is a directory, expected a {what} file")
     if not resolved.is_file():
         raise InputError(f"{path}: no such file")
     stat = resolved.stat()
@@ -89,6 +89,25 @@ def _cached_latency_model(
 def cached_recording() -> ReplayRecording:
     """The bundled replay recording, read once per process."""
     return load_replay_recording()
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_recording_file(key: tuple[str, int, int]) -> ReplayRecording:
+    return load_replay_recording(key[0])
+
+
+def replay_recording_for(config: RunConfig, num_requests: int) -> ReplayRecording | None:
+    """The recording `config.replay_recording` names (None: none named), parsed once per
+    process; a recording of a run must hold every request of the workload that replays it."""
+    if config.replay_recording is None:
+        return None
+    recording = _cached_recording_file(_file_key(config.replay_recording, "replay recording"))
+    if recording.in_request_order and recording.num_requests < num_requests:
+        raise InputError(
+            f"replay_recording: {config.replay_recording} records {recording.num_requests} "
+            f"requests, the workload has {num_requests} (request i replays recorded request i)"
+        )
+    return recording
 
 
 def load_profile_cached(path: str) -> Profile:
@@ -121,6 +140,8 @@ class ResolvedRun:
     host_overhead_source: HostOverheadSource = "none"
     host_overhead_ms: float = 0.0  # the constant when the source is "flag", else 0
     host_overhead_model: HostOverhead | None = None  # the model when the source is "measured"
+    # The recording config.replay_recording names (None: not named; replay reads the bundled one)
+    replay_recording: ReplayRecording | None = None
 
     @property
     def max_running(self) -> int:
@@ -207,6 +228,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
     if profile_key is not None:
         latency = _cached_latency_model(profile_key, config.latency_model, k_max, config.mixed_k)
     host_source, host_ms, host_model = resolve_host_overhead(config, profile)
+    recording = replay_recording_for(config, len(workload.requests))
     resolved = ResolvedRun(
         config=config,
         profile=profile,
@@ -221,6 +243,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
         host_overhead_source=host_source,
         host_overhead_ms=host_ms,
         host_overhead_model=host_model,
+        replay_recording=recording,
     )
     # A bad SPEC fails here, before anything runs (runs build their own: policies hold state).
     resolved.build_policy()

@@ -83,7 +83,8 @@ class LatencyModel(Protocol):
 
 
 class AcceptanceModel(Protocol):
-    """Samples accepted draft counts. Holds its own generator (from the run's SeedSequence)."""
+    """Samples drafted and accepted counts. Holds its own generator (from the run's
+    SeedSequence)."""
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         """Draw this request's own acceptance behaviour (heterogeneity, replay sequence)."""
@@ -91,8 +92,11 @@ class AcceptanceModel(Protocol):
 
     def remove_request(self, req_id: int) -> None: ...
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
-    ) -> IntArray:
-        """[n] accepted counts (0 <= a <= K) for n decode rows at their output positions."""
+    ) -> tuple[IntArray, IntArray]:
+        """(drafted d [n], accepted a [n]), 0 <= a <= d <= K, for n decode rows with K
+        `num_spec_tokens` [n] at their output positions `num_output_tokens` [n] (the request's
+        output tokens when the step runs). A model whose rows always draft their K returns
+        `num_spec_tokens` itself as d: the executor's fast path tests identity."""
         ...

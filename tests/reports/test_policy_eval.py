@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 from dsd.reports import policy_eval
 from dsd.reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
-from dsd.sim.acceptance import (
+from dsd.sim.replay import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,
@@ -23,11 +22,7 @@ def test_phased_categories_are_the_recordings_extremes() -> None:
     by_category = {}
     for name in {c for c in recording.categories if c is not None}:
         members = [i for i, c in enumerate(recording.categories) if c == name]
-        subset = dataclasses.replace(
-            recording,
-            sequences=tuple(recording.sequences[i] for i in members),
-            categories=tuple(name for _ in members),
-        )
+        subset = recording.subset(members)
         by_category[name] = per_position_rates_from_recording(subset, policy_eval.K_MAX)
     easy, hard = measured_categories()
     lengths = {name: counted.acceptance_length for name, counted in by_category.items()}

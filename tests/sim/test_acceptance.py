@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 from dsd.common.errors import InputError
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.sim.acceptance import (
-    DEFAULT_RECORDING_PATH,
     CategoryAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
+    conditional_rates,
+)
+from dsd.sim.replay import (
+    DEFAULT_RECORDING_PATH,
     ReplayAcceptance,
     ReplayRecording,
-    conditional_rates,
     load_replay_recording,
     per_position_rates_from_recording,
 )
@@ -64,7 +66,7 @@ def test_conditional_rates(uncond: list[float], cond: list[float], why: str) -> 
 def test_per_position_mean_accepted_matches_sum_of_rates(k: int) -> None:
     model = PerPositionAcceptance(H100_RATES, seed(k))
     num_rows = 200_000
-    accepted = model.sample_accepted(ids(num_rows), full(num_rows, 10), full(num_rows, k))
+    accepted = model.sample_outcomes(ids(num_rows), full(num_rows, 10), full(num_rows, k))[1]
     expected = sum(H100_RATES[:k])
     std_err = accepted.std() / np.sqrt(num_rows)
     assert abs(accepted.mean() - expected) < 5 * std_err + 1e-9
@@ -77,7 +79,7 @@ def test_per_position_mean_accepted_matches_sum_of_rates(k: int) -> None:
 def test_per_position_never_exceeds_k_with_mixed_k() -> None:
     model = PerPositionAcceptance([1.0, 1.0, 1.0], seed(0))
     ks = np.array([0, 1, 2, 3, 5, 7, 0], dtype=np.int64)
-    accepted = model.sample_accepted(ids(7), full(7, 3), ks)
+    accepted = model.sample_outcomes(ids(7), full(7, 3), ks)[1]
     # Rates of 1 accept everything drafted, beyond k_max too (last conditional rate reused).
     np.testing.assert_array_equal(accepted, ks)
 
@@ -88,14 +90,14 @@ def test_per_position_same_seed_same_draws() -> None:
     second = PerPositionAcceptance(H100_RATES, seed(7))
     for _ in range(5):
         np.testing.assert_array_equal(
-            first.sample_accepted(ids(100), full(100, 1), ks),
-            second.sample_accepted(ids(100), full(100, 1), ks),
+            first.sample_outcomes(ids(100), full(100, 1), ks)[1],
+            second.sample_outcomes(ids(100), full(100, 1), ks)[1],
         )
 
 
 def test_per_position_empty_batch() -> None:
     model = PerPositionAcceptance(H100_RATES, seed(0))
-    assert model.sample_accepted(ids(0), full(0, 0), full(0, 0)).shape == (0,)
+    assert model.sample_outcomes(ids(0), full(0, 0), full(0, 0))[1].shape == (0,)
 
 
 def test_per_position_rejects_bad_rates() -> None:
@@ -124,9 +126,9 @@ def test_sampling_256_rows_is_fast() -> None:
         repeats = 2000
         start = time.perf_counter()
         for _ in range(repeats):
-            model.sample_accepted(ids(num_rows), positions, ks)
+            model.sample_outcomes(ids(num_rows), positions, ks)[1]
         per_call_us = (time.perf_counter() - start) / repeats * 1e6
-        print(f"sample_accepted {name}, 256 rows, K=5: {per_call_us:.1f} us/call")
+        print(f"sample_outcomes {name}, 256 rows, K=5: {per_call_us:.1f} us/call")
         assert per_call_us < 1000.0
 
 
@@ -151,7 +153,9 @@ def test_heterogeneous_sampled_acceptance_reproduces_profile_rates() -> None:
         model.add_request(req_id, SPEC)
     accepted = np.concatenate(
         [
-            model.sample_accepted(ids(num_requests), full(num_requests, 5), full(num_requests, 5))
+            model.sample_outcomes(ids(num_requests), full(num_requests, 5), full(num_requests, 5))[
+                1
+            ]
             for _ in range(20)
         ]
     )
@@ -177,7 +181,7 @@ def test_heterogeneous_requests_differ_and_tpot_is_not_itl_over_mean_al() -> Non
     # Each request's sampled acceptance follows its own rates.
     weakest, strongest = int(np.argmin(per_request_al)), int(np.argmax(per_request_al))
     rows = np.array([weakest] * 20000 + [strongest] * 20000, dtype=np.int64)
-    accepted = model.sample_accepted(rows, full(len(rows), 5), full(len(rows), k))
+    accepted = model.sample_outcomes(rows, full(len(rows), 5), full(len(rows), k))[1]
     assert accepted[:20000].mean() + 1 == pytest.approx(per_request_al[weakest], abs=0.03)
     assert accepted[20000:].mean() + 1 == pytest.approx(per_request_al[strongest], abs=0.03)
 
@@ -200,7 +204,7 @@ def test_heterogeneous_removed_request_cannot_be_sampled() -> None:
     model.add_request(3, SPEC)
     model.remove_request(3)
     with pytest.raises(KeyError, match="never added"):
-        model.sample_accepted(np.array([3]), full(1, 1), full(1, 2))
+        model.sample_outcomes(np.array([3]), full(1, 1), full(1, 2))[1]
 
 
 def test_heterogeneous_rejects_impossible_spread() -> None:
@@ -230,7 +234,7 @@ def test_replay_accepted_is_leading_ones_of_recorded_sequence(
 ) -> None:
     model = ReplayAcceptance(ReplayRecording.from_sequences([SEQUENCE]), seed(0))
     model.add_request(0, SPEC)
-    got = model.sample_accepted(np.array([0]), np.array([position]), np.array([k]))
+    got = model.sample_outcomes(np.array([0]), np.array([position]), np.array([k]))[1]
     assert got.tolist() == [expected], why
 
 
@@ -255,7 +259,7 @@ def test_replay_matches_a_naive_reference(
         model.add_request(req_id, SPEC)
     positions = np.array([p for p, _ in rows], dtype=np.int64)
     ks = np.array([k for _, k in rows], dtype=np.int64)
-    got = model.sample_accepted(ids(len(rows)), positions, ks)
+    got = model.sample_outcomes(ids(len(rows)), positions, ks)[1]
     # Round-robin: request r replays sequence r mod (number of sequences).
     expected = [
         naive_leading_ones(sequences[r % len(sequences)], p, k) for r, (p, k) in enumerate(rows)
@@ -289,8 +293,8 @@ def test_replay_random_assignment_is_seeded() -> None:
 
 def test_recorded_rates_at_layer_27_match_the_published_summary() -> None:
     recording = load_replay_recording(layer=27)
-    assert len(recording.sequences) == 80
-    assert sum(len(s) for s in recording.sequences) == 9561
+    assert recording.num_requests == 80
+    assert int(recording.lengths.sum()) == 9561
     result = per_position_rates_from_recording(recording, k_max=4)
     print("layer 27 per-position rates (K=4):", [round(r, 3) for r in result.rates])
     # README summary: match rate 0.52, conditional acceptance at position 1 of 0.548 and 1.99
@@ -342,11 +346,11 @@ def test_category_acceptance_routes_by_tag() -> None:
     tags = ["coding", "writing", None, "coding"]
     for req_id, tag in enumerate(tags):
         model.add_request(req_id, RequestSpec(prompt_len=4, output_len=4, tag=tag))
-    accepted = model.sample_accepted(ids(4), full(4, 1), np.array([3, 3, 3, 2]))
+    accepted = model.sample_outcomes(ids(4), full(4, 1), np.array([3, 3, 3, 2]))[1]
     assert accepted.tolist() == [3, 0, 0, 2]
     model.remove_request(0)
     with pytest.raises(KeyError):
-        model.sample_accepted(np.array([0]), full(1, 1), full(1, 1))
+        model.sample_outcomes(np.array([0]), full(1, 1), full(1, 1))[1]
 
 
 def test_category_acceptance_forwards_requests_to_stateful_models() -> None:
@@ -355,7 +359,7 @@ def test_category_acceptance_forwards_requests_to_stateful_models() -> None:
     model = CategoryAcceptance({"coding": coding}, default=default)
     model.add_request(5, RequestSpec(prompt_len=4, output_len=4, tag="coding"))
     model.add_request(9, RequestSpec(prompt_len=4, output_len=4))
-    accepted = model.sample_accepted(np.array([9, 5]), full(2, 1), full(2, 3))
+    accepted = model.sample_outcomes(np.array([9, 5]), full(2, 1), full(2, 3))[1]
     assert accepted.tolist() == [0, 3]
 
 

@@ -69,20 +69,20 @@ class RecordingAcceptance:
     def remove_request(self, req_id: int) -> None:
         self.removed.append(req_id)
 
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: np.ndarray, num_output_tokens: np.ndarray, num_spec_tokens: np.ndarray
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, np.ndarray]:
         self.sampled.append(
             (req_ids.tolist(), num_output_tokens.tolist(), num_spec_tokens.tolist())
         )
-        return np.minimum(num_spec_tokens, 1).astype(np.int64)
+        return num_spec_tokens, np.minimum(num_spec_tokens, 1).astype(np.int64)
 
 
 class OverAcceptance(RecordingAcceptance):
-    def sample_accepted(
+    def sample_outcomes(
         self, req_ids: np.ndarray, num_output_tokens: np.ndarray, num_spec_tokens: np.ndarray
-    ) -> np.ndarray:
-        return num_spec_tokens + 1
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return num_spec_tokens, num_spec_tokens + 1
 
 
 def run_steps(executor: FittedExecutor, num_steps: int) -> list[tuple[float, list[int]]]:
