@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dsd.backend.pair import ModelPair
-from dsd.backend.real import real_engine
+from dsd.backend.real import real_engine, run_output_ids, run_prompt_ids
+from dsd.backend.replay import pair_replay_recording
 from dsd.common.errors import InputError
 from dsd.common.user_files import parse_user_json, read_user_text
 from dsd.sim.build import build_engine, fitted_executor
@@ -60,28 +61,81 @@ class CellResult:
 
     policy: str  # policy SPEC
     max_concurrency: int | None  # C (None: uncapped)
-    measured: dict[str, Any]  # vLLM-keyed metrics of the real run (or the vLLM file)
+    # vLLM-keyed metrics of the real run: with several trials, each numeric metric's median over
+    # them (the trials' own metrics in `measured_trials`); or the vLLM file's
+    measured: dict[str, Any]
     simulated: dict[str, Any]  # vLLM-keyed metrics of the simulator
-    measured_steps: Any = None  # pandas step table of the real run (None for a vLLM file)
+    measured_steps: Any = None  # pandas step table of the first real trial (None: a vLLM file)
     simulated_steps: Any = None  # pandas step table of the simulator
     # Host overhead the simulator charged per step: "measured" (the profile's model), "flag"
     # (a constant host_overhead_ms) or "none"
     host_overhead_source: str = "none"
+    measured_trials: tuple[dict[str, Any], ...] = ()  # every real trial's metrics, in run order
+    # The simulator replaying the first real trial's own drafts and acceptances position by
+    # position (fitted latency, recorded acceptance); {} for a vLLM file
+    replayed: dict[str, Any] = field(default_factory=dict)
 
     def error_pct(self, key: str) -> float:
         """(simulated - measured) / measured * 100; NaN when either is missing or measured 0."""
-        measured = _as_float(self.measured.get(key))
-        simulated = _as_float(self.simulated.get(key))
-        if not (math.isfinite(measured) and math.isfinite(simulated)) or measured == 0:
+        return _error_pct(self.simulated.get(key), self.measured.get(key))
+
+    def timing_error_pct(self, key: str) -> float:
+        """(replayed - measured) / measured * 100: the latency model's part of the error."""
+        return _error_pct(self.replayed.get(key), self.measured.get(key))
+
+    def acceptance_error_pct(self, key: str) -> float:
+        """(simulated - replayed) / replayed * 100: the acceptance model's part (fitted vs the
+        run's own acceptance, both on the fitted latency)."""
+        return _error_pct(self.simulated.get(key), self.replayed.get(key))
+
+    def trial_spread_pct(self, key: str) -> float:
+        """(max - min) / median of the real trials' `key`, in percent (NaN below 2 trials)."""
+        values = np.array([_as_float(t.get(key)) for t in self.measured_trials])
+        values = values[np.isfinite(values)]
+        if values.size < 2 or np.median(values) == 0:
             return float("nan")
-        return (simulated - measured) / measured * 100.0
+        return float((values.max() - values.min()) / np.median(values) * 100.0)
+
+
+def _error_pct(simulated: Any, measured: Any) -> float:
+    measured_value, simulated_value = _as_float(measured), _as_float(simulated)
+    if not (math.isfinite(measured_value) and math.isfinite(simulated_value)):
+        return float("nan")
+    if measured_value == 0:
+        return float("nan")
+    return (simulated_value - measured_value) / measured_value * 100.0
 
 
 def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        return float("nan")
     try:
         return float(value)
     except (TypeError, ValueError):
         return float("nan")
+
+
+def median_metrics(trials: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per key: the median over trials where every trial has a finite number, else the first
+    trial's value (lists, strings, settings)."""
+    merged = dict(trials[0])
+    for key, first in trials[0].items():
+        if isinstance(first, bool) or not isinstance(first, int | float):
+            continue
+        values = [_as_float(trial.get(key)) for trial in trials]
+        if all(math.isfinite(v) for v in values):
+            merged[key] = float(np.median(values))
+    return merged
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One real run of a cell: its metrics, steps and every request's tokens."""
+
+    metrics: dict[str, Any]  # vLLM-keyed metrics
+    steps: Any  # pandas step table
+    prompt_ids: dict[int, list[int]]  # req_id -> prompt ids it was given
+    output_ids: dict[int, list[int]]  # req_id -> output ids, as counted
 
 
 def simulated_run(resolved: ResolvedRun) -> RunResult:
@@ -89,46 +143,108 @@ def simulated_run(resolved: ResolvedRun) -> RunResult:
     return build_engine(resolved, fitted_executor(resolved)).run()
 
 
+def measured_run(
+    resolved: ResolvedRun, pair: ModelPair, *, temperature: float = 0.0, fast_path: str = "off"
+) -> MeasuredRun:
+    """The real engine's run of a resolved cell, EOS ignored (output lengths as simulated)."""
+    engine = real_engine(
+        resolved, pair, temperature=temperature, ignore_eos=True, fast_path=fast_path
+    )
+    result = engine.run()
+    return MeasuredRun(
+        metrics=dict(result.metrics),
+        steps=result.steps,
+        prompt_ids=run_prompt_ids(engine),
+        output_ids=run_output_ids(engine, result),
+    )
+
+
+def replayed_run(resolved: ResolvedRun, pair: ModelPair, run: MeasuredRun) -> RunResult | None:
+    """The simulator replaying a greedy real run's own drafts and acceptances (request i as
+    recorded request i, `sim.replay`); None without a draft (nothing to replay)."""
+    if pair.draft is None or not run.output_ids:
+        return None
+    req_ids = sorted(run.output_ids)
+    recording = pair_replay_recording(
+        pair,
+        [np.asarray(run.prompt_ids[req_id], dtype=np.int64) for req_id in req_ids],
+        [np.asarray(run.output_ids[req_id], dtype=np.int64) for req_id in req_ids],
+        resolved.max_model_len,
+    )
+    replaying = replace(
+        resolved,
+        config=replace(resolved.config, acceptance_model="replay"),
+        replay_recording=recording,
+    )
+    return simulated_run(replaying)
+
+
+def cell_result(
+    resolved: ResolvedRun, runs: Sequence[MeasuredRun], pair: ModelPair | None = None
+) -> CellResult:
+    """The simulator's run of a cell next to its real trials; given the pair (runs greedy:
+    temperature 0), also the simulator replaying the first trial's acceptance."""
+    simulated = simulated_run(resolved)
+    replayed = None if pair is None else replayed_run(resolved, pair, runs[0])
+    return CellResult(
+        policy=resolved.config.policy,
+        max_concurrency=resolved.workload.max_concurrency,
+        measured=median_metrics([run.metrics for run in runs]),
+        simulated=dict(simulated.metrics),
+        measured_steps=runs[0].steps,
+        simulated_steps=simulated.steps,
+        host_overhead_source=resolved.host_overhead_source,
+        measured_trials=tuple(run.metrics for run in runs),
+        replayed={} if replayed is None else dict(replayed.metrics),
+    )
+
+
 def compare_cell(
     resolved: ResolvedRun,
     pair: ModelPair,
     *,
+    trials: int = 1,
     temperature: float = 0.0,
     fast_path: str = "off",
 ) -> CellResult:
-    """Both runs of one cell (resolved by `backend.real.resolve_real`): the simulator, then the
-    real engine with EOS ignored."""
-    simulated = simulated_run(resolved)
-    measured = real_engine(
-        resolved, pair, temperature=temperature, ignore_eos=True, fast_path=fast_path
-    ).run()
-    return CellResult(
-        policy=resolved.config.policy,
-        max_concurrency=resolved.workload.max_concurrency,
-        measured=dict(measured.metrics),
-        simulated=dict(simulated.metrics),
-        measured_steps=measured.steps,
-        simulated_steps=simulated.steps,
-        host_overhead_source=resolved.host_overhead_source,
-    )
+    """Both sides of one cell (resolved by `backend.real.resolve_real`): `trials` real runs
+    with EOS ignored, then the simulator."""
+    runs = [
+        measured_run(resolved, pair, temperature=temperature, fast_path=fast_path)
+        for _ in range(trials)
+    ]
+    return cell_result(resolved, runs, pair if temperature == 0 else None)
 
 
 def validation_cells(
     resolved_cells: Sequence[ResolvedRun],
     pair: ModelPair,
     *,
+    trials: int = 1,
     fast_path: str = "off",
     on_progress: Callable[[str], None] | None = None,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
-    bad cell fails before any runs)."""
-    cells = []
-    for resolved in resolved_cells:
-        cell = compare_cell(resolved, pair, fast_path=fast_path)
-        cells.append(cell)
-        if on_progress is not None:
-            on_progress(f"{cell.policy} C={cell.max_concurrency}")
-    return cells
+    bad cell fails before any runs). The real runs go in `trials` rounds over all cells, each
+    round in a rotated order, so drift on a shared machine spreads over the cells instead of
+    biasing the ones that ran last."""
+    if trials < 1:
+        raise InputError(f"--trials: must be >= 1, got {trials}")
+    runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
+    count = len(resolved_cells)
+    for trial in range(trials):
+        for offset in range(count):
+            index = (trial + offset) % count
+            resolved = resolved_cells[index]
+            runs[index].append(measured_run(resolved, pair, fast_path=fast_path))
+            if on_progress is not None:
+                on_progress(
+                    f"{resolved.config.policy} C={resolved.workload.max_concurrency} "
+                    f"trial {trial + 1}"
+                )
+    return [
+        cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------- vLLM result file
