@@ -94,17 +94,21 @@ def check_draft_spec(spec: str) -> int | NgramConfig | None:
 def build_model(
     spec: str, device: str, dtype: torch.dtype, seed: int
 ) -> tuple[Transformer, str | None]:
-    """(Transformer in eval mode, tokenizer name or None) for a model spec (module docstring)."""
+    """(Transformer in eval mode, tokenizer name or None) for a model spec (module docstring);
+    float32 CPU weights get their inference layouts (`Transformer.prepare_cpu_kernels`)."""
     name = spec.removeprefix(RANDOM_PREFIX)
     if spec.startswith(RANDOM_PREFIX) or (spec in MODEL_CONFIGS and spec != SMOLLM2_SPEC):
         if name not in MODEL_CONFIGS:
             raise InputError(
                 f"model {spec!r}: unknown shape; known: {', '.join(sorted(MODEL_CONFIGS))}"
             )
-        model = Transformer(MODEL_CONFIGS[name], device=device, dtype=dtype)
-        return init_random_(model, seed).eval(), None
-    loaded = load_model(spec, device=device, dtype=dtype)
-    return loaded.model.eval(), loaded.tokenizer_name
+        model = init_random_(Transformer(MODEL_CONFIGS[name], device=device, dtype=dtype), seed)
+        tokenizer_name = None
+    else:
+        loaded = load_model(spec, device=device, dtype=dtype)
+        model, tokenizer_name = loaded.model, loaded.tokenizer_name
+    model.eval().prepare_cpu_kernels()
+    return model, tokenizer_name
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,13 @@ class ModelPair:
 
         return tokenize
 
+    @functools.cached_property
+    def detokenize(self) -> Callable[[list[int]], str] | None:
+        """Token ids back to text (None when the target has no tokenizer)."""
+        if self.tokenizer_name is None:
+            return None
+        return load_tokenizer(self.tokenizer_name).decode
+
     def real_workload(self, workload: Workload) -> Workload:
         """Prompt lengths re-measured with the tokenizer, or the text dropped (random weights,
         whose requests get synthetic ids of the dataset's lengths)."""
@@ -146,6 +157,27 @@ class ModelPair:
                 for r in workload.requests
             )
         return dataclasses.replace(workload, requests=requests)
+
+    def with_draft(self, spec: str, *, seed: int = 0) -> ModelPair:
+        """The same target (shared, not copied) with the draft `spec` names; a separate draft
+        model gets random weights from `seed + 1` when it has no file."""
+        parsed = check_draft_spec(spec)
+        draft: AnyDraft | None = None
+        if isinstance(parsed, NgramConfig):
+            draft = NgramDraft(parsed)
+        elif parsed is not None:
+            num_layers = self.target.config.num_layers
+            if parsed >= num_layers:
+                raise InputError(
+                    f"--draft {spec}: N must be an integer in [1, {num_layers - 1}] "
+                    "(layers of the target)"
+                )
+            draft = Draft.early_exit(self.target, parsed)
+        elif spec != NO_DRAFT:
+            draft_model, draft_tokenizer = build_model(spec, str(self.device), self.dtype, seed + 1)
+            check_pair(self.target.config, draft_model.config, self.tokenizer_name, draft_tokenizer)
+            draft = Draft(draft_model)
+        return dataclasses.replace(self, draft_spec=spec, draft=draft)
 
     def describe(self) -> dict[str, Any]:
         """What a run's result records about the pair."""
@@ -162,30 +194,16 @@ def load_pair(
 ) -> ModelPair:
     """Load a target and its draft from specs (module docstring); random weights from `seed`
     (the target's) and `seed + 1` (a separate draft's)."""
-    parsed = check_draft_spec(draft)
+    check_draft_spec(draft)
     check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     target_model, tokenizer_name = build_model(target, device, torch_dtype, seed)
-    draft_obj: AnyDraft | None = None
-    if isinstance(parsed, NgramConfig):
-        draft_obj = NgramDraft(parsed)
-    elif parsed is not None:
-        depth = parsed
-        if depth >= target_model.config.num_layers:
-            raise InputError(
-                f"--draft {draft}: N must be an integer in [1, "
-                f"{target_model.config.num_layers - 1}] (layers of the target)"
-            )
-        draft_obj = Draft.early_exit(target_model, depth)
-    elif draft != NO_DRAFT:
-        draft_model, draft_tokenizer = build_model(draft, device, torch_dtype, seed + 1)
-        check_pair(target_model.config, draft_model.config, tokenizer_name, draft_tokenizer)
-        draft_obj = Draft(draft_model)
-    return ModelPair(
+    pair = ModelPair(
         target_spec=target,
-        draft_spec=draft,
+        draft_spec=NO_DRAFT,
         target=target_model,
-        draft=draft_obj,
+        draft=None,
         tokenizer_name=tokenizer_name,
         dtype=torch_dtype,
     )
+    return pair.with_draft(draft, seed=seed)

@@ -4,6 +4,8 @@
 (prompt lengths re-measured with its tokenizer; k_max 0 without a draft); `real_engine` builds
 the engine with `sim.build.build_engine` and a `TorchExecutor`, so scheduler, policy, limits
 and seeds are exactly the simulator's for the same config (docs/architecture.md).
+`run_output_ids` / `run_prompt_ids` read back what each request generated (as the scheduler
+counted it) and the prompt ids it was given.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.sim.build import build_engine
 from dsd.sim.config import RunConfig
-from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.metrics import StepSink
 from dsd.sim.resolve import ResolvedRun, config_workload, resolve
 
@@ -75,3 +77,28 @@ def real_engine(
         fast_path=fast_path,
     )
     return build_engine(resolved, executor, LoopConfig(clock="wall", step_sink=step_sink))
+
+
+def _torch_executor(engine: Engine) -> TorchExecutor:
+    executor = engine.executor
+    if not isinstance(executor, TorchExecutor):
+        raise TypeError("a real run's engine (a TorchExecutor) is needed")
+    return executor
+
+
+def run_prompt_ids(engine: Engine) -> dict[int, list[int]]:
+    """req_id -> the prompt ids each request of a real run was given."""
+    return {req_id: ids.tolist() for req_id, ids in _torch_executor(engine).prompt_ids.items()}
+
+
+def run_output_ids(engine: Engine, result: RunResult) -> dict[int, list[int]]:
+    """req_id -> the output token ids of a finished real run, cut to the tokens the scheduler
+    counted (the engine may have emitted past max_tokens or an EOS within its last step)."""
+    generated = _torch_executor(engine).all_output_ids()
+    requests = result.requests
+    counted = zip(requests["req_id"].tolist(), requests["num_output_tokens"].tolist(), strict=True)
+    return {
+        req_id: generated[req_id][:count].tolist()
+        for req_id, count in counted
+        if req_id in generated
+    }

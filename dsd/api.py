@@ -43,6 +43,7 @@ from dsd.policies.types import KPolicy
 from dsd.reports.run_outputs import (
     StepParquetSink,
     bench_result,
+    outputs_jsonl,
     request_frame,
     simulator_settings,
     step_parquet_sink,
@@ -134,6 +135,7 @@ class RunOutcome:
     resolved: ResolvedRun  # the config with every default chosen
     learned_profile: Profile | None  # the profile a learning policy (bandit) built, else None
     out: Path | None  # the folder written (result.json, requests.csv, steps.parquet, ...)
+    output_ids: dict[int, list[int]] | None = None  # real runs: req_id -> generated token ids
 
 
 def _execute(
@@ -144,9 +146,10 @@ def _execute(
     out: str | Path | None,
     keep_steps: bool,
     record: dict[str, Any],
+    pair: ModelPair | None = None,
 ) -> RunOutcome:
     """Build the engine with a step sink, run it, and write `out` when given (nothing is written
-    when the run fails)."""
+    when the run fails). `pair`: a real run's, whose outputs are read back."""
     if out is not None and Path(out).exists() and not Path(out).is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
     with contextlib.ExitStack() as stack:
@@ -157,6 +160,12 @@ def _execute(
         result = engine.run()
         metrics = bench_result(result, resolved, executor_settings)
         learned = learned_profile(engine.policy)
+        output_ids = outputs = None
+        if pair is not None:
+            from dsd.backend.real import run_output_ids
+
+            output_ids = run_output_ids(engine, result)
+            outputs = outputs_jsonl(output_ids, pair.detokenize)
         if out is not None:
             config_record = {
                 **resolved_config_dict(resolved.config, resolved),
@@ -164,7 +173,14 @@ def _execute(
                 **record,
             }
             write_run_outputs(
-                out, result, resolved, metrics, config_record, streamed_steps=sink, learned=learned
+                out,
+                result,
+                resolved,
+                metrics,
+                config_record,
+                streamed_steps=sink,
+                learned=learned,
+                outputs=outputs,
             )
     return RunOutcome(
         metrics=metrics,
@@ -173,13 +189,19 @@ def _execute(
         resolved=resolved,
         learned_profile=learned,
         out=None if out is None else Path(out),
+        output_ids=output_ids,
     )
 
 
 def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
     """What `dsd simulate` and `dsd run` print: the result as one JSON object, or the
     `vllm bench serve` summary (and the files written)."""
-    from dsd.reports.run_outputs import LEARNED_PROFILE_FILE, format_summary, result_json_text
+    from dsd.reports.run_outputs import (
+        LEARNED_PROFILE_FILE,
+        OUTPUTS_FILE,
+        format_summary,
+        result_json_text,
+    )
     from dsd.sim.resolve import latency_description
 
     if as_json:
@@ -187,6 +209,7 @@ def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
     text = format_summary(outcome.metrics, latency_description(outcome.resolved))
     if outcome.out is not None:
         extra = f", {LEARNED_PROFILE_FILE}" if outcome.learned_profile is not None else ""
+        extra += f", {OUTPUTS_FILE}" if outcome.output_ids is not None else ""
         text += (
             f"\nwrote {outcome.out}/ (result.json, requests.csv, steps.parquet, config.json{extra})"
         )
@@ -232,10 +255,17 @@ def load_pair(
     device: str = "cpu",
     dtype: str = "auto",
     seed: int = 0,
+    threads: int | None = None,
 ) -> ModelPair:
     """A target and its draft from specs (`backend.pair`: named shapes with random weights,
-    `smollm2-135m`, .gguf files, checkpoint folders; drafts also `early-exit:N` and `none`)."""
+    `smollm2-135m`, .gguf files, checkpoint folders; drafts also `early-exit:N`, `ngram` and
+    `none`). `threads`: torch's CPU threads for the whole process (None: torch's default)."""
     from dsd.backend.pair import load_pair as load
+    from dsd.backend.threads import set_threads
+
+    if threads is not None and (isinstance(threads, bool) or threads < 1):
+        raise InputError(f"--threads: must be an integer >= 1, got {threads!r}")
+    set_threads(threads)
 
     if target is None:
         raise InputError(
@@ -267,9 +297,14 @@ def run(
 
     check_fast_path(fast_path, str(pair.device))
     resolved = resolve_real(_config(config, fields), pair)
+    from dsd.backend.threads import thread_settings
+    from dsd.common.machine import load_average
+
     settings = {
         "backend": "dsd-torch",
         **pair.describe(),
+        "threads": thread_settings(),
+        "load_average": load_average(),
         "temperature": temperature,
         "fast_path": fast_path,
         "ignore_eos": ignore_eos,
@@ -287,7 +322,13 @@ def run(
         )
 
     return _execute(
-        resolved, engine_for, settings, out=out, keep_steps=keep_steps, record={"pair": settings}
+        resolved,
+        engine_for,
+        settings,
+        out=out,
+        keep_steps=keep_steps,
+        record={"pair": settings},
+        pair=pair,
     )
 
 
@@ -423,6 +464,8 @@ def profile(
     output_len: int | None = None,
     warmup: int = 3,
     iters: int = 10,
+    max_remeasure: int = 2,
+    allow_noisy: bool = False,
     host_overhead_output_len: int = 32,
     temperature: float = 0.0,
     seed: int = 0,
@@ -432,7 +475,9 @@ def profile(
 ) -> Profile:
     """Measure ITL(B, K, context), prefill, acceptance and the loop's host overhead of a pair
     into a profile written to `out` (`file_format` dsd-profile, or dsd-json for PR #32374's
-    file); returns it."""
+    file); returns it. Points that fail the timing checks (`policies.profile_quality`) are
+    measured again up to `max_remeasure` times; a profile that still fails is refused (an
+    InputError naming the points) unless `allow_noisy`."""
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.profiler import ProfileConfig, dataset_prompts, profile_pair
 
@@ -449,6 +494,8 @@ def profile(
         prefill_token_counts=tuple(prefill_tokens),
         num_warmup=warmup,
         num_iters=iters,
+        max_remeasure=max_remeasure,
+        allow_noisy=allow_noisy,
         host_overhead_output_len=host_overhead_output_len,
         acceptance_output_len=output_len,
         temperature=temperature,
@@ -505,22 +552,65 @@ def validate(
     policies: Sequence[str] = DEFAULT_SWEEP_POLICIES,
     max_concurrency: Sequence[int] = DEFAULT_VALIDATE_CONCURRENCY,
     num_prompts_per_concurrency: int = 20,
+    trials: int = 3,
     fast_path: str = "off",
+    allow_noisy_profile: bool = False,
     progress: ProgressFactory = no_progress,
     **fields: Any,
 ) -> list[CellResult]:
     """Every (policy, C) cell on the simulator fitted from `profile` and on the real pair, with
     num_prompts = per_concurrency x C and max_num_seqs = C (unless given); a report folder in
-    `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...)."""
+    `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...).
+    Each cell's real side runs `trials` times (rounds over all cells, `validation_cells`).
+    A profile that fails the timing checks (`policies.profile_quality`) is refused before
+    anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
+    from dsd.reports.validation import write_validation_report
+
+    cells, record = _validation(
+        pair,
+        profile=profile,
+        policies=policies,
+        max_concurrency=max_concurrency,
+        num_prompts_per_concurrency=num_prompts_per_concurrency,
+        trials=trials,
+        fast_path=fast_path,
+        allow_noisy_profile=allow_noisy_profile,
+        progress=progress,
+        **fields,
+    )
+    write_validation_report(out, cells, record)
+    return cells
+
+
+def _validation(
+    pair: ModelPair,
+    *,
+    profile: str,
+    policies: Sequence[str],
+    max_concurrency: Sequence[int],
+    num_prompts_per_concurrency: int,
+    trials: int,
+    fast_path: str,
+    allow_noisy_profile: bool,
+    progress: ProgressFactory,
+    **fields: Any,
+) -> tuple[list[CellResult], dict[str, Any]]:
+    """The cells of `validate` and the record of how they ran (the report's config.json)."""
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.profiler import environment_metadata
     from dsd.backend.real import resolve_real
     from dsd.backend.validate import validation_cells
-    from dsd.reports.validation import write_validation_report
+    from dsd.policies.profile_quality import check_profile, problems_line
 
     _check_unique("--policies", list(policies))
     _check_unique("--max-concurrency", list(max_concurrency))
     check_fast_path(fast_path, str(pair.device))
+    problems = check_profile(_load_profile(profile))
+    if problems and not allow_noisy_profile:
+        raise InputError(
+            f"--profile {profile}: its timing fails the checks ({problems_line(problems)}); "
+            "profile again on a quiet machine, or --allow-noisy-profile"
+        )
     if num_prompts_per_concurrency < 1:
         raise InputError(
             f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
@@ -539,8 +629,10 @@ def validate(
         for spec in policies
     ]
     resolved = [resolve_real(config, pair) for config in configs]
-    with progress(len(resolved), "validating") as advance:
-        cells = validation_cells(resolved, pair, fast_path=fast_path, on_progress=advance)
+    with progress(len(resolved) * trials, "validating") as advance:
+        cells = validation_cells(
+            resolved, pair, trials=trials, fast_path=fast_path, on_progress=advance
+        )
     first = configs[0]
     report_config = {
         "command": invocation.command_line(),
@@ -551,6 +643,7 @@ def validate(
         "max_concurrency": list(max_concurrency),
         "dataset": first.dataset,
         "num_prompts_per_concurrency": num_prompts_per_concurrency,
+        "trials": trials,
         "output_len": first.output_len,
         "seed": first.seed,
         "scheduling": first.scheduling,
@@ -560,6 +653,7 @@ def validate(
         "host_overhead_source": resolved[0].host_overhead_source,
         "fast_path": fast_path,
         "ignore_eos": True,
+        "profile_problems": [str(problem) for problem in problems],
         **environment_metadata(pair.device, pair.dtype),
         "cells": [
             {
@@ -576,8 +670,192 @@ def validate(
             for r in resolved
         ],
     }
-    write_validation_report(out, cells, report_config)
-    return cells
+    return cells, report_config
+
+
+@dataclass(frozen=True)
+class HardwarePlan:
+    """What `hardware_report` measures (the full plan, or `QUICK_HARDWARE_PLAN`)."""
+
+    k_values: tuple[int, ...]  # static K of the crossover; the profile's K (0, 1, k_max in it)
+    batch_sizes: tuple[int, ...]  # profiled B
+    concurrency: tuple[int, ...]  # validated C
+    dynamic_policies: tuple[str, ...]  # policies beside static K in every cell
+    context_lens: tuple[int, ...]  # profiled context lengths
+    prefill_tokens: tuple[int, ...]
+    acceptance_prompts: int  # prompts of the profile's acceptance run
+    profile_iters: int
+    profile_warmup: int
+    speedup_prompts: int  # prompts of the B = 1 speedup arms
+    speedup_repeats: int
+    speedup_k: tuple[int, ...]  # static K of the speedup arms (plus goodput)
+    prompts_per_concurrency: int  # validation requests per cell = this x C
+    trials: int  # real runs per validation cell
+    output_len: int | None  # max_tokens of every request; None: the dataset's
+    allow_noisy_profile: bool
+
+
+# About an hour on the 2-core CPU with SmolLM2-135M (profile ~10 min, speedup ~10 min,
+# validation ~40 min). The profile is kept when points stay noisy after re-measurement: its
+# problems are listed in the report rather than losing the hour (dsd validate refuses them).
+FULL_HARDWARE_PLAN = HardwarePlan(
+    k_values=(0, 2, 4, 6),
+    batch_sizes=(1, 2, 4, 8, 16),
+    concurrency=(1, 2, 4, 8, 16),
+    dynamic_policies=("goodput", "online", "per-request"),
+    context_lens=(192,),
+    prefill_tokens=(32, 128, 512),
+    acceptance_prompts=40,
+    profile_iters=10,
+    profile_warmup=3,
+    speedup_prompts=12,
+    speedup_repeats=3,
+    speedup_k=(4, 6),
+    prompts_per_concurrency=3,
+    trials=3,
+    output_len=None,
+    allow_noisy_profile=True,
+)
+QUICK_HARDWARE_PLAN = HardwarePlan(
+    k_values=(0, 1, 2),
+    batch_sizes=(1, 2),
+    concurrency=(1, 2),
+    dynamic_policies=("goodput",),
+    context_lens=(64,),
+    prefill_tokens=(16, 64),
+    acceptance_prompts=2,
+    profile_iters=2,
+    profile_warmup=1,
+    speedup_prompts=2,
+    speedup_repeats=1,
+    speedup_k=(2,),
+    prompts_per_concurrency=1,
+    trials=1,
+    output_len=12,
+    allow_noisy_profile=True,
+)
+
+
+def hardware_report(
+    *,
+    out: str | Path,
+    device: str = "cpu",
+    target: str = "smollm2-135m",
+    draft: str = "ngram:2-6",
+    threads: int | None = None,
+    dataset: str = "instructcoder",
+    quick: bool = False,
+    seed: int = 0,
+    progress: ProgressFactory = no_progress,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """The real-hardware report (docs/validation.md): load the pair, profile it, time the
+    speedup arms at B = 1, run every (policy, C) cell on the real engine (trials) and the
+    simulator, and write `reports.hardware`'s folder into `out`. `quick`: a small plan that
+    runs in about a minute (a dry run of the pipeline, not a measurement). On CPU `threads`
+    defaults to 1 (a shared machine's cores are not all ours)."""
+    import datetime as dt
+
+    from dsd.backend.profiler import environment_metadata
+    from dsd.common.machine import load_average
+    from dsd.reports.hardware import write_hardware_report
+    from dsd.reports.speedup import Arm, measure_arms
+
+    plan = QUICK_HARDWARE_PLAN if quick else FULL_HARDWARE_PLAN
+    stage = on_stage or (lambda text: None)
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--out {out}: exists and is not a folder")
+    if threads is None and device == "cpu":
+        threads = 1
+    started = dt.datetime.now(dt.UTC)
+    loads = [load_average()]
+    stage(f"loading {target} + {draft} on {device}")
+    pair = load_pair(target, draft, device=device, threads=threads, seed=seed)
+    if pair.draft is None:
+        raise InputError("--draft: the hardware report needs a draft")
+    folder.mkdir(parents=True, exist_ok=True)
+    profile_path = folder / "profile.json"
+    k_max = max(plan.k_values)
+    stage(f"profiling into {profile_path}")
+    profile(
+        pair,
+        out=profile_path,
+        batch_sizes=plan.batch_sizes,
+        k=sorted({0, 1, *plan.k_values}),
+        context_lens=plan.context_lens,
+        prefill_tokens=plan.prefill_tokens,
+        dataset=dataset,
+        num_prompts=plan.acceptance_prompts,
+        output_len=plan.output_len,
+        warmup=plan.profile_warmup,
+        iters=plan.profile_iters,
+        allow_noisy=plan.allow_noisy_profile,
+        seed=seed,
+        progress=progress,
+    )
+    loads.append(load_average())
+    stage("timing the B = 1 speedup arms")
+    arms = [
+        Arm("none", "static:0", 0),
+        *(Arm(draft, f"static:{k}", k) for k in plan.speedup_k),
+        Arm(draft, "goodput", k_max),
+    ]
+    speedup_config = run_config(
+        policy="static:0",
+        profile=str(profile_path),
+        dataset=dataset,
+        num_prompts=plan.speedup_prompts,
+        max_concurrency=1,
+        output_len=plan.output_len,
+        seed=seed,
+    )
+    with progress(len(arms) * plan.speedup_repeats, "speedup at B=1") as advance:
+        speedup = measure_arms(
+            pair,
+            arms,
+            speedup_config,
+            repeats=plan.speedup_repeats,
+            on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
+        )
+    loads.append(load_average())
+    stage("validating: every (policy, C) cell, real and simulated")
+    policies = [*(f"static:{k}" for k in plan.k_values), *plan.dynamic_policies]
+    cells, record = _validation(
+        pair,
+        profile=str(profile_path),
+        policies=policies,
+        max_concurrency=plan.concurrency,
+        num_prompts_per_concurrency=plan.prompts_per_concurrency,
+        trials=plan.trials,
+        fast_path="off",
+        allow_noisy_profile=plan.allow_noisy_profile,
+        progress=progress,
+        dataset=dataset,
+        output_len=plan.output_len,
+        k_max=k_max,
+        seed=seed,
+    )
+    loads.append(load_average())
+    record.update(
+        {
+            "command": invocation.command_line(),
+            "device": device,
+            "device_name": environment_metadata(pair.device, pair.dtype)["device"],
+            "quick": quick,
+            "plan": dataclasses.asdict(plan),
+            "started": started.isoformat(timespec="seconds"),
+            "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "load_during": {"min": min(loads), "max": max(loads), "samples": loads},
+            "speedup_prompts": plan.speedup_prompts,
+            "speedup_repeats": plan.speedup_repeats,
+        }
+    )
+    stage(f"writing {folder}")
+    return [
+        profile_path,
+        *write_hardware_report(folder, config=record, speedup=speedup, cells=cells),
+    ]
 
 
 def validate_vllm(

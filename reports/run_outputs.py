@@ -11,7 +11,9 @@
   byte-identical text in any process.
 - `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
   steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
-  line), and learned_profile.json when the policy learns one (the bandit). Everything is
+  line), learned_profile.json when the policy learns one (the bandit), and for a real run
+  outputs.jsonl (per request: `req_id`, generated `token_ids`, and `text` when the target has a
+  tokenizer). Everything is
   serialised in memory first, except steps.parquet when it was streamed during the run
   (`step_parquet_sink`: one row group per block of steps, into a hidden temp file beside the
   output folder, so a long run keeps flat memory); a new folder is filled under a temporary
@@ -30,7 +32,7 @@ import math
 import os
 import secrets
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,7 @@ STEPS_FILE = "steps.parquet"
 CONFIG_FILE = "config.json"
 RUN_FILES: tuple[str, ...] = (RESULT_FILE, REQUESTS_FILE, STEPS_FILE, CONFIG_FILE)
 LEARNED_PROFILE_FILE = "learned_profile.json"  # only for policies that learn one (bandit)
+OUTPUTS_FILE = "outputs.jsonl"  # only for real runs: what each request generated
 
 
 def bench_result(
@@ -247,17 +250,33 @@ def write_run_outputs(
     config: Mapping[str, Any],
     streamed_steps: StepParquetSink | None = None,
     learned: Profile | None = None,
+    outputs: bytes | None = None,
 ) -> Path:
     """result.json, requests.csv, steps.parquet, config.json in `out_dir` (see module doc).
 
     `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty).
     `learned`: the profile a learning policy built (`sim.build.learned_profile`), written as
-    learned_profile.json (native profile format)."""
+    learned_profile.json (native profile format). `outputs`: `outputs_jsonl` of a real run."""
     steps = run.steps if streamed_steps is None else streamed_steps.finish(run.steps)
     files = serialise_run(result, request_frame(run, resolved), steps, config)
     if learned is not None:
         files[LEARNED_PROFILE_FILE] = profile_json_text(learned).encode()
+    if outputs is not None:
+        files[OUTPUTS_FILE] = outputs
     return write_files(out_dir, files)
+
+
+def outputs_jsonl(
+    output_ids: Mapping[int, list[int]], detokenize: Callable[[list[int]], str] | None
+) -> bytes:
+    """outputs.jsonl: one object per request in req_id order, `text` only with a detokenizer."""
+    lines = []
+    for req_id in sorted(output_ids):
+        row: dict[str, Any] = {"req_id": req_id, "token_ids": output_ids[req_id]}
+        if detokenize is not None:
+            row["text"] = detokenize(output_ids[req_id])
+        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+    return "".join(lines).encode("utf-8")
 
 
 def _line(label: str, value: Any) -> str:

@@ -41,8 +41,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[
             str | None,
             typer.Option(
-                help="Write result.json, requests.csv, steps.parquet, config.json (and "
-                "learned_profile.json for a learning policy) here."
+                help="Write result.json, requests.csv, steps.parquet, config.json, "
+                "outputs.jsonl (and learned_profile.json for a learning policy) here."
             ),
         ] = None,
         **given: Any,

@@ -1,6 +1,7 @@
-"""`dsd profile` and `dsd validate`: a pair measured into a profile, and the simulator checked
-against the real engine or a `vllm bench serve` result (`dsd.api.profile`, `dsd.api.validate`,
-`dsd.api.validate_vllm`).
+"""`dsd profile`, `dsd validate` and `dsd hardware-report`: a pair measured into a profile, the
+simulator checked against the real engine or a `vllm bench serve` result, and the whole
+real-hardware report (`dsd.api.profile`, `dsd.api.validate`, `dsd.api.validate_vllm`,
+`dsd.api.hardware_report`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def register(app: typer.Typer) -> None:
         output_len: Annotated[int | None, typer.Option(help="Output tokens per prompt.")] = None,
         warmup: Annotated[int, typer.Option(help="Untimed steps per point.")] = 3,
         iters: Annotated[int, typer.Option(help="Timed steps per point.")] = 10,
+        max_remeasure: Annotated[
+            int, typer.Option(help="Re-measurements of noisy or non-monotonic points.")
+        ] = 2,
+        allow_noisy_profile: Annotated[
+            bool, typer.Option(help="Keep a profile that fails the timing checks.")
+        ] = False,
         host_overhead_output_len: Annotated[
             int, typer.Option(help="Output tokens per request of the loop runs (0: skip).")
         ] = 32,
@@ -71,6 +78,8 @@ def register(app: typer.Typer) -> None:
             output_len=output_len,
             warmup=warmup,
             iters=iters,
+            max_remeasure=max_remeasure,
+            allow_noisy=allow_noisy_profile,
             host_overhead_output_len=host_overhead_output_len,
             temperature=temperature,
             seed=seed,
@@ -97,12 +106,16 @@ def register(app: typer.Typer) -> None:
         ] = "static:0,static:3,goodput",
         max_concurrency: Annotated[str, typer.Option(help="C values, e.g. 1,4,16.")] = "1,4",
         num_prompts_per_concurrency: Annotated[int, typer.Option(help="Prompts per C.")] = 20,
+        trials: Annotated[int, typer.Option(help="Real runs per cell (median and spread).")] = 3,
         measured: Annotated[
             str | None, typer.Option(help="A `vllm bench serve --save-result` JSON.")
         ] = None,
         policy: Annotated[str | None, typer.Option(help="Policy SPEC (with --measured).")] = None,
         fast_path: Annotated[str, typer.Option(help="off, eager, cuda-graphs.")] = "off",
         out: Annotated[str | None, typer.Option(help="Report folder.")] = None,
+        allow_noisy_profile: Annotated[
+            bool, typer.Option(help="Validate against a profile that fails the timing checks.")
+        ] = False,
         **given: Any,
     ) -> None:
         """Simulated vs measured per (policy, C), or the simulator vs a vLLM bench result."""
@@ -130,9 +143,43 @@ def register(app: typer.Typer) -> None:
             policies=specs,
             max_concurrency=concurrencies,
             num_prompts_per_concurrency=num_prompts_per_concurrency,
+            trials=trials,
             fast_path=fast_path,
+            allow_noisy_profile=allow_noisy_profile,
             progress=flags.progress_bar,
             **given,
         )
         _print_cells(cells)
         typer.echo(f"wrote {out}/report.md")
+
+    @app.command("hardware-report")
+    def hardware_report_command(
+        out: Annotated[str, typer.Option(help="Report folder, e.g. reports/validation/DATE-cpu.")],
+        device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+        target: Annotated[str, typer.Option(help="Target model spec.")] = "smollm2-135m",
+        draft: Annotated[str, typer.Option(help="Draft spec.")] = "ngram:2-6",
+        threads: Annotated[
+            int | None, typer.Option(help="torch CPU threads (default: 1 on CPU).")
+        ] = None,
+        dataset_name: Annotated[str, typer.Option(help="Prompt set.")] = "instructcoder",
+        quick: Annotated[
+            bool, typer.Option(help="A small plan (about a minute): a dry run, not a result.")
+        ] = False,
+        seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
+    ) -> None:
+        """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
+        from dsd import api
+
+        written = api.hardware_report(
+            out=out,
+            device=device,
+            target=target,
+            draft=draft,
+            threads=threads,
+            dataset=dataset_name,
+            quick=quick,
+            seed=seed,
+            progress=flags.progress_bar,
+            on_stage=lambda text: typer.echo(text, err=True),
+        )
+        typer.echo(f"wrote {len(written)} files into {out}/ (report.md first)")

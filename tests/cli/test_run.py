@@ -106,3 +106,27 @@ def test_dsd_run_drafts_by_prompt_lookup(capsys) -> None:  # type: ignore[no-unt
     assert metrics["completed"] == 3 and metrics["draft"] == "ngram:1-3"
     # drafts counted are the ones found: at most K per decode step
     assert metrics["spec_decode_draft_tokens"] <= 3 * metrics["spec_decode_num_drafts"]
+
+
+def test_dsd_run_outputs_are_the_same_tokens_whatever_the_draft(tmp_path, capsys) -> None:
+    """outputs.jsonl holds what each request generated (text too with a tokenizer); greedy
+    verification is lossless, so no draft, an early exit and n-gram lookup agree token for
+    token."""
+    from mock_models import byte_checkpoint
+
+    from dsd.cli import main
+
+    target = byte_checkpoint(tmp_path, "target", "nano-target", seed=3)
+    outputs = {}
+    for draft in ("none", "early-exit:1", "ngram:1-2"):
+        out = tmp_path / draft.replace(":", "-")
+        main(["run", "--target", target, "--draft", draft, "--num-spec-tokens", "3",
+              "--dataset-name", "mt-bench", "--num-prompts", "3", "--output-len", "10",
+              "--max-concurrency", "2", "--json", "--out", str(out)])  # fmt: skip
+        capsys.readouterr()
+        lines = (out / "outputs.jsonl").read_text(encoding="utf-8").splitlines()
+        outputs[draft] = [json.loads(line) for line in lines]
+    rows = outputs["none"]
+    assert [row["req_id"] for row in rows] == [0, 1, 2]
+    assert all(1 <= len(row["token_ids"]) <= 10 and isinstance(row["text"], str) for row in rows)
+    assert outputs["early-exit:1"] == rows and outputs["ngram:1-2"] == rows

@@ -151,10 +151,13 @@ _POSITIONAL_POOLS: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {
          "{sweep_bad_ktrace}", "{sweep_cells_not_list}", "{folder}", "{missing}", "{bad_json}"),
     ),
 }  # fmt: skip
-# Not fuzzed here: generate and distill-draft need real model files, which tests do not ship.
+# Not fuzzed here: generate and distill-draft need real model files, which tests do not ship;
+# hardware-report profiles and validates a real pair (minutes per case; its few flags are
+# checked in tests/cli/test_hardware_report.py).
 _NOT_FUZZED = {
     ("generate",),
     ("zoo", "distill-draft"),
+    ("hardware-report",),
 }
 
 _SWEEP_GRID = f"""

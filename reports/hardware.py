@@ -1,0 +1,405 @@
+"""The real-hardware report: speedup at B = 1, the crossover, and simulated vs measured TPOT.
+
+`dsd hardware-report` (dsd.api.hardware_report) measures; this module only analyses and writes:
+- **crossover**: per concurrency C, the measured TPOT of every static K (the envelope is the
+  best of them, K* its K) and of every dynamic policy, with the gap to the envelope;
+- **goals** (docs/validation.md, "The real-hardware report"): B = 1 speedup of the best arm
+  >= 1.5x with identical tokens; K* non-increasing in C; goodput and online within 2% of the
+  envelope at every C; median |TPOT error| <= 3% and max <= 8% over the cells;
+- the files: report.md (summary, goals met or missed, tables, machine, threads, load, exact
+  commands), cells.csv and validation.md (`reports.validation`), crossover.csv, speedup.json,
+  config.json, and the plots.
+
+Measured TPOT per cell is the median over its trials (`backend.validate.CellResult`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dsd.common.atomic import atomic_write_bytes, atomic_write_text
+from dsd.common.png import figure_png_bytes
+from dsd.reports.speedup import SpeedupResult, speedup_table
+from dsd.reports.validation import (
+    Cell,
+    cells_csv,
+    plot_k_over_time,
+    plot_tpot_vs_concurrency,
+    report_markdown,
+    tpot_error_summary,
+)
+
+SPEEDUP_GOAL = 1.5  # B = 1 TPOT ratio of the best draft arm over plain decoding
+ENVELOPE_GAP_GOAL_PCT = 2.0  # goodput / online TPOT above the best static K, at every C
+MEDIAN_ERROR_GOAL_PCT = 3.0
+MAX_ERROR_GOAL_PCT = 8.0
+GAP_CHECKED_POLICIES = ("goodput", "online")  # policy families the envelope goal applies to
+
+
+def _tpot(cell: Cell) -> float:
+    try:
+        return float(cell.measured.get("mean_tpot_ms", math.nan))
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def static_k(policy: str) -> int | None:
+    """K of a `static:K` SPEC, else None."""
+    base, _, value = policy.partition(":")
+    if base != "static" or not value.isdigit():
+        return None
+    return int(value)
+
+
+@dataclass(frozen=True)
+class CrossoverRow:
+    """One concurrency C: the static envelope and every dynamic policy's gap to it."""
+
+    max_concurrency: int
+    k_star: int  # the static K with the lowest measured TPOT
+    envelope_tpot_ms: float  # that TPOT
+    static_tpot_ms: dict[int, float]  # K -> measured TPOT
+    dynamic_tpot_ms: dict[str, float]  # policy SPEC -> measured TPOT
+
+    def gap_pct(self, policy: str) -> float:
+        """(TPOT(policy) - envelope) / envelope, percent (negative: beats every static K)."""
+        return (self.dynamic_tpot_ms[policy] / self.envelope_tpot_ms - 1.0) * 100.0
+
+
+def crossover(cells: Sequence[Cell]) -> list[CrossoverRow]:
+    """One row per C that has at least one static cell, by C."""
+    by_c: dict[int, list[Cell]] = {}
+    for cell in cells:
+        if cell.max_concurrency is not None:
+            by_c.setdefault(int(cell.max_concurrency), []).append(cell)
+    rows = []
+    for concurrency in sorted(by_c):
+        statics = {k: _tpot(c) for c in by_c[concurrency] if (k := static_k(c.policy)) is not None}
+        statics = {k: t for k, t in statics.items() if math.isfinite(t)}
+        if not statics:
+            continue
+        k_star = min(statics, key=lambda k: (statics[k], k))
+        dynamic = {c.policy: _tpot(c) for c in by_c[concurrency] if static_k(c.policy) is None}
+        rows.append(
+            CrossoverRow(
+                concurrency, k_star, statics[k_star], dict(sorted(statics.items())), dynamic
+            )
+        )
+    return rows
+
+
+def crossover_csv(rows: Sequence[CrossoverRow]) -> str:
+    """One line per (C, policy): measured TPOT, whether it is the envelope, gap %."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["max_concurrency", "policy", "mean_tpot_ms", "k_star", "gap_to_envelope_pct"])
+    for row in rows:
+        for k, tpot in row.static_tpot_ms.items():
+            gap = (tpot / row.envelope_tpot_ms - 1.0) * 100.0
+            writer.writerow([row.max_concurrency, f"static:{k}", tpot, row.k_star, gap])
+        for policy in row.dynamic_tpot_ms:
+            writer.writerow(
+                [
+                    row.max_concurrency,
+                    policy,
+                    row.dynamic_tpot_ms[policy],
+                    row.k_star,
+                    row.gap_pct(policy),
+                ]
+            )
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of the report: what, the measured figure, met or missed."""
+
+    name: str
+    figure: str
+    met: bool | None  # None: not measured in this report
+
+
+def goals(
+    speedup: SpeedupResult | None, rows: Sequence[CrossoverRow], cells: Sequence[Cell]
+) -> list[Goal]:
+    """The report's goals, each met or missed with its figure (module docstring)."""
+    found: list[Goal] = []
+    if speedup is not None and len(speedup.arms) > 1:
+        best = max(speedup.arms[1:], key=lambda a: a.speedup_median)
+        identical = all(a.identical_to_first_arm for a in speedup.arms)
+        found.append(
+            Goal(
+                f"B=1 speedup >= {SPEEDUP_GOAL}x, output identical to plain greedy",
+                f"{best.speedup_median:.2f}x ({best.arm}); identical tokens: "
+                f"{'yes' if identical else 'NO'}",
+                best.speedup_median >= SPEEDUP_GOAL and identical,
+            )
+        )
+    if rows:
+        k_stars = [row.k_star for row in rows]
+        found.append(
+            Goal(
+                "K* does not rise as C grows",
+                ", ".join(f"C={r.max_concurrency}: K*={r.k_star}" for r in rows),
+                all(b <= a for a, b in itertools.pairwise(k_stars)),
+            )
+        )
+        for family in GAP_CHECKED_POLICIES:
+            gaps = [
+                (row.max_concurrency, policy, row.gap_pct(policy))
+                for row in rows
+                for policy in row.dynamic_tpot_ms
+                if policy.partition(":")[0] == family
+            ]
+            if gaps:
+                worst = max(gaps, key=lambda g: g[2])
+                found.append(
+                    Goal(
+                        f"{family} within {ENVELOPE_GAP_GOAL_PCT:g}% of the best static K at "
+                        "every C",
+                        f"worst {worst[2]:+.1f}% ({worst[1]} at C={worst[0]})",
+                        worst[2] <= ENVELOPE_GAP_GOAL_PCT,
+                    )
+                )
+    summary = tpot_error_summary(cells)
+    median, largest = summary["median_abs_tpot_error_pct"], summary["max_abs_tpot_error_pct"]
+    if math.isfinite(median):
+        found.append(
+            Goal(
+                f"simulated vs measured mean TPOT: median |error| <= {MEDIAN_ERROR_GOAL_PCT:g}%, "
+                f"max <= {MAX_ERROR_GOAL_PCT:g}%",
+                f"median {median:.1f}%, max {largest:.1f}% over {len(cells)} cells",
+                median <= MEDIAN_ERROR_GOAL_PCT and largest <= MAX_ERROR_GOAL_PCT,
+            )
+        )
+    return found
+
+
+def _verdict(goal: Goal) -> str:
+    return "not measured" if goal.met is None else ("met" if goal.met else "**missed**")
+
+
+def _crossover_markdown(rows: Sequence[CrossoverRow]) -> list[str]:
+    if not rows:
+        return []
+    ks = sorted({k for row in rows for k in row.static_tpot_ms})
+    dynamic = sorted({p for row in rows for p in row.dynamic_tpot_ms})
+    header = ["C", *[f"K={k}" for k in ks], "K*", *dynamic]
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for row in rows:
+        cells = [str(row.max_concurrency)]
+        for k in ks:
+            tpot = row.static_tpot_ms.get(k)
+            text = "" if tpot is None else f"{tpot:.1f}"
+            cells.append(f"**{text}**" if k == row.k_star else text)
+        cells.append(str(row.k_star))
+        for policy in dynamic:
+            if policy in row.dynamic_tpot_ms:
+                cells.append(f"{row.dynamic_tpot_ms[policy]:.1f} ({row.gap_pct(policy):+.1f}%)")
+            else:
+                cells.append("")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
+    """One row per cell: mean TPOT measured, simulated, replayed and the errors (%)."""
+    lines = [
+        "| policy | C | measured ms | trial spread % | simulated ms | error % | replayed ms "
+        "| timing error % | acceptance error % |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for cell in cells:
+        figures = (
+            cell.measured.get("mean_tpot_ms"),
+            cell.trial_spread_pct("mean_tpot_ms"),
+            cell.simulated.get("mean_tpot_ms"),
+            cell.error_pct("mean_tpot_ms"),
+            cell.replayed.get("mean_tpot_ms"),
+            cell.timing_error_pct("mean_tpot_ms"),
+            cell.acceptance_error_pct("mean_tpot_ms"),
+        )
+        texts = [_figure(value) for value in figures]
+        concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
+        lines.append(f"| {cell.policy} | {concurrency} | " + " | ".join(texts) + " |")
+    return lines
+
+
+def _figure(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return "n/a"
+    return f"{number:.1f}" if math.isfinite(number) else "n/a"
+
+
+def hardware_markdown(
+    config: dict[str, Any],
+    speedup: SpeedupResult | None,
+    rows: Sequence[CrossoverRow],
+    cells: Sequence[Cell],
+) -> str:
+    """report.md: goals, machine, speedup table, crossover table, validation summary."""
+    title = f"Real-hardware report: {config.get('target')} + {config.get('draft')} on " + str(
+        config.get("device_name", config.get("device"))
+    )
+    lines = [f"# {title}", ""]
+    lines += ["Command (the whole report):", "", "```", str(config.get("command", "")), "```", ""]
+    lines += ["## Goals", "", "| goal | measured | verdict |", "|---|---|---|"]
+    for goal in goals(speedup, rows, cells):
+        lines.append(f"| {goal.name} | {goal.figure} | {_verdict(goal)} |")
+    lines += ["", "## Machine", ""]
+    for key in ("device_name", "dtype", "load_average", "versions", "date", "quick"):
+        if key in config:
+            lines.append(f"- {key}: {config[key]}")
+    threads = config.get("threads")
+    if isinstance(threads, dict):
+        lines.append("- threads: " + ", ".join(f"{k} {v}" for k, v in threads.items()))
+    problems = config.get("profile_problems")
+    if problems is not None:
+        lines.append(
+            "- profile timing checks: "
+            + ("passed" if not problems else f"{len(problems)} problems: " + "; ".join(problems))
+        )
+    loads = config.get("load_during", {})
+    if loads:
+        lines.append(
+            f"- 1-minute load average during the measurements: {loads.get('min', math.nan):.2f}"
+            f" to {loads.get('max', math.nan):.2f}"
+        )
+    if speedup is not None:
+        lines += [
+            "",
+            "## Speedup at B = 1",
+            "",
+            f"{config.get('speedup_prompts')} prompts of {config.get('dataset')}, "
+            f"{config.get('speedup_repeats')} repeats, arms in a rotated order per repeat; "
+            "speedup = TPOT(plain) / TPOT(arm) per repeat, median (min-max).",
+            "",
+            "```",
+            speedup_table(speedup),
+            "```",
+        ]
+    if rows:
+        lines += [
+            "",
+            "## Crossover: measured mean TPOT (ms) vs concurrency",
+            "",
+            "Median over the trials of each cell; **bold** is the best static K (the envelope, "
+            "K*); dynamic policies show their gap to it.",
+            "",
+            *_crossover_markdown(rows),
+        ]
+    summary = tpot_error_summary(cells)
+    lines += [
+        "",
+        "## Simulated vs measured",
+        "",
+        f"{len(cells)} cells; median |mean-TPOT error| "
+        f"{summary['median_abs_tpot_error_pct']:.1f}%, max "
+        f"{summary['max_abs_tpot_error_pct']:.1f}%; its timing part (the simulator replaying "
+        "each run's own drafts and acceptances, vs measured) median "
+        f"{summary['median_abs_timing_error_pct']:.1f}%, max "
+        f"{summary['max_abs_timing_error_pct']:.1f}%; its acceptance-modelling part (fitted "
+        f"vs replayed) median {summary['median_abs_acceptance_error_pct']:.1f}%, max "
+        f"{summary['max_abs_acceptance_error_pct']:.1f}%. Trial spread = (max - min) / median "
+        "of the measured trials. Every metric: validation.md, cells.csv.",
+        "",
+        *_error_split_markdown(cells),
+        "",
+        "Files: cells.csv, validation.md, crossover.csv, speedup.json, profile.json, config.json, "
+        "tpot_vs_concurrency.png, crossover.png, k_over_time.png.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot_crossover(rows: Sequence[CrossoverRow], path: Path) -> bool:
+    """Measured TPOT / envelope vs C, one line per static K and dynamic policy."""
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    xs = [row.max_concurrency for row in rows]
+    for k in sorted({k for row in rows for k in row.static_tpot_ms}):
+        ys = [row.static_tpot_ms.get(k, math.nan) / row.envelope_tpot_ms for row in rows]
+        axes.plot(xs, ys, "o-", label=f"static:{k}")
+    for policy in sorted({p for row in rows for p in row.dynamic_tpot_ms}):
+        ys = [row.dynamic_tpot_ms.get(policy, math.nan) / row.envelope_tpot_ms for row in rows]
+        axes.plot(xs, ys, "s--", label=policy)
+    axes.set_xscale("log", base=2)
+    axes.set_xlabel("max concurrency C")
+    axes.set_ylabel("measured TPOT / best static K")
+    axes.legend(fontsize=7)
+    axes.grid(alpha=0.3)
+    atomic_write_bytes(path, figure_png_bytes(figure, dpi=110))
+    plt.close(figure)
+    return True
+
+
+def write_hardware_report(
+    out: str | Path,
+    *,
+    config: dict[str, Any],
+    speedup: SpeedupResult | None,
+    cells: Sequence[Cell],
+) -> list[Path]:
+    """Every file of the report into `out` (created); returns the paths written."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = crossover(cells)
+    summary = tpot_error_summary(cells)
+    record = {
+        **config,
+        "summary": summary,
+        "goals": [goal.__dict__ for goal in goals(speedup, rows, cells)],
+    }
+    texts = {
+        "report.md": hardware_markdown(config, speedup, rows, cells),
+        "cells.csv": cells_csv(cells),
+        "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
+        "crossover.csv": crossover_csv(rows),
+        "config.json": json.dumps(record, indent=2, default=str) + "\n",
+    }
+    if speedup is not None:
+        texts["speedup.json"] = (
+            json.dumps(
+                {"arms": [a.row() for a in speedup.arms], "runs": speedup.runs},
+                indent=1,
+                default=str,
+            )
+            + "\n"
+        )
+    written = []
+    for name, text in texts.items():
+        atomic_write_text(folder / name, text)
+        written.append(folder / name)
+    plots = [
+        (
+            plot_tpot_vs_concurrency(cells, folder / "tpot_vs_concurrency.png"),
+            "tpot_vs_concurrency",
+        ),
+        (plot_crossover(rows, folder / "crossover.png"), "crossover"),
+    ]
+    written += [folder / f"{name}.png" for done, name in plots if done]
+    dynamic = [c for c in cells if static_k(c.policy) is None and c.measured_steps is not None]
+    if dynamic:
+        cell = max(dynamic, key=lambda c: c.max_concurrency or 0)
+        if plot_k_over_time(cell, folder / "k_over_time.png"):
+            written.append(folder / "k_over_time.png")
+    return written
