@@ -20,7 +20,8 @@
 #   --target DIR     pip install --target (default /tmp/site); put first on PYTHONPATH.
 #   --budget S       the seconds this call may take (default 570, under the device's 600 s per
 #                    command): each phase's time limit is cut to what is left.
-#   --report-module  the report's module (default dsd.reports.hardware).
+#   --report-module  the module whose `hardware-report` command makes the report (default dsd:
+#                    python3 -m dsd hardware-report); a missing module skips the phase.
 #   --export DIR     after each phase, DIR/gpu-results.tar.gz (the results folder) and
 #                    DIR/summary.txt (default $OUT, the device tool's folder that comes back).
 #
@@ -28,8 +29,8 @@
 #
 # Phases: install (wheels into TARGET, then every requirement of dsd checked), device (always:
 # nvidia-smi, Python, torch, package versions into device.txt/device.json), tests (pytest -m gpu
-# over every test file with a gpu mark), bench (benchmarks/engine_gpu.py), report
-# (python3 -m dsd.reports.hardware). Each phase logs to RESULTS/<phase>.log (via tee); a failed
+# over every test file with a gpu mark), bench (benchmarks/engine_gpu.py), report (python3 -m
+# dsd hardware-report --device cuda). Each phase logs to RESULTS/<phase>.log (via tee); a failed
 # phase does not stop the next; the last lines are a summary, one per phase (also appended to
 # RESULTS/summary.txt). Exit status 1 if a phase failed. Python: $PYTHON, else python3.
 set -euo pipefail
