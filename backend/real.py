@@ -25,10 +25,12 @@ from dsd.sim.resolve import ResolvedRun, config_workload, resolve
 
 
 def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
-    """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0."""
+    """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0. Its
+    simulated twin charges prefill chunks as the engine runs them: a forward of their own."""
     if pair.draft is None:
         config = dataclasses.replace(config, k_max=0)
-    return resolve(config, workload=pair.real_workload(config_workload(config)))
+    resolved = resolve(config, workload=pair.real_workload(config_workload(config)))
+    return dataclasses.replace(resolved, prefill_forward="separate")
 
 
 def torch_executor(

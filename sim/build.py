@@ -26,7 +26,7 @@ from dsd.sim.acceptance import (
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.executor import FittedExecutor, LatencyJitter
-from dsd.sim.latency import PrefillCost
+from dsd.sim.latency import PrefillCost, SeparatePrefill
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
@@ -136,6 +136,8 @@ def _latency_model(resolved: ResolvedRun) -> LatencyModel:
     config = resolved.config
     assert resolved.latency is not None  # fitted_executor checked it
     model: LatencyModel = resolved.latency
+    if resolved.prefill_forward == "separate":
+        model = SeparatePrefill(resolved.latency)
     prefill = resolved.latency.prefill
     if config.prefill_cost == "free":
         model = FreePrefillLatency(resolved.latency)

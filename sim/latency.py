@@ -18,6 +18,11 @@ model says which in `prefill_source`. How a step is composed (docs/models.md has
   tokens run in one forward, so the fixed cost of the forward is paid once, by the decode part);
 - prefill chunks only: the full prefill cost of the step's prompt tokens.
 
+That is vLLM's engine ("fused"). dsd's torch engine runs a step's prefill chunks as their own
+forward after the decode step, padded to the longest chunk ("separate", `SeparatePrefill`):
+decode cost + the full prefill cost of P rows x the longest chunk. `dsd run` and `dsd validate`
+simulate the engine they measure (`backend.real.resolve_real` sets it).
+
 Mixed K in one step (per-request K): the draft runs max K passes over the whole batch (rows
 with a smaller K are masked, not skipped). The table model charges ITL(D, max K) by default
 ("padded", what a static-shape engine pays) or ITL(D, K_eq) with K_eq = sum(K_i + 1) / D - 1,
@@ -48,6 +53,10 @@ from dsd.sim.types import ScheduledBatch
 
 PrefillSource = Literal["profile", "estimated-from-decode-slope"]
 MixedKCosting = Literal["padded", "token-equivalent"]
+# How a step's prefill chunks run beside its decode rows: in the same forward (vLLM) or as a
+# forward of their own, padded to the longest chunk (dsd's torch engine)
+PrefillForward = Literal["fused", "separate"]
+PREFILL_FORWARDS: tuple[str, ...] = ("fused", "separate")
 LatencyModelKind = Literal["table", "parametric", "auto"]
 
 
@@ -486,3 +495,44 @@ def context_latency_fn(
         return np.asarray(table.itl_ms_at(batch_size, ks), dtype=np.float64)  # [n]
 
     return table_ms
+
+
+# --------------------------------------------------------------------------------------------
+# Prefill as a forward of its own
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SeparatePrefill:
+    """A latency model for an engine that runs a step's prefill chunks as their own forward.
+
+    dsd's torch engine (`backend.engine.SpecDecodeEngine`) runs the decode rows' SD step, then
+    one prefill forward over the P prefill rows, each padded to the longest chunk W. So a step
+    costs decode + curve(P x W), and a prefill-only step curve(P x W), instead of the fused
+    decode + marginal(sum of chunks). Decode-only steps are the inner model's.
+    """
+
+    inner: TableLatencyModel | ParametricLatencyModel  # the fused model it corrects
+
+    @property
+    def prefill(self) -> PrefillCost:
+        return self.inner.prefill
+
+    @property
+    def prefill_source(self) -> PrefillSource:
+        return self.inner.prefill_source
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        num_decode = batch.num_decode_reqs
+        chunks = batch.num_scheduled_tokens[num_decode:]  # [P]
+        if chunks.shape[0] == 0:
+            return self.inner.step_ms(batch)
+        padded = float(chunks.shape[0] * int(np.maximum.reduce(chunks)))
+        prefill = self.inner.prefill
+        if num_decode == 0:
+            return prefill.curve_ms(padded)
+        fused = self.inner.step_ms(batch)
+        return fused - prefill.marginal_ms(float(chunks.sum())) + prefill.curve_ms(padded)
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        return self.inner.decode_itl_ms(batch_size, num_spec_tokens)

@@ -38,6 +38,7 @@ from dsd.sim.latency import (
     LatencyModelKind,
     MixedKCosting,
     ParametricLatencyModel,
+    PrefillForward,
     TableLatencyModel,
     context_latency_fn,
     fit_latency_model,
@@ -142,6 +143,9 @@ class ResolvedRun:
     host_overhead_model: HostOverhead | None = None  # the model when the source is "measured"
     # The recording config.replay_recording names (None: not named; replay reads the bundled one)
     replay_recording: ReplayRecording | None = None
+    # How the simulated engine runs prefill chunks beside decode rows: "fused" in one forward
+    # (vLLM), "separate" as a forward of their own (dsd's torch engine: `resolve_real`)
+    prefill_forward: PrefillForward = "fused"
 
     @property
     def max_running(self) -> int:
@@ -308,6 +312,7 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
         "requested": resolved.config.latency_model,
         "prefill_source": latency.prefill_source,
         "prefill_cost": resolved.config.prefill_cost,
+        "prefill_forward": resolved.prefill_forward,
     }
     if isinstance(latency, ParametricLatencyModel):
         report = latency.fit_report

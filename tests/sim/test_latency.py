@@ -17,6 +17,7 @@ from dsd.sim.latency import (
     PARAM_NAMES,
     ParametricLatencyModel,
     PrefillCost,
+    SeparatePrefill,
     TableLatencyModel,
     fit_latency_model,
 )
@@ -192,6 +193,31 @@ def test_prefill_interpolated_from_profile_points() -> None:
         assert cost.curve_ms(1) == pytest.approx(H100[1][0])  # anchored at a one-token forward
         assert cost.marginal_ms(0) == 0.0
         assert model.step_ms(make_batch([], prefill_chunks=[1024])) == pytest.approx(40.0)
+
+
+@pytest.mark.parametrize("kind", ["table", "parametric"])
+def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
+    # dsd's torch engine: the decode step, then one prefill forward of P rows x the longest chunk
+    base = h100_profile()
+    profile = Profile(
+        k_max=base.k_max,
+        latency=base.latency,
+        acceptance_rates=base.acceptance_rates,
+        prefill=(PrefillPoint(num_tokens=128, median_ms=12.0), PrefillPoint(1024, 40.0)),
+    )
+    fused = fit_latency_model(profile, kind=kind)  # type: ignore[arg-type]
+    separate = SeparatePrefill(fused)
+    cost = fused.prefill
+    decode_only = make_batch([3, 1])
+    assert separate.step_ms(decode_only) == fused.step_ms(decode_only)
+    mixed = make_batch([3, 1], prefill_chunks=[100, 300])
+    decode_ms = fused.step_ms(decode_only)
+    assert fused.step_ms(mixed) == pytest.approx(decode_ms + cost.curve_ms(401) - cost.curve_ms(1))
+    assert separate.step_ms(mixed) == pytest.approx(decode_ms + cost.curve_ms(2 * 300))
+    prefill_only = make_batch([], prefill_chunks=[100, 300, 50])
+    assert fused.step_ms(prefill_only) == pytest.approx(cost.curve_ms(450))
+    assert separate.step_ms(prefill_only) == pytest.approx(cost.curve_ms(3 * 300))
+    assert separate.decode_itl_ms(4, 3) == fused.decode_itl_ms(4, 3)
 
 
 def test_prefill_cost_is_monotone_in_tokens() -> None:
