@@ -766,14 +766,17 @@ def hardware_report(
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
+    from dsd.backend.pair import check_draft_spec
+
+    check_draft_spec(draft)  # a bad spelling fails before anything loads
+    if draft.strip() in ("", "none"):
+        raise InputError("--draft: the hardware report needs a draft (e.g. ngram:2-6)")
     if threads is None and device == "cpu":
         threads = 1
     started = dt.datetime.now(dt.UTC)
     loads = [load_average()]
     stage(f"loading {target} + {draft} on {device}")
     pair = load_pair(target, draft, device=device, threads=threads, seed=seed)
-    if pair.draft is None:
-        raise InputError("--draft: the hardware report needs a draft")
     folder.mkdir(parents=True, exist_ok=True)
     profile_path = folder / "profile.json"
     k_max = max(plan.k_values)

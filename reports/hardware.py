@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dsd.common.atomic import atomic_write_bytes, atomic_write_text
-from dsd.common.png import figure_png_bytes
+from dsd.common.atomic import atomic_write_text
 from dsd.reports.speedup import SpeedupResult, speedup_table
 from dsd.reports.validation import (
     Cell,
@@ -34,6 +33,7 @@ from dsd.reports.validation import (
     plot_k_over_time,
     plot_tpot_vs_concurrency,
     report_markdown,
+    save_concurrency_plot,
     tpot_error_summary,
 )
 
@@ -236,12 +236,36 @@ def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+def _finite_or_none(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (strict JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
 def _figure(value: Any) -> str:
     try:
         number = float(value)
     except (TypeError, ValueError):
         return "n/a"
     return f"{number:.1f}" if math.isfinite(number) else "n/a"
+
+
+def _beats_envelope_lines(rows: Sequence[CrossoverRow]) -> list[str]:
+    """Where a dynamic policy beat every static K (negative gap): per-request K can, when
+    acceptance differs by request; the others at best match the envelope."""
+    beaten = [
+        f"{policy} at C={row.max_concurrency} ({row.gap_pct(policy):+.1f}%)"
+        for row in rows
+        for policy in sorted(row.dynamic_tpot_ms)
+        if row.gap_pct(policy) < 0
+    ]
+    text = "; ".join(beaten) if beaten else "none"
+    return ["", f"Dynamic policies faster than the best static K: {text}."]
 
 
 def hardware_markdown(
@@ -300,6 +324,7 @@ def hardware_markdown(
             "K*); dynamic policies show their gap to it.",
             "",
             *_crossover_markdown(rows),
+            *_beats_envelope_lines(rows),
         ]
     summary = tpot_error_summary(cells)
     lines += [
@@ -342,13 +367,7 @@ def plot_crossover(rows: Sequence[CrossoverRow], path: Path) -> bool:
     for policy in sorted({p for row in rows for p in row.dynamic_tpot_ms}):
         ys = [row.dynamic_tpot_ms.get(policy, math.nan) / row.envelope_tpot_ms for row in rows]
         axes.plot(xs, ys, "s--", label=policy)
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel("max concurrency C")
-    axes.set_ylabel("measured TPOT / best static K")
-    axes.legend(fontsize=7)
-    axes.grid(alpha=0.3)
-    atomic_write_bytes(path, figure_png_bytes(figure, dpi=110))
-    plt.close(figure)
+    save_concurrency_plot(figure, axes, "measured TPOT / best static K", path)
     return True
 
 
@@ -374,14 +393,16 @@ def write_hardware_report(
         "cells.csv": cells_csv(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
-        "config.json": json.dumps(record, indent=2, default=str) + "\n",
+        "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)
+        + "\n",
     }
     if speedup is not None:
         texts["speedup.json"] = (
             json.dumps(
-                {"arms": [a.row() for a in speedup.arms], "runs": speedup.runs},
+                _finite_or_none({"arms": [a.row() for a in speedup.arms], "runs": speedup.runs}),
                 indent=1,
                 default=str,
+                allow_nan=False,
             )
             + "\n"
         )

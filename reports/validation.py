@@ -218,14 +218,21 @@ def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
             color=color,
             label=f"{policy} simulated",
         )
+    save_concurrency_plot(figure, axes, "mean TPOT (ms)", path)
+    return True
+
+
+def save_concurrency_plot(figure: Any, axes: Any, ylabel: str, path: Path) -> None:
+    """Finish a plot over C (log2 axis, legend, grid) and write it as a PNG, atomically."""
+    import matplotlib.pyplot as plt
+
     axes.set_xscale("log", base=2)
     axes.set_xlabel("max concurrency C")
-    axes.set_ylabel("mean TPOT (ms)")
+    axes.set_ylabel(ylabel)
     axes.legend(fontsize=7)
     axes.grid(alpha=0.3)
     atomic_write_bytes(path, figure_png_bytes(figure, dpi=110))
     plt.close(figure)
-    return True
 
 
 def plot_k_over_time(cell: Cell, path: Path) -> bool:

@@ -1,0 +1,95 @@
+"""`dsd hardware-report`: the quick plan end to end on the tiny random-weight pair (a dry run of
+the pipeline, not a measurement), and its one-line errors before anything loads or is written."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+REPORT_FILES = {
+    "report.md",
+    "validation.md",
+    "cells.csv",
+    "config.json",
+    "crossover.csv",
+    "crossover.png",
+    "speedup.json",
+    "profile.json",
+    "tpot_vs_concurrency.png",
+    "k_over_time.png",
+}
+
+
+def _refuse(constant: str) -> None:
+    raise AssertionError(f"{constant} in a JSON file")
+
+
+def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -> None:
+    from dsd.cli import main
+
+    out = tmp_path / "report"
+    main(["hardware-report", "--quick", "--target", "tiny", "--draft", "ngram:1-3",
+          "--out", str(out)])  # fmt: skip
+    assert {path.name for path in out.iterdir()} == REPORT_FILES
+    assert "report.md first" in capsys.readouterr().out
+
+    rows = list(csv.DictReader((out / "cells.csv").open()))
+    # The project check reads the first column naming an error of mean TPOT.
+    first_error = next(name for name in rows[0] if "err" in name)
+    assert first_error == "error_pct_mean_tpot_ms"
+    assert {row["policy"] for row in rows} == {"static:0", "static:1", "static:2", "goodput"}
+    for row in rows:
+        # K = 0 drafts nothing: the replay and the fitted model agree exactly.
+        if row["policy"] == "static:0":
+            assert float(row["acceptance_error_pct_mean_tpot_ms"]) == 0.0
+        assert float(row["replayed_mean_tpot_ms"]) > 0
+        assert row["num_trials"] == "1"
+
+    config = json.loads((out / "config.json").read_text())
+    assert config["threads"]["torch_intra_op_threads"] == 1  # 1 thread on CPU by default
+    assert config["quick"] is True and config["command"].startswith("dsd hardware-report")
+    assert len(config["load_during"]["samples"]) == 4
+
+    report = (out / "report.md").read_text()
+    for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
+                     "| static:2 | 1 |", "dsd hardware-report --quick"):  # fmt: skip
+        assert fragment in report, fragment
+    # Strict JSON (no NaN): the plain arm has no acceptance length.
+    speedup = json.loads((out / "speedup.json").read_text(), parse_constant=_refuse)
+    assert all(arm["identical_to_first_arm"] for arm in speedup["arms"])
+    assert speedup["arms"][0]["acceptance_length"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--draft", "none"], "needs a draft"),
+        (["--draft", "NGRAM"], "write ngram"),
+        (["--threads", "0"], "--threads"),
+        (["--target", "no-such-model"], "no-such-model"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(args, fragment, tmp_path, capsys) -> None:
+    from dsd.cli import main
+
+    out = tmp_path / "report"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["hardware-report", "--quick", "--target", "tiny", "--out", str(out), *args])
+    assert exit_info.value.code == 2
+    # Stage lines ("loading ...") may come first; the error is one last line.
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and fragment in last
+    assert not out.exists()
+
+
+def test_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
+    from dsd.cli import main
+
+    out = tmp_path / "report"
+    out.write_text("keep me")
+    with pytest.raises(SystemExit):
+        main(["hardware-report", "--quick", "--target", "tiny", "--out", str(out)])
+    assert "exists and is not a folder" in capsys.readouterr().err
+    assert out.read_text() == "keep me"
