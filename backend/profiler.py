@@ -431,6 +431,63 @@ def measure_decode(
     return points
 
 
+def reference_point(profile: Profile) -> LatencyPoint | None:
+    """The profile's B = 1, K = 0 point at its shortest recorded context: the step a
+    `SpeedProbe` times again; None when the profile records no context (vLLM-derived files)."""
+    points = [
+        point
+        for point in profile.latency
+        if point.batch_size == 1 and point.num_spec_tokens == 0 and point.context_len
+    ]
+    return min(points, key=lambda point: point.context_len or 0) if points else None
+
+
+class SpeedProbe:
+    """How fast the machine runs now, next to when its profile was measured.
+
+    A shared CPU drifts: the same B = 1 decode step of SmolLM2-135M took 63-94 ms (median of
+    40 steps) within two minutes on the 2-core machine, with nothing else of ours running. A
+    real run measured minutes after its profile therefore differs from the simulator by that
+    drift as well as by the model's error. The probe times the profile's reference step (B = 1,
+    K = 0 at the same context, `reference_point`) the way the profiler did, on a one-slot
+    engine of its own, so validation can report the machine's speed beside every cell and the
+    error that is left once the latency model is scaled by it. It measures; it corrects nothing.
+    """
+
+    def __init__(
+        self, target: Transformer, reference: LatencyPoint, *, steps: int = 12, seed: int = 0
+    ) -> None:
+        if not reference.context_len or reference.context_len < 2:
+            raise InputError("speed probe: the profile's reference point records no context")
+        self.reference = reference
+        self.steps = steps
+        context_len = reference.context_len - 1  # the profiler records known = context + 1
+        engine = build_spec_decode_engine(
+            target,
+            None,
+            SpecDecodeConfig(num_slots=1, max_model_len=context_len + 2, k_max=0, seed=seed),
+        )
+        config = ProfileConfig(batch_sizes=(1,), spec_tokens=(0, 1), context_lens=(context_len,))
+        specials = set(target.config.eos_token_ids) | ({target.config.bos_token_id} - {None})
+        avoid = sorted(int(s) for s in specials if s is not None)
+        rng = np.random.default_rng(np.random.SeedSequence(seed))
+        self._slots = _DecodeSlots(engine, config, rng, avoid, context_len)
+        warm_up(self._time_step, min_steps=3)
+
+    def _time_step(self) -> float:
+        return self._slots.time_step((1, 0))
+
+    def measure(self) -> list[float]:
+        """`steps` timed reference steps, ms."""
+        return [self._time_step() for _ in range(self.steps)]
+
+    def speed(self, samples_ms: Sequence[float]) -> float:
+        """median(samples) / the profile's reference median: > 1 means slower than profiled."""
+        if not samples_ms:
+            return float("nan")
+        return float(np.median(samples_ms)) / self.reference.median_ms
+
+
 def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) -> LatencyPoint:
     median, p10, p90 = _percentiles(samples_ms)
     return LatencyPoint(

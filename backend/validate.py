@@ -14,7 +14,11 @@ identical on both sides.
 per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
 become the workload, and its recorded metrics are the measured side.
 
-Errors are (simulated - measured) / measured in percent. This module does not parse flags, load
+Errors are (simulated - measured) / measured in percent. With a `SpeedProbe`, every real trial
+is bracketed by timings of the profile's reference step, and a cell also reports the machine's
+speed then (`machine_speed`: > 1 slower than when profiled) and the error left once the
+simulated times are scaled by it (`speed_adjusted_error_pct`): on a shared machine that drifts,
+this separates the drift from the model's error. This module does not parse flags, load
 models or write files (`dsd validate` and `reports.validation` do).
 """
 
@@ -24,7 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +44,9 @@ from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.traces.arrivals import validate_rate, with_arrivals
 from dsd.traces.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    from dsd.backend.profiler import SpeedProbe
 
 # Metrics compared per cell: vLLM bench keys (ms).
 COMPARED_METRICS: tuple[str, ...] = (*TPOT_TTFT_KEYS, "mean_itl_ms", "mean_e2el_ms")
@@ -74,6 +81,9 @@ class CellResult:
     # The simulator replaying the first real trial's own drafts and acceptances position by
     # position (fitted latency, recorded acceptance); {} for a vLLM file
     replayed: dict[str, Any] = field(default_factory=dict)
+    # median reference-step time around the real trials / the profile's (SpeedProbe); NaN
+    # when not probed
+    machine_speed: float = float("nan")
 
     def error_pct(self, key: str) -> float:
         """(simulated - measured) / measured * 100; NaN when either is missing or measured 0."""
@@ -87,6 +97,18 @@ class CellResult:
         """(simulated - replayed) / replayed * 100: the acceptance model's part (fitted vs the
         run's own acceptance, both on the fitted latency)."""
         return _error_pct(self.simulated.get(key), self.replayed.get(key))
+
+    def speed_adjusted_error_pct(self, key: str) -> float:
+        """`error_pct` with the simulated time scaled by `machine_speed` (ms keys only)."""
+        return _error_pct(
+            _as_float(self.simulated.get(key)) * self.machine_speed, self.measured.get(key)
+        )
+
+    def speed_adjusted_timing_error_pct(self, key: str) -> float:
+        """`timing_error_pct` with the replayed time scaled by `machine_speed`."""
+        return _error_pct(
+            _as_float(self.replayed.get(key)) * self.machine_speed, self.measured.get(key)
+        )
 
     def trial_spread_pct(self, key: str) -> float:
         """(max - min) / median of the real trials' `key`, in percent (NaN below 2 trials)."""
@@ -136,6 +158,7 @@ class MeasuredRun:
     steps: Any  # pandas step table
     prompt_ids: dict[int, list[int]]  # req_id -> prompt ids it was given
     output_ids: dict[int, list[int]]  # req_id -> output ids, as counted
+    probe_ms: tuple[float, ...] = ()  # SpeedProbe reference steps just before and after it
 
 
 def simulated_run(resolved: ResolvedRun) -> RunResult:
@@ -180,11 +203,16 @@ def replayed_run(resolved: ResolvedRun, pair: ModelPair, run: MeasuredRun) -> Ru
 
 
 def cell_result(
-    resolved: ResolvedRun, runs: Sequence[MeasuredRun], pair: ModelPair | None = None
+    resolved: ResolvedRun,
+    runs: Sequence[MeasuredRun],
+    pair: ModelPair | None = None,
+    probe: SpeedProbe | None = None,
 ) -> CellResult:
     """The simulator's run of a cell next to its real trials; given the pair (runs greedy:
-    temperature 0), also the simulator replaying the first trial's acceptance."""
+    temperature 0), also the simulator replaying the first trial's acceptance; given the probe
+    that bracketed the trials, the machine's speed over them."""
     simulated = simulated_run(resolved)
+    probed = [sample for run in runs for sample in run.probe_ms]
     replayed = None if pair is None else replayed_run(resolved, pair, runs[0])
     return CellResult(
         policy=resolved.config.policy,
@@ -196,6 +224,7 @@ def cell_result(
         host_overhead_source=resolved.host_overhead_source,
         measured_trials=tuple(run.metrics for run in runs),
         replayed={} if replayed is None else dict(replayed.metrics),
+        machine_speed=float("nan") if probe is None else probe.speed(probed),
     )
 
 
@@ -223,11 +252,13 @@ def validation_cells(
     trials: int = 1,
     fast_path: str = "off",
     on_progress: Callable[[str], None] | None = None,
+    probe: SpeedProbe | None = None,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
     bad cell fails before any runs). The real runs go in `trials` rounds over all cells, each
     round in a rotated order, so drift on a shared machine spreads over the cells instead of
-    biasing the ones that ran last."""
+    biasing the ones that ran last. A `probe` times the reference step before and after each
+    real run (`CellResult.machine_speed`)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
@@ -236,14 +267,19 @@ def validation_cells(
         for offset in range(count):
             index = (trial + offset) % count
             resolved = resolved_cells[index]
-            runs[index].append(measured_run(resolved, pair, fast_path=fast_path))
+            before = probe.measure() if probe is not None else []
+            run = measured_run(resolved, pair, fast_path=fast_path)
+            if probe is not None:
+                run = replace(run, probe_ms=(*before, *probe.measure()))
+            runs[index].append(run)
             if on_progress is not None:
                 on_progress(
                     f"{resolved.config.policy} C={resolved.workload.max_concurrency} "
                     f"trial {trial + 1}"
                 )
     return [
-        cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
+        cell_result(resolved, own, pair, probe)
+        for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
 
 

@@ -29,11 +29,14 @@ from dsd.common.atomic import atomic_write_text
 from dsd.reports.speedup import SpeedupResult, speedup_table
 from dsd.reports.validation import (
     Cell,
+    as_number,
     cells_csv,
+    format_number,
     plot_k_over_time,
     plot_tpot_vs_concurrency,
     report_markdown,
     save_concurrency_plot,
+    speed_adjusted_lines,
     tpot_error_summary,
 )
 
@@ -217,8 +220,8 @@ def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
     """One row per cell: mean TPOT measured, simulated, replayed and the errors (%)."""
     lines = [
         "| policy | C | measured ms | trial spread % | simulated ms | error % | replayed ms "
-        "| timing error % | acceptance error % |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| timing error % | acceptance error % | machine speed | speed-adjusted error % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         figures = (
@@ -230,7 +233,11 @@ def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
             cell.timing_error_pct("mean_tpot_ms"),
             cell.acceptance_error_pct("mean_tpot_ms"),
         )
-        texts = [_figure(value) for value in figures]
+        texts = [format_number(as_number(value), 1) for value in figures]
+        texts += [
+            format_number(cell.machine_speed, 2),
+            format_number(cell.speed_adjusted_error_pct("mean_tpot_ms"), 1),
+        ]
         concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
         lines.append(f"| {cell.policy} | {concurrency} | " + " | ".join(texts) + " |")
     return lines
@@ -245,14 +252,6 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite_or_none(item) for item in value]
     return value
-
-
-def _figure(value: Any) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return "n/a"
-    return f"{number:.1f}" if math.isfinite(number) else "n/a"
 
 
 def _beats_envelope_lines(rows: Sequence[CrossoverRow]) -> list[str]:
@@ -341,6 +340,7 @@ def hardware_markdown(
         f"{summary['max_abs_acceptance_error_pct']:.1f}%. Trial spread = (max - min) / median "
         "of the measured trials. Every metric: validation.md, cells.csv.",
         "",
+        *speed_adjusted_lines(cells, summary),
         *_error_split_markdown(cells),
         "",
         "Files: cells.csv, validation.md, crossover.csv, speedup.json, profile.json, config.json, "

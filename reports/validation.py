@@ -52,21 +52,25 @@ class Cell(Protocol):
     def measured_trials(self) -> tuple[dict[str, Any], ...]: ...
     @property
     def replayed(self) -> dict[str, Any]: ...
+    @property
+    def machine_speed(self) -> float: ...
 
     def error_pct(self, key: str) -> float: ...
     def timing_error_pct(self, key: str) -> float: ...
     def acceptance_error_pct(self, key: str) -> float: ...
     def trial_spread_pct(self, key: str) -> float: ...
+    def speed_adjusted_error_pct(self, key: str) -> float: ...
+    def speed_adjusted_timing_error_pct(self, key: str) -> float: ...
 
 
-def _num(value: Any) -> float:
+def as_number(value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
         return float("nan")
 
 
-def _fmt(value: float, digits: int = 2) -> str:
+def format_number(value: float, digits: int = 2) -> str:
     return "n/a" if not math.isfinite(value) else f"{value:.{digits}f}"
 
 
@@ -81,12 +85,17 @@ def _median_max_abs(errors: Sequence[float]) -> tuple[float, float]:
 
 def tpot_error_summary(cells: Sequence[Cell]) -> dict[str, float]:
     """Median and max |error %| of mean TPOT over the cells (NaN cells left out), and of its
-    two parts: timing (replay vs measured) and acceptance modelling (fitted vs replay)."""
+    two parts: timing (replay vs measured) and acceptance modelling (fitted vs replay), and of
+    the total and timing errors scaled by each cell's machine speed (NaN when not probed)."""
     summary: dict[str, float] = {}
     parts = {
         "tpot": [cell.error_pct("mean_tpot_ms") for cell in cells],
         "timing": [cell.timing_error_pct("mean_tpot_ms") for cell in cells],
         "acceptance": [cell.acceptance_error_pct("mean_tpot_ms") for cell in cells],
+        "speed_adjusted": [cell.speed_adjusted_error_pct("mean_tpot_ms") for cell in cells],
+        "speed_adjusted_timing": [
+            cell.speed_adjusted_timing_error_pct("mean_tpot_ms") for cell in cells
+        ],
     }
     for name, errors in parts.items():
         median, largest = _median_max_abs(errors)
@@ -113,25 +122,33 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "timing_error_pct_mean_tpot_ms",
         "acceptance_error_pct_mean_tpot_ms",
         "replayed_acceptance_length",
+        # The machine's speed around the real trials against the profile's (SpeedProbe), and
+        # the errors left with the simulated times scaled by it
+        "machine_speed",
+        "speed_adjusted_error_pct_mean_tpot_ms",
+        "speed_adjusted_timing_error_pct_mean_tpot_ms",
     ]
     writer.writerow(header)
     for cell in cells:
         row: list[Any] = [cell.policy, "" if cell.max_concurrency is None else cell.max_concurrency]
         for key, _label in REPORT_METRICS:
             row += [
-                _num(cell.measured.get(key)),
-                _num(cell.simulated.get(key)),
+                as_number(cell.measured.get(key)),
+                as_number(cell.simulated.get(key)),
                 cell.error_pct(key),
             ]
         row += [
-            _num(cell.measured.get("spec_decode_acceptance_length")),
-            _num(cell.simulated.get("spec_decode_acceptance_length")),
+            as_number(cell.measured.get("spec_decode_acceptance_length")),
+            as_number(cell.simulated.get("spec_decode_acceptance_length")),
             len(cell.measured_trials),
             cell.trial_spread_pct("mean_tpot_ms"),
-            _num(cell.replayed.get("mean_tpot_ms")),
+            as_number(cell.replayed.get("mean_tpot_ms")),
             cell.timing_error_pct("mean_tpot_ms"),
             cell.acceptance_error_pct("mean_tpot_ms"),
-            _num(cell.replayed.get("spec_decode_acceptance_length")),
+            as_number(cell.replayed.get("spec_decode_acceptance_length")),
+            cell.machine_speed,
+            cell.speed_adjusted_error_pct("mean_tpot_ms"),
+            cell.speed_adjusted_timing_error_pct("mean_tpot_ms"),
         ]
         writer.writerow(row)
     return buffer.getvalue()
@@ -150,8 +167,8 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
     lines += [
         "",
         f"Mean-TPOT error over {len(cells)} cells: median |error| "
-        f"{_fmt(summary['median_abs_tpot_error_pct'], 1)} %, max |error| "
-        f"{_fmt(summary['max_abs_tpot_error_pct'], 1)} %.",
+        f"{format_number(summary['median_abs_tpot_error_pct'], 1)} %, max |error| "
+        f"{format_number(summary['max_abs_tpot_error_pct'], 1)} %.",
         "",
         "Error = (simulated - measured) / measured. The simulator is fitted from the profile only.",
         "",
@@ -160,13 +177,14 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
         lines += [
             "Split of the mean-TPOT error: timing (the simulator replaying the real run's own "
             "drafts and acceptances, vs measured) median |error| "
-            f"{_fmt(summary['median_abs_timing_error_pct'], 1)} %, max "
-            f"{_fmt(summary['max_abs_timing_error_pct'], 1)} %; acceptance modelling (fitted "
-            "acceptance vs that replay) median |error| "
-            f"{_fmt(summary['median_abs_acceptance_error_pct'], 1)} %, max "
-            f"{_fmt(summary['max_abs_acceptance_error_pct'], 1)} %.",
+            f"{format_number(summary['median_abs_timing_error_pct'], 1)} %, max "
+            f"{format_number(summary['max_abs_timing_error_pct'], 1)} %; acceptance modelling "
+            "(fitted acceptance vs that replay) median |error| "
+            f"{format_number(summary['median_abs_acceptance_error_pct'], 1)} %, max "
+            f"{format_number(summary['max_abs_acceptance_error_pct'], 1)} %.",
             "",
         ]
+    lines += speed_adjusted_lines(cells, summary)
     lines += [
         "| policy | C | metric | measured ms | simulated ms | error % |",
         "|---|---|---|---|---|---|",
@@ -174,16 +192,37 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
     for cell in cells:
         concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
         for key, label in REPORT_METRICS:
-            measured = _num(cell.measured.get(key))
-            simulated = _num(cell.simulated.get(key))
+            measured = as_number(cell.measured.get(key))
+            simulated = as_number(cell.simulated.get(key))
             if not (math.isfinite(measured) or math.isfinite(simulated)):
                 continue
             lines.append(
-                f"| {cell.policy} | {concurrency} | {label} | {_fmt(measured)} | "
-                f"{_fmt(simulated)} | {_fmt(cell.error_pct(key), 1)} |"
+                f"| {cell.policy} | {concurrency} | {label} | {format_number(measured)} | "
+                f"{format_number(simulated)} | {format_number(cell.error_pct(key), 1)} |"
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str]:
+    """What the errors are with the simulated times scaled by the machine's measured speed
+    (nothing when the cells were not probed)."""
+    speeds = np.array([cell.machine_speed for cell in cells], dtype=np.float64)
+    speeds = speeds[np.isfinite(speeds)]
+    if speeds.size == 0:
+        return []
+    return [
+        "Machine speed (the profile's B = 1, K = 0 step timed again just before and after every "
+        "real trial, over its profiled time; > 1 is slower) ranged "
+        f"{speeds.min():.2f}-{speeds.max():.2f} over the cells (median {np.median(speeds):.2f}). "
+        "With the simulated times scaled by it, the mean-TPOT error is median |error| "
+        f"{format_number(summary['median_abs_speed_adjusted_error_pct'], 1)} %, max "
+        f"{format_number(summary['max_abs_speed_adjusted_error_pct'], 1)} % (timing part median "
+        f"{format_number(summary['median_abs_speed_adjusted_timing_error_pct'], 1)} %, max "
+        f"{format_number(summary['max_abs_speed_adjusted_timing_error_pct'], 1)} %). The unscaled "
+        "errors above are the result; the scaled ones show how much of it is the machine drifting.",
+        "",
+    ]
 
 
 def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
@@ -206,14 +245,14 @@ def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
         color = f"C{index % 10}"
         axes.plot(
             xs,
-            [_num(c.measured.get("mean_tpot_ms")) for c in group],
+            [as_number(c.measured.get("mean_tpot_ms")) for c in group],
             "o-",
             color=color,
             label=f"{policy} measured",
         )
         axes.plot(
             xs,
-            [_num(c.simulated.get("mean_tpot_ms")) for c in group],
+            [as_number(c.simulated.get("mean_tpot_ms")) for c in group],
             "s--",
             color=color,
             label=f"{policy} simulated",

@@ -11,8 +11,15 @@ from mock_models import perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft, SpecDecodeConfig
 from dsd.backend.fast_path import build_spec_decode_engine
-from dsd.backend.profiler import ProfileConfig, measure_acceptance, profile_pair
+from dsd.backend.profiler import (
+    ProfileConfig,
+    SpeedProbe,
+    measure_acceptance,
+    profile_pair,
+    reference_point,
+)
 from dsd.common.errors import InputError
+from dsd.policies.profile import LatencyPoint
 from dsd.policies.profile_io import load_profile, save_profile
 
 
@@ -409,3 +416,24 @@ def test_ngram_draft_is_profiled_with_periodic_contexts(target) -> None:
     }
     with pytest.raises(InputError, match=r"proposed .* of K=3 tokens at context 4"):
         profile_pair(target, draft, small_config(context_lens=(4,)), prompts, [6, 6])
+
+
+def test_speed_probe_times_the_profiles_reference_step(target) -> None:
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    profile = profile_pair(target, draft, small_config(context_lens=(6, 4)), prompts(3), [6] * 3)
+    reference = reference_point(profile)
+    assert reference is not None
+    assert (reference.batch_size, reference.num_spec_tokens, reference.context_len) == (1, 0, 5)
+    probe = SpeedProbe(target, reference, steps=4)
+    samples = probe.measure()
+    assert len(samples) == 4 and all(ms > 0 for ms in samples)
+    assert probe.speed(samples) == pytest.approx(np.median(samples) / reference.median_ms)
+    assert np.isnan(probe.speed([]))
+    # The probe's slot stays at the reference context: every step sees the same one.
+    assert probe._slots.engine.num_tokens[probe._slots.slots[0]] == reference.context_len
+
+
+def test_speed_probe_needs_a_recorded_context(target) -> None:
+    point = LatencyPoint(batch_size=1, num_spec_tokens=0, median_ms=1.0)
+    with pytest.raises(InputError, match="records no context"):
+        SpeedProbe(target, point)

@@ -21,6 +21,7 @@ from dsd.backend.validate import (
     load_vllm_result,
     parse_vllm_result,
     validate_against_vllm,
+    validation_cells,
 )
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import save_profile
@@ -205,7 +206,7 @@ def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path
     assert set(config["summary"]) == {
         f"{stat}_abs_{part}_error_pct"
         for stat in ("median", "max")
-        for part in ("tpot", "timing", "acceptance")
+        for part in ("tpot", "timing", "acceptance", "speed_adjusted", "speed_adjusted_timing")
     }
     assert "timing_error_pct_mean_tpot_ms" in rows[0] and rows[1]["replayed_mean_tpot_ms"]
     leftovers = [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
@@ -222,3 +223,61 @@ def test_report_summary_ignores_nan_cells(tmp_path) -> None:
     summary = json.loads((tmp_path / "config.json").read_text())["summary"]
     assert summary["median_abs_tpot_error_pct"] == pytest.approx(15.0)
     assert summary["max_abs_tpot_error_pct"] == pytest.approx(20.0)
+
+
+def test_speed_adjusted_error_scales_the_simulated_time_by_the_machine_speed(tmp_path) -> None:
+    measured, simulated, replayed = (
+        {"mean_tpot_ms": 13.0},
+        {"mean_tpot_ms": 10.0},
+        {"mean_tpot_ms": 12.0},
+    )
+    cell = CellResult("a", 1, measured, simulated, replayed=replayed, machine_speed=1.25)
+    assert cell.error_pct("mean_tpot_ms") == pytest.approx(-300 / 13)
+    assert cell.speed_adjusted_error_pct("mean_tpot_ms") == pytest.approx(-50 / 13)
+    assert cell.speed_adjusted_timing_error_pct("mean_tpot_ms") == pytest.approx(200 / 13)
+    unprobed = CellResult("a", 1, measured, simulated)
+    assert math.isnan(unprobed.speed_adjusted_error_pct("mean_tpot_ms"))
+    write_validation_report(tmp_path / "probed", [cell], {})
+    write_validation_report(tmp_path / "unprobed", [unprobed], {})
+    assert "Machine speed" in (tmp_path / "probed" / "report.md").read_text()
+    assert "Machine speed" not in (tmp_path / "unprobed" / "report.md").read_text()
+    row = next(csv.DictReader((tmp_path / "probed" / "cells.csv").open()))
+    assert float(row["machine_speed"]) == 1.25
+    assert float(row["speed_adjusted_error_pct_mean_tpot_ms"]) == pytest.approx(-50 / 13)
+
+
+class _FixedProbe:
+    """A SpeedProbe stand-in: every measurement reads `ms`, the reference 10 ms."""
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
+        self.calls = 0
+
+    def measure(self) -> list[float]:
+        self.calls += 1
+        return [self.ms] * 3
+
+    def speed(self, samples_ms) -> float:
+        return float(np.median(samples_ms)) / 10.0
+
+
+def test_every_real_trial_is_bracketed_by_probe_timings(tiny_pair_profile) -> None:
+    target, draft, profile_path = tiny_pair_profile
+    pair = mock_pair(target, draft)
+    configs = [
+        RunConfig(
+            profile=str(profile_path),
+            policy=policy,
+            dataset="random",
+            num_prompts=2,
+            max_concurrency=1,
+            random_lengths=RandomLengths(input_len=8, output_len=6),
+        )
+        for policy in ("static:0", "static:1")
+    ]
+    probe = _FixedProbe(12.0)
+    cells = validation_cells(
+        [resolve_real(config, pair) for config in configs], pair, trials=2, probe=probe
+    )
+    assert probe.calls == 2 * 2 * 2  # before and after each of 2 trials of 2 cells
+    assert [cell.machine_speed for cell in cells] == [1.2, 1.2]
