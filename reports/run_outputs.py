@@ -310,9 +310,8 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
             lines.append(_line(f"{label} {short} (ms):", float(result[f"{stat}_{key}_ms"])))
     lines.append("{:-^50}".format("Speculative Decoding"))
-    rate = result["spec_decode_acceptance_rate"]
-    lines.append(_line("Acceptance rate (%):", float(rate) * 100.0))
-    lines.append(_line("Acceptance length:", float(result["spec_decode_acceptance_length"])))
+    lines.append(_line("Acceptance rate (%):", float(result["spec_decode_acceptance_rate"])))
+    lines.append(_line("Acceptance length:", float(result["acceptance_length"])))
     lines.append(_line("Drafts:", result["spec_decode_num_drafts"]))
     lines.append(_line("Draft tokens:", result["spec_decode_draft_tokens"]))
     lines.append(_line("Accepted tokens:", result["spec_decode_accepted_tokens"]))

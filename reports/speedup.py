@@ -67,7 +67,7 @@ class ArmSummary:
     tpot_ms: tuple[float, ...]  # mean TPOT of each repeat
     speedups: tuple[float, ...]  # TPOT(first arm) / TPOT(this arm), per repeat
     acceptance_length: float  # spec-decode acceptance length (NaN without drafts)
-    acceptance_rate: float
+    acceptance_rate: float  # accepted / drafted tokens, percent (NaN without drafts)
     output_tokens: int  # total generated tokens (equal across repeats)
     identical_to_first_arm: bool  # every repeat generated the first arm's tokens exactly
 
@@ -150,7 +150,7 @@ def measure_arms(
                 "mean_tpot_ms": metrics["mean_tpot_ms"],
                 "duration_s": metrics["duration"],
                 "total_output_tokens": metrics["total_output_tokens"],
-                "acceptance_length": metrics["spec_decode_acceptance_length"],
+                "acceptance_length": metrics["acceptance_length"],
                 "acceptance_rate": metrics["spec_decode_acceptance_rate"],
                 "num_drafts": metrics["spec_decode_num_drafts"],
                 "load_before": load_before,
@@ -188,7 +188,7 @@ def speedup_table(result: SpeedupResult) -> str:
     """A fixed-width text table of the summaries."""
     lines = [
         f"{'arm':<26} {'TPOT ms (min-max)':>22} {'speedup (min-max)':>20} {'AL':>5} "
-        f"{'acc':>5} {'tokens':>7}  same tokens"
+        f"{'acc %':>5} {'tokens':>7}  same tokens"
     ]
     for summary in result.arms:
         row = summary.row()
@@ -198,7 +198,7 @@ def speedup_table(result: SpeedupResult) -> str:
         )
         lines.append(
             f"{row['arm']:<26} {tpot:>22} {speedup:>20} {row['acceptance_length']:>5.2f} "
-            f"{row['acceptance_rate']:>5.2f} {row['output_tokens']:>7}  "
+            f"{row['acceptance_rate']:>5.1f} {row['output_tokens']:>7}  "
             f"{'yes' if row['identical_to_first_arm'] else 'NO'}"
         )
     return "\n".join(lines)

@@ -73,11 +73,11 @@ K_TRACE_SUFFIX = ".ktrace.parquet"
 CELL_FORMAT = 1
 RAY_MISSING = "install the ray extra: pip install 'dsd[ray]'"
 
-# Metric columns of the table, in order (vLLM bench keys).
+# Metric columns of the table, in order (vLLM bench keys, and our acceptance_length: NaN at K = 0).
 METRIC_COLUMNS: tuple[str, ...] = (
     *TPOT_TTFT_KEYS,
     "output_throughput",
-    "spec_decode_acceptance_length",
+    "acceptance_length",
     "completed",
     "num_steps",
 )

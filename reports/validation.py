@@ -138,14 +138,14 @@ def cells_csv(cells: Sequence[Cell]) -> str:
                 cell.error_pct(key),
             ]
         row += [
-            as_number(cell.measured.get("spec_decode_acceptance_length")),
-            as_number(cell.simulated.get("spec_decode_acceptance_length")),
+            as_number(cell.measured.get("acceptance_length")),
+            as_number(cell.simulated.get("acceptance_length")),
             len(cell.measured_trials),
             cell.trial_spread_pct("mean_tpot_ms"),
             as_number(cell.replayed.get("mean_tpot_ms")),
             cell.timing_error_pct("mean_tpot_ms"),
             cell.acceptance_error_pct("mean_tpot_ms"),
-            as_number(cell.replayed.get("spec_decode_acceptance_length")),
+            as_number(cell.replayed.get("acceptance_length")),
             cell.machine_speed,
             cell.speed_adjusted_error_pct("mean_tpot_ms"),
             cell.speed_adjusted_timing_error_pct("mean_tpot_ms"),

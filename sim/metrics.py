@@ -21,9 +21,14 @@ Definitions (as `vllm bench serve` computes them; times in ms in the result):
 - duration = time the last request finished - start of the run (the run starts at 0).
 - request_throughput = completed / duration; output_throughput = output tokens / duration;
   total_token_throughput = (input + output tokens) / duration, counting completed requests.
-- spec_decode_acceptance_length = 1 + accepted / num_drafts (mean output tokens per decode
-  step that drafted); per-position rates = accepted_at_pos / drafted_at_pos (ours; vLLM's logged
-  rate divides by num_drafts, which reads low when K varies).
+- spec_decode_* keys mean what vLLM's bench (vllm/benchmarks/serve.py, 0.33) computes:
+  spec_decode_acceptance_rate = 100 * accepted / draft tokens (a percentage; NaN without
+  drafts), spec_decode_acceptance_length = 1 + accepted / num_drafts (0.0 without drafts),
+  spec_decode_per_position_acceptance_rates[i] = accepted at position i / num_drafts ([]
+  without drafts: with K varying, later positions read low, as in vLLM).
+- ours, under our own names: acceptance_length (NaN without drafts, so K = 0 reads "n/a") and
+  per_position_acceptance_given_drafted[i] = accepted at i / drafted at i (NaN where nothing
+  was drafted at i: the acceptance a position has when it is drafted, whatever K was).
 
 What this module deliberately does not do: decide anything, know about SimPy, or write output
 files (the step sink decides where step rows go; ITL spill files are private and temporary).
@@ -429,18 +434,23 @@ def bench_metrics_from(
         for percentile in percentiles:
             key = f"p{_percentile_key(percentile)}_{name}_ms"
             result[key] = stats[f"p{percentile}"]
+    num_drafts = spec_stats.num_drafts
     with np.errstate(invalid="ignore", divide="ignore"):
-        per_position = spec_stats.accepted_at_pos / spec_stats.drafted_at_pos
-    result["spec_decode_num_drafts"] = spec_stats.num_drafts
+        given_drafted = spec_stats.accepted_at_pos / spec_stats.drafted_at_pos
+    result["spec_decode_num_drafts"] = num_drafts
     result["spec_decode_draft_tokens"] = spec_stats.num_draft_tokens
     result["spec_decode_accepted_tokens"] = spec_stats.num_accepted_tokens
     result["spec_decode_acceptance_rate"] = (
-        spec_stats.num_accepted_tokens / spec_stats.num_draft_tokens
+        100.0 * spec_stats.num_accepted_tokens / spec_stats.num_draft_tokens
         if spec_stats.num_draft_tokens
         else float("nan")
     )
-    result["spec_decode_acceptance_length"] = spec_stats.acceptance_length
-    result["spec_decode_per_position_acceptance_rates"] = [float(r) for r in per_position]
+    result["spec_decode_acceptance_length"] = spec_stats.acceptance_length if num_drafts else 0.0
+    result["spec_decode_per_position_acceptance_rates"] = (
+        [float(n) / num_drafts for n in spec_stats.accepted_at_pos.tolist()] if num_drafts else []
+    )
+    result["acceptance_length"] = spec_stats.acceptance_length
+    result["per_position_acceptance_given_drafted"] = [float(r) for r in given_drafted]
     result["spec_decode_drafted_at_pos"] = spec_stats.drafted_at_pos.tolist()
     result["spec_decode_accepted_at_pos"] = spec_stats.accepted_at_pos.tolist()
     result["k_histogram"] = {k: int(n) for k, n in enumerate(k_histogram.tolist()) if n}

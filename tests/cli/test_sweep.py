@@ -56,7 +56,7 @@ def test_sweep_writes_table_markdown_and_png(
     assert (table["completed"] == table["num_prompts"]).all()
     for column in ("mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_ttft_ms"):
         assert (table[column] > 0).all()
-    assert {"output_throughput", "spec_decode_acceptance_length"} <= set(table)
+    assert {"output_throughput", "acceptance_length"} <= set(table)
     # Policies at one concurrency share the cell seed (common random numbers).
     assert table.groupby("max_concurrency")["seed"].nunique().eq(1).all()
     markdown = (out_dir / "sweep.md").read_text()

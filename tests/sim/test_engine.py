@@ -73,6 +73,7 @@ def test_two_request_timeline_is_exact():
     assert m["spec_decode_accepted_tokens"] == 3
     assert m["spec_decode_acceptance_length"] == pytest.approx(2.0)
     assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 3])
+    assert m["per_position_acceptance_given_drafted"] == pytest.approx([2 / 3, 1 / 3])
     assert m["k_histogram"] == {2: 3}
     assert m["num_steps"] == 3
     table = result.requests.set_index("req_id")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -60,14 +62,44 @@ def test_extra_percentiles_get_vllm_key_names():
     assert "p50_ttft_ms" in m and "p99.9_ttft_ms" in m and "p99_ttft_ms" not in m
 
 
+# (drafted per row, accepted per row, k_max) -> vLLM bench's meanings of its keys
+# (vllm/benchmarks/serve.py 0.33: rate in percent; AL and per-position over num_drafts) and ours
+# under our own names (AL NaN without drafts; per position over what was drafted there).
+SPEC_DECODE_CASES = [
+    pytest.param(
+        [2, 2, 1, 0], [2, 0, 1, 0], 2,
+        dict(rate=100 * 3 / 5, al=2.0, per_pos=[2 / 3, 1 / 3], our_al=2.0, given=[2 / 3, 1 / 2]),
+        id="some rows draft fewer",
+    ),
+    pytest.param(
+        [1, 1, 3, 3], [1, 1, 3, 3], 3,  # half K = 1, half K = 3, all accepted
+        dict(rate=100.0, al=3.0, per_pos=[1.0, 0.5, 0.5], our_al=3.0, given=[1.0, 1.0, 1.0]),
+        id="K varies: vLLM reads later positions low",
+    ),
+    pytest.param(
+        [0, 0], [0, 0], 2,
+        dict(rate=math.nan, al=0.0, per_pos=[], our_al=math.nan, given=[math.nan, math.nan]),
+        id="no drafts",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("drafted", "accepted", "k_max", "want"), SPEC_DECODE_CASES)
+def test_spec_decode_keys_mean_what_vllm_bench_means(drafted, accepted, k_max, want) -> None:
+    stats = SpecDecodeStats(k_max=k_max)
+    stats.observe(np.array(drafted), np.array(accepted))
+    m = metrics(spec_stats=stats)
+    assert m["spec_decode_acceptance_rate"] == pytest.approx(want["rate"], nan_ok=True)
+    assert m["spec_decode_acceptance_length"] == pytest.approx(want["al"])
+    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx(want["per_pos"])
+    assert m["acceptance_length"] == pytest.approx(want["our_al"], nan_ok=True)
+    assert m["per_position_acceptance_given_drafted"] == pytest.approx(want["given"], nan_ok=True)
+
+
 def test_spec_decode_keys():
     stats = SpecDecodeStats(k_max=2)
     stats.observe(np.array([2, 2, 1, 0]), np.array([2, 0, 1, 0]))
     m = metrics(spec_stats=stats)
-    # 3 drafting rows, 5 drafts, 3 accepted: AL = 1 + 3/3 = 2; pos1 2/3, pos2 1/2
     assert m["spec_decode_num_drafts"] == 3
     assert m["spec_decode_draft_tokens"] == 5
-    assert m["spec_decode_acceptance_length"] == pytest.approx(2.0)
-    assert m["spec_decode_acceptance_rate"] == pytest.approx(3 / 5)
-    assert m["spec_decode_per_position_acceptance_rates"] == pytest.approx([2 / 3, 1 / 2])
     assert m["k_histogram"] == {0: 4, 2: 2}
