@@ -207,7 +207,11 @@ class ReferenceScheduler:
             else:
                 want = 1 + cfg.k_max
             want = min(want, cfg.max_model_len - 1 - request.num_computed)
-            saturated = request.num_output + request.num_placeholders >= request.max_output
+            # vLLM's async rule: wait only for an in-flight step that surely ends the request
+            # (it emits at least one token).
+            saturated = (
+                request.num_placeholders > 0 and request.num_output + 1 >= request.max_output
+            )
             if is_async and not request.in_prefill and saturated:
                 want = 0
             got = min(want, budget)

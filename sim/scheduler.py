@@ -412,12 +412,16 @@ class Scheduler:
                 np.minimum(want, room, out=want)  # [R]
             else:
                 want = np.minimum(cfg.max_model_len - 1 - computed, decode_want)  # [R]
-            # A request whose confirmed + in-flight outputs reach max_tokens waits for its
-            # outcome instead of running a step that cannot emit (async; in sync mode the
-            # placeholders are 0 here and unfinished requests are below max_tokens).
+            # vLLM's async rule: a request with a step in flight that will reach max_tokens
+            # even if all its drafts are rejected (confirmed outputs + 1 >= max_tokens) waits
+            # for that outcome; one that only might reach it (all drafts accepted) is
+            # scheduled, and its row emits nothing if the in-flight step finished it (sync
+            # mode: nothing is in flight here).
             if self._async:
-                saturated = ~in_prefill & (
-                    self._num_output[run] + self._num_placeholders[run] >= self._max_output[run]
+                saturated = (
+                    ~in_prefill
+                    & (self._num_placeholders[run] > 0)
+                    & (self._num_output[run] + 1 >= self._max_output[run])
                 )
                 if np.count_nonzero(saturated):
                     want[saturated] = 0

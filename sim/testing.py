@@ -426,9 +426,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                     f"{where}: KV tokens {computed[row]} != prompt + outputs + in-flight - 1 "
                     f"= {expected}"
                 )
-                assert ledger.num_output + in_flight_outputs < ledger.max_output, (
-                    f"{where}: a step that cannot emit (outputs {ledger.num_output} + in flight "
-                    f"{in_flight_outputs} >= {ledger.max_output})"
+                # vLLM's async rule: never schedule behind an in-flight step that surely ends
+                # the request (it emits >= 1 token); one that only might end it is allowed.
+                surely_done = in_flight_outputs > 0 and ledger.num_output + 1 >= ledger.max_output
+                assert ledger.num_output < ledger.max_output and not surely_done, (
+                    f"{where}: a step behind one that surely ends the request (outputs "
+                    f"{ledger.num_output}, in flight {in_flight_outputs}, max {ledger.max_output})"
                 )
                 assert 0 <= draft_room[row] <= cfg.k_max
                 wanted_k = ledger.pending_k if cfg.scheduling == "async" else k_rows[row]

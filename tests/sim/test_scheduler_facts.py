@@ -211,3 +211,46 @@ def test_prefill_cap_without_chunked_prefill_is_an_input_error():
             enable_chunked_prefill=False,
             long_prefill_token_threshold=1,
         )
+
+
+# vLLM's async stop rule (v1/core/sched/scheduler.py, 0.33): with a step in flight, a request is
+# skipped only when that step reaches max_tokens even if all its drafts are rejected
+# (num_computed + 2 - placeholders >= prompt + max_tokens, i.e. confirmed outputs + 1 >=
+# max_tokens). A step that only might reach it is scheduled; if the in-flight step did finish the
+# request, the extra row emits nothing. One request, prompt 4, static K = 4.
+@pytest.mark.parametrize(
+    ("max_tokens", "accepted", "decode_rows", "empty_rows", "idle_plans"),
+    [
+        # idle plans: a plan with nothing to schedule while a step is in flight; only the last
+        # step of the request waits (the old rule, outputs + 1 + K >= max_tokens, idled
+        # whenever the in-flight step might end the request)
+        (1, 0, 0, 0, 1),  # the prefill emits the only token: nothing after it is scheduled
+        (6, 0, 5, 0, 1),  # every step emits 1: a row per remaining token
+        (6, 4, 2, 1, 1),  # the first decode emits 5 (done); the row after it emits nothing
+        (11, 4, 3, 1, 1),  # 1 + 5 + 5: the third decode row is scheduled and emits nothing
+        (3, 1, 2, 1, 1),  # 1 + 2: the second decode row is scheduled and emits nothing
+    ],
+)
+def test_async_skips_a_request_only_when_its_step_in_flight_surely_ends_it(
+    max_tokens: int, accepted: int, decode_rows: int, empty_rows: int, idle_plans: int
+) -> None:
+    scheduler = create_scheduler(scheduling="async", k_max=4)
+    scheduler.add_request(0, create_requests(1, prompt_len=4, output_len=max_tokens)[0])
+    executor = ScriptedExecutor(accept_script={0: [accepted]})
+    in_flight: tuple[ScheduledBatch, StepOutcome] | None = None
+    rows, empty, idle = 0, 0, 0
+    while scheduler.has_unfinished() or in_flight is not None:
+        plan = scheduler.plan_step()
+        batch = None if plan is None else scheduler.commit_step(plan, 4)
+        if plan is None and in_flight is not None:
+            idle += 1
+        if in_flight is not None:
+            result = scheduler.update(*in_flight)
+            if in_flight[0].num_decode_reqs:
+                rows += 1
+                empty += int(result.num_output_tokens.sum() == 0)
+            in_flight = None
+        scheduler.check_invariants()
+        if batch is not None:
+            in_flight = (batch, executor.execute(batch))
+    assert (rows, empty, idle) == (decode_rows, empty_rows, idle_plans)
