@@ -193,6 +193,7 @@ class AcceptanceCounts:
     # per request with such steps (the ones per_request_rates has, in order): its (d, a) counts
     # as lower-triangular rows, `policies.profile.Profile.draft_outcomes`
     draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    outcome_requests: tuple[int, ...] = ()  # per draft_outcomes row, its index in the prompts
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes
 
 
@@ -604,12 +605,14 @@ def measure_acceptance(
     steps = joint.sum(axis=(1, 2))  # [R] steps at k_max per request
     per_request: list[tuple[float, ...]] = []
     outcomes: list[tuple[tuple[int, ...], ...]] = []
+    sampled: list[int] = []
     for req in range(num_requests):
         # A request that never asked for k_max drafts (too short) gives no sample.
         if steps[req] == 0:
             continue
         per_request.append(tuple(float(a) / float(steps[req]) for a in accepted[req]))
         outcomes.append(lower_triangular_rows(joint[req]))
+        sampled.append(req)
     return AcceptanceCounts(
         drafted_at_pos=tuple(int(v) for v in drafted.sum(axis=0)),
         accepted_at_pos=tuple(int(v) for v in accepted.sum(axis=0)),
@@ -618,6 +621,7 @@ def measure_acceptance(
         num_output_tokens=num_output_tokens,
         num_steps_at_k_max=int(steps.sum()),
         draft_outcomes=tuple(outcomes),
+        outcome_requests=tuple(sampled),
     )
 
 
@@ -874,12 +878,17 @@ def profile_pair(
     output_lens: Sequence[int],
     metadata: dict[str, Any] | None = None,
     on_progress: ProgressCallback | None = None,
+    prompt_keys: Sequence[str] | None = None,
 ) -> Profile:
     """Measure decode ITL, prefill and acceptance of one pair -> a Profile.
 
     `prompts` / `output_lens`: the acceptance prompt set as token ids (the CLI tokenizes).
-    `metadata` is merged over the environment's (device, dtype, versions, date).
+    `prompt_keys`: per prompt, `traces.workload.prompt_key` of its text ("" for none), kept
+    beside each request's draft outcomes. `metadata` is merged over the environment's
+    (device, dtype, versions, date).
     """
+    if prompt_keys is not None and len(prompt_keys) != len(prompts):
+        raise ValueError(f"{len(prompt_keys)} prompt keys for {len(prompts)} prompts")
     if draft is None:
         raise InputError("profile: a draft is needed (K > 0 is profiled)")
     k_max = config.k_max
@@ -974,6 +983,11 @@ def profile_pair(
         draft_rates=draft_rates,
         num_acceptance_steps=counts.num_steps_at_k_max,
         draft_outcomes=counts.draft_outcomes,
+        draft_outcome_keys=(
+            ()
+            if prompt_keys is None
+            else tuple(str(prompt_keys[req]) for req in counts.outcome_requests)
+        ),
         metadata=info,
     )
 
@@ -985,10 +999,10 @@ def dataset_prompts(
     num_prompts: int | None,
     output_len: int | None,
     seed: int,
-) -> tuple[list[IntArray], list[int]]:
-    """The acceptance prompt set as token ids and output lengths: the dataset's prompts
-    chat-templated and tokenized when the target names a tokenizer, else synthetic ids of the
-    dataset's lengths (special ids avoided)."""
+) -> tuple[list[IntArray], list[int], list[str]]:
+    """The acceptance prompt set as token ids, output lengths and prompt keys: the dataset's
+    prompts chat-templated and tokenized when the target names a tokenizer, else synthetic ids
+    of the dataset's lengths (special ids avoided; key "")."""
     workload = build_workload(dataset, num_prompts=num_prompts, seed=seed, output_len=output_len)
     config = pair.target.config
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
@@ -996,12 +1010,14 @@ def dataset_prompts(
     if config.bos_token_id is not None:
         specials.add(config.bos_token_id)
     tokenize = pair.tokenize
-    prompts = []
+    prompts, keys = [], []
     for request in workload.requests:
         if tokenize is not None and request.prompt:
             prompts.append(np.asarray(tokenize(request.prompt), dtype=np.int64))
+            keys.append(request.prompt_key or "")
         else:
             prompts.append(
                 synthetic_ids(rng, request.prompt_len, config.vocab_size, sorted(specials))
             )
-    return prompts, [max(2, r.output_len) for r in workload.requests]
+            keys.append("")
+    return prompts, [max(2, r.output_len) for r in workload.requests], keys

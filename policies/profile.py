@@ -107,6 +107,10 @@ class Profile:
     # draft_outcomes[j][d][a] = steps of request j that drafted d and accepted a (a <= d, so
     # row d has d + 1 entries; k_max + 1 rows). Their sum is the joint the counts come from.
     draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...] = ()
+    # per draft_outcomes row, the `traces.workload.prompt_key` of its request's prompt text
+    # ("" where it had none); () when not recorded. Lets the empirical acceptance model give a
+    # workload request with the same prompt that request's own outcomes.
+    draft_outcome_keys: tuple[str, ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)  # models, device, versions, command...
 
     def batch_sizes(self) -> list[int]:

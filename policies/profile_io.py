@@ -337,6 +337,14 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     draft_outcomes = _parse_draft_outcomes(
         reader, data.get("draft_outcomes", []), k_max, num_steps, drafted, accepted
     )
+    keys = reader.seq(data.get("draft_outcome_keys", []), "draft_outcome_keys")
+    if keys and len(keys) != len(draft_outcomes):
+        raise reader.fail(
+            "draft_outcome_keys", f"has {len(keys)} keys for {len(draft_outcomes)} draft_outcomes"
+        )
+    for index, key in enumerate(keys):
+        if not isinstance(key, str):
+            raise reader.fail(f"draft_outcome_keys[{index}]", "must be a string")
 
     per_request: list[tuple[float, ...]] = []
     for index, raw in enumerate(reader.seq(data.get("per_request_rates", []), "per_request_rates")):
@@ -362,6 +370,7 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         draft_rates=draft_rates,
         num_acceptance_steps=num_steps,
         draft_outcomes=draft_outcomes,
+        draft_outcome_keys=tuple(keys),
         metadata=metadata,
     )
 
@@ -595,6 +604,8 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
         native["host_overhead"] = host_overhead_to_native(profile.host_overhead)
     if profile.draft_outcomes:
         native["draft_outcomes"] = [[list(row) for row in rows] for rows in profile.draft_outcomes]
+    if profile.draft_outcome_keys:
+        native["draft_outcome_keys"] = list(profile.draft_outcome_keys)
     return native
 
 

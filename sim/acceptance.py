@@ -521,18 +521,30 @@ def per_request_joints(profile: Profile) -> FloatArray:
 class EmpiricalAcceptance:
     """Each request samples (d, a) every step from one measured request's joint histogram.
 
-    At add_request a request is given recorded request `pick[req_id]`, where `pick` is drawn
-    uniformly with replacement from a stream of its own in req_id order (so a request's pick
-    depends on the seed and its id only, not on arrival order or on other requests). Each step
-    it draws one cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore
-    differ exactly as the measured ones did, in acceptance and in what their drafter finds,
-    without a parametric form; the price is that the population is the measured prompt set.
+    At add_request a request whose prompt text was profiled (its `prompt_key` is one of `keys`)
+    is given that recorded request: the same prompt drafts and accepts as it did when measured.
+    Any other request is given recorded request `pick[req_id]`, where `pick` is drawn uniformly
+    with replacement from a stream of its own in req_id order (so a request's pick depends on
+    the seed and its id only, not on arrival order or on other requests). Each step it draws
+    one cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore differ
+    exactly as the measured ones did, in acceptance and in what their drafter finds, without a
+    parametric form; the price is that the population is the measured prompt set.
     """
 
-    def __init__(self, joints: npt.ArrayLike, seed: np.random.SeedSequence) -> None:
-        """`joints` [R, k+1, k+1]: (d, a) counts or probabilities per recorded request."""
+    def __init__(
+        self, joints: npt.ArrayLike, seed: np.random.SeedSequence, keys: Sequence[str] = ()
+    ) -> None:
+        """`joints` [R, k+1, k+1]: (d, a) counts or probabilities per recorded request;
+        `keys`: () or per recorded request its prompt key ("" for none)."""
         self.outcomes = JointOutcomes(joints)
         self.num_recorded = int(self.outcomes.cdf.shape[0])
+        if keys and len(keys) != self.num_recorded:
+            raise ValueError(f"{len(keys)} prompt keys for {self.num_recorded} recorded requests")
+        # the first recorded request of each prompt (a prompt profiled twice keeps its first)
+        self._recorded_by_key: dict[str, int] = {}
+        for index, key in enumerate(keys):
+            if key:
+                self._recorded_by_key.setdefault(key, index)
         # Two child streams: the picks (by req_id) and the per-step draws.
         self._pick_rng = np.random.default_rng(
             np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 0))
@@ -545,7 +557,8 @@ class EmpiricalAcceptance:
 
     @staticmethod
     def from_profile(profile: Profile, seed: np.random.SeedSequence) -> EmpiricalAcceptance:
-        return EmpiricalAcceptance(per_request_joints(profile), seed)
+        keys = profile.draft_outcome_keys if profile.draft_outcomes else ()
+        return EmpiricalAcceptance(per_request_joints(profile), seed, keys)
 
     def recorded_of(self, req_id: int) -> int:
         """Index of the measured request whose histogram a request samples."""
@@ -557,7 +570,9 @@ class EmpiricalAcceptance:
         while req_id >= self._picks.shape[0]:
             block = self._pick_rng.integers(self.num_recorded, size=_PICK_BLOCK)  # [block]
             self._picks = np.concatenate((self._picks, block.astype(np.int64)))
-        self._recorded_of.set(req_id, [int(self._picks[req_id])])
+        key = spec.prompt_key if self._recorded_by_key else None
+        recorded = self._recorded_by_key.get(key, -1) if key else -1
+        self._recorded_of.set(req_id, [int(self._picks[req_id]) if recorded < 0 else recorded])
 
     def remove_request(self, req_id: int) -> None:
         self._recorded_of.remove(req_id)

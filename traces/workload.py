@@ -9,6 +9,7 @@ frees), in order. This module does not generate arrivals or read files.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -23,6 +24,11 @@ class RequestSpec:
     tag: str | None = None  # category (e.g. MT-Bench "coding"), read by per-category acceptance
     prompt: str | None = None  # prompt text, for real runs; None for synthetic lengths
 
+    @property
+    def prompt_key(self) -> str | None:
+        """`prompt_key(prompt)`, None without text."""
+        return None if not self.prompt else prompt_key(self.prompt)
+
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
             raise ValueError(f"prompt_len must be >= 1, got {self.prompt_len}")
@@ -30,6 +36,12 @@ class RequestSpec:
             raise ValueError(f"output_len must be >= 1, got {self.output_len}")
         if not self.arrival_s >= 0.0:
             raise ValueError(f"arrival_s must be >= 0, got {self.arrival_s}")
+
+
+def prompt_key(text: str) -> str:
+    """A short stable name for a prompt text (16 hex digits of BLAKE2b): how a profile's
+    per-request acceptance samples are matched to a workload's requests."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,17 @@ def test_ngram_profile_has_draft_rates_over_all_steps_and_round_trips(target, tm
         host_overhead_output_len=0,
         allow_noisy=True,
     )
-    profile = profile_pair(target, draft, config, repeating_prompts(), [12, 10, 12, 9])
+    keys = ["k0", "", "k2", "k3"]  # "": a prompt without text
+    profile = profile_pair(
+        target, draft, config, repeating_prompts(), [12, 10, 12, 9], prompt_keys=keys
+    )
+    # one key per outcome row, the key of the prompt the row was measured on
+    assert len(profile.draft_outcome_keys) == len(profile.draft_outcomes) == 4
+    assert profile.draft_outcome_keys == tuple(keys)
+    with pytest.raises(ValueError, match="3 prompt keys for 4 prompts"):
+        profile_pair(
+            target, draft, config, repeating_prompts(), [12, 10, 12, 9], None, None, keys[:3]
+        )
     steps = profile.num_acceptance_steps
     assert steps is not None and profile.draft_rates is not None
     assert profile.acceptance_rates == tuple(a / steps for a in profile.accepted_at_pos or ())
@@ -100,6 +110,7 @@ def test_ngram_profile_has_draft_rates_over_all_steps_and_round_trips(target, tm
     assert loaded.draft_rates == profile.draft_rates
     assert loaded.acceptance_rates == profile.acceptance_rates
     assert loaded.draft_outcomes == profile.draft_outcomes
+    assert loaded.draft_outcome_keys == profile.draft_outcome_keys
     assert loaded.num_acceptance_steps == steps
 
 

@@ -15,6 +15,7 @@ from dsd.common.errors import InputError
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.sim.acceptance import (
     CategoryAcceptance,
+    EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
     conditional_rates,
@@ -26,7 +27,7 @@ from dsd.sim.replay import (
     load_replay_recording,
     per_position_rates_from_recording,
 )
-from dsd.traces.workload import RequestSpec
+from dsd.traces.workload import RequestSpec, prompt_key
 
 H100_RATES = (0.6811801775995416, 0.3914351188771126, 0.20352334574620454, 0.1014036092810083)
 H100_RATES = (*H100_RATES, 0.051417931824692065)
@@ -377,3 +378,23 @@ def test_heterogeneous_accepts_degenerate_and_extreme_rates(rates: list[float]) 
     population = model.draw_rates(20_000)  # [n, k]
     np.testing.assert_allclose(population.mean(axis=0), rates, atol=0.01)
     assert np.all(population[:, 1:] <= population[:, :-1] + 1e-12)
+
+
+def test_empirical_gives_a_profiled_prompt_its_own_outcomes() -> None:
+    # Three recorded requests: never drafts, always drafts 2 and accepts 2, drafts 2 accepts 0.
+    joints = np.zeros((3, 3, 3))
+    joints[0, 0, 0] = joints[1, 2, 2] = joints[2, 2, 0] = 1.0
+    keys = ("", prompt_key("copy me"), prompt_key("reject me"))
+    model = EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys)
+    model.add_request(0, RequestSpec(prompt_len=3, output_len=4, prompt="copy me"))
+    model.add_request(1, RequestSpec(prompt_len=3, output_len=4, prompt="reject me"))
+    model.add_request(2, RequestSpec(prompt_len=3, output_len=4, prompt="unseen"))
+    assert (model.recorded_of(0), model.recorded_of(1)) == (1, 2)
+    # an unseen prompt gets the seeded pick its req_id gets without keys
+    unkeyed = EmpiricalAcceptance(joints, np.random.SeedSequence(0))
+    unkeyed.add_request(2, RequestSpec(prompt_len=3, output_len=4, prompt="unseen"))
+    assert model.recorded_of(2) == unkeyed.recorded_of(2)
+    drafted, accepted = model.sample_outcomes(np.array([0, 1]), np.array([1, 1]), np.array([2, 2]))
+    assert drafted.tolist() == [2, 2] and accepted.tolist() == [2, 0]
+    with pytest.raises(ValueError, match="2 prompt keys for 3 recorded"):
+        EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys[:2])
