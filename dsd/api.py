@@ -503,7 +503,7 @@ def profile(
         fast_path=fast_path,
         eos_token_ids=eos,
     )
-    prompts, output_lens = dataset_prompts(
+    prompts, output_lens, prompt_keys = dataset_prompts(
         pair, dataset, num_prompts=num_prompts, output_len=output_len, seed=seed
     )
     metadata = {
@@ -516,7 +516,7 @@ def profile(
     }
     with progress(config.num_units(len(prompts)), "profiling") as advance:
         measured = profile_pair(
-            pair.target, pair.draft, config, prompts, output_lens, metadata, advance
+            pair.target, pair.draft, config, prompts, output_lens, metadata, advance, prompt_keys
         )
     if file_format == "dsd-json":
         save_pr32374(measured, out)
@@ -844,6 +844,9 @@ def hardware_report(
         output_len=plan.output_len,
         k_max=k_max,
         seed=seed,
+        # The cells' prompts are among the profiled ones: each is simulated with its own
+        # measured draft outcomes (sim.acceptance.EmpiricalAcceptance matches prompt keys).
+        acceptance_model="empirical",
     )
     loads.append(load_average())
     record.update(

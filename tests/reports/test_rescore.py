@@ -1,0 +1,41 @@
+"""reports.rescore: prompt keys for a profile that predates them; refusing a non-report folder."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.reports.rescore import keyed_profile, main
+from dsd.traces.registry import build_workload
+
+
+def _profile(num_outcomes: int, **metadata: object) -> Profile:
+    row = ((1,), (0, 1))  # k_max 1: one step drafted 0, one drafted 1 and accepted it
+    return Profile(
+        k_max=1,
+        latency=(LatencyPoint(1, 0, 1.0), LatencyPoint(1, 1, 1.5)),
+        acceptance_rates=(0.5,),
+        draft_outcomes=(row,) * num_outcomes,
+        metadata=dict(metadata),
+    )
+
+
+def test_keys_come_from_the_workload_the_metadata_names() -> None:
+    profile = _profile(3, dataset="instructcoder", num_prompts=3, seed=0)
+    keyed, how = keyed_profile(profile)
+    workload = build_workload("instructcoder", num_prompts=3, seed=0)
+    assert how == "from the profile's workload"
+    assert keyed.draft_outcome_keys == tuple(r.prompt_key for r in workload.requests)
+    # recorded keys are kept; a sample count that differs from the prompts gives none
+    assert keyed_profile(keyed) == (keyed, "as recorded")
+    short = dataclasses.replace(profile, draft_outcomes=profile.draft_outcomes[:2])
+    assert keyed_profile(short)[1] == "none (some acceptance prompts left no sample)"
+    assert keyed_profile(_profile(3))[1].startswith("none (the metadata")
+
+
+def test_a_folder_without_a_report_is_refused(tmp_path, capsys) -> None:
+    assert main([str(tmp_path), "--acceptance-model", "empirical"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: {tmp_path}: no config.json (not a hardware-report folder)"
+    )
