@@ -254,15 +254,74 @@ def _finite_or_none(value: Any) -> Any:
     return value
 
 
-def _beats_envelope_lines(rows: Sequence[CrossoverRow]) -> list[str]:
-    """Where a dynamic policy beat every static K (negative gap): per-request K can, when
-    acceptance differs by request; the others at best match the envelope."""
-    beaten = [
-        f"{policy} at C={row.max_concurrency} ({row.gap_pct(policy):+.1f}%)"
-        for row in rows
-        for policy in sorted(row.dynamic_tpot_ms)
-        if row.gap_pct(policy) < 0
+def work_signature(cell: Cell) -> tuple[Any, ...]:
+    """What a cell's real run computed: K per step (histogram), drafts, accepted and output
+    tokens. Two cells with one signature did the same work; their TPOT differs by noise only."""
+    measured = cell.measured
+    histogram = measured.get("k_histogram") or {}
+    return (
+        tuple(sorted((int(k), int(n)) for k, n in dict(histogram).items())),
+        *(
+            measured.get(key)
+            for key in (
+                "spec_decode_num_drafts",
+                "spec_decode_draft_tokens",
+                "spec_decode_accepted_tokens",
+                "total_output_tokens",
+            )
+        ),
+    )
+
+
+def identical_work(cells: Sequence[Cell]) -> list[tuple[int, list[Cell]]]:
+    """Per C, the groups of two or more cells that did the same work (`work_signature`)."""
+    groups: dict[tuple[Any, ...], list[Cell]] = {}
+    for cell in cells:
+        if cell.max_concurrency is not None:
+            key = (int(cell.max_concurrency), work_signature(cell))
+            groups.setdefault(key, []).append(cell)
+    return [(key[0], group) for key, group in groups.items() if len(group) > 1]
+
+
+def _noise_floor_lines(cells: Sequence[Cell]) -> list[str]:
+    """How far apart cells that did identical work measured: the noise floor of a cell."""
+    found: list[tuple[float, str]] = []  # (spread %, what)
+    for concurrency, group in identical_work(cells):
+        tpots = [_tpot(cell) for cell in group]
+        low, high = min(tpots), max(tpots)
+        if low > 0 and math.isfinite(high):
+            names = ", ".join(cell.policy for cell in group)
+            found.append(((high / low - 1.0) * 100.0, f"{names} at C={concurrency}"))
+    if not found:
+        return []
+    listed = "; ".join(f"{what}: {spread:.1f}%" for spread, what in found)
+    return [
+        "",
+        "Cells that did identical work (same K per step, drafts and accepted tokens) measured "
+        f"up to {max(found)[0]:.1f}% apart ({listed}): differences of that size between cells "
+        "are this machine's noise, not the policies'.",
     ]
+
+
+def _beats_envelope_lines(rows: Sequence[CrossoverRow], cells: Sequence[Cell]) -> list[str]:
+    """Where a dynamic policy beat every static K (negative gap): per-request K can, when
+    acceptance differs by request; the others at best match the envelope. A policy that did a
+    static K's exact work is marked: its gap is noise."""
+    twins: dict[tuple[int, str], str] = {}
+    for concurrency, group in identical_work(cells):
+        statics = [cell.policy for cell in group if static_k(cell.policy) is not None]
+        for cell in group:
+            if statics and static_k(cell.policy) is None:
+                twins[(concurrency, cell.policy)] = statics[0]
+    beaten = []
+    for row in rows:
+        for policy in sorted(row.dynamic_tpot_ms):
+            if row.gap_pct(policy) >= 0:
+                continue
+            text = f"{policy} at C={row.max_concurrency} ({row.gap_pct(policy):+.1f}%"
+            twin = twins.get((row.max_concurrency, policy))
+            text += f"; did {twin}'s exact work: noise)" if twin else ")"
+            beaten.append(text)
     text = "; ".join(beaten) if beaten else "none"
     return ["", f"Dynamic policies faster than the best static K: {text}."]
 
@@ -323,7 +382,8 @@ def hardware_markdown(
             "K*); dynamic policies show their gap to it.",
             "",
             *_crossover_markdown(rows),
-            *_beats_envelope_lines(rows),
+            *_beats_envelope_lines(rows, cells),
+            *_noise_floor_lines(cells),
         ]
     summary = tpot_error_summary(cells)
     lines += [
