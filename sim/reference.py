@@ -2,9 +2,10 @@
 
 Same call protocol as `sim.scheduler.Scheduler` (`add_request`, `abort`, `plan_step`,
 `commit_step`, `update`), same rules (FCFS, greedy token budget in running order, drafts trimmed
-before a decode row is dropped, a `k_max` draft reserve released at commit, KV blocks of
-`block_size` from a fixed pool, preempt-the-last by recompute, optimistic accounting with
-rollback of rejected drafts, async one-step K lag, never beyond `max_tokens`/`max_model_len`).
+before a decode row is dropped, a `k_max` draft reserve released at commit in sync mode and the
+K fixed at the previous step in async mode, KV blocks of `block_size` from a fixed pool,
+preempt-the-last by recompute, optimistic accounting with rollback of rejected drafts, async
+one-step K lag, never beyond `max_tokens`/`max_model_len`).
 It is written for obviousness, not speed: one Python object per request, block *ids* held in
 lists and handed out one block at a time, output tokens appended one by one with a stop check
 after each, placeholders kept per in-flight step. The property-test machine (`sim.testing`)
@@ -205,7 +206,8 @@ class ReferenceScheduler:
                 if cfg.long_prefill_token_threshold:
                     want = min(want, cfg.long_prefill_token_threshold)
             else:
-                want = 1 + cfg.k_max
+                # async: the K this row verifies was fixed at its previous step
+                want = 1 + (request.pending_k if is_async else cfg.k_max)
             want = min(want, cfg.max_model_len - 1 - request.num_computed)
             # vLLM's async rule: wait only for an in-flight step that surely ends the request
             # (it emits at least one token).

@@ -21,12 +21,13 @@ while step t is in flight (its placeholders stand in for unknown tokens); the K 
 `commit_step` at step t is then stored per request and applied to the drafts verified at step
 t+1 (vLLM's one-step lag: the drafter runs at the end of step t).
 
-Token budget and drafts: the plan reserves `k_max` draft tokens per decode row (trimmed to what
-the budget and max_model_len leave: drafts are trimmed before a decode row is dropped, as vLLM
-does) and KV blocks for them; `commit_step` releases what the chosen K does not use. This equals
-vLLM whenever the budget and the pool do not bind, or K == k_max; otherwise prefill chunks and
-admissions see the k_max reserve where vLLM would see the actual drafts (vLLM knows the drafts
-before it schedules, we ask the policy after B is known).
+Token budget and drafts: in sync mode the plan reserves `k_max` draft tokens per decode row
+(trimmed to what the budget and max_model_len leave: drafts are trimmed before a decode row is
+dropped, as vLLM does) and KV blocks for them; `commit_step` releases what the chosen K does not
+use. This equals vLLM whenever the budget and the pool do not bind, or K == k_max; otherwise
+prefill chunks and admissions see the k_max reserve where vLLM would see the actual drafts (vLLM
+knows the drafts before it schedules, we ask the policy after B is known). In async mode a
+row's K was fixed at its previous step, so the plan budgets exactly 1 + that K, as vLLM does.
 
 Data layout: struct-of-arrays indexed by a request *slot* (reused after a request finishes), so
 that the all-decode hot path is a handful of numpy operations over the running slots; Python
@@ -392,16 +393,20 @@ class Scheduler:
             in_prefill = self._in_prefill[run]  # [R]
             any_prefill = bool(np.count_nonzero(in_prefill))  # cheaper than .any()
             num_rows = run.shape[0]
-            decode_want = 1 + cfg.k_max
+            # Sync: the step's K is asked after the plan, so a decode row reserves 1 + k_max
+            # (commit releases the rest). Async: it was fixed at the row's previous step, so
+            # the row wants exactly 1 + that K, as vLLM budgets the drafts it already has.
+            decode_want: int | IntArray = 1 + self._pending_k[run] if self._async else 1 + cfg.k_max
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
-            # All-decode fast check: no row near max_model_len, so every row wants 1 + k_max.
+            # All-decode fast check (sync): no row near max_model_len, every row gets 1 + k_max.
             full_room = (
-                not any_prefill
-                and num_rows * decode_want <= budget
-                and int(np.maximum.reduce(computed)) + decode_want <= cfg.max_model_len - 1
+                not self._async
+                and not any_prefill
+                and num_rows * (1 + cfg.k_max) <= budget
+                and int(np.maximum.reduce(computed)) + 1 + cfg.k_max <= cfg.max_model_len - 1
             )
             if full_room:
-                want = _filled(num_rows, decode_want)  # [R]
+                want = _filled(num_rows, 1 + cfg.k_max)  # [R]
             elif any_prefill:
                 room = cfg.max_model_len - 1 - computed  # [R]
                 want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
@@ -444,7 +449,7 @@ class Scheduler:
                 in_prefill = self._in_prefill[run]
                 full_room = False
             if full_room:
-                budget -= num_rows * decode_want
+                budget -= num_rows * (1 + cfg.k_max)
             else:
                 budget -= int(got.sum())
             if full_room or (not any_prefill and not preempted and got.all()):

@@ -254,3 +254,34 @@ def test_async_skips_a_request_only_when_its_step_in_flight_surely_ends_it(
         if batch is not None:
             in_flight = (batch, executor.execute(batch))
     assert (rows, empty, idle) == (decode_rows, empty_rows, idle_plans)
+
+
+# Token budget per decode row: sync asks K after the plan, so it reserves 1 + k_max (released at
+# commit); async fixed the row's K at its previous step, so it budgets exactly 1 + K, as vLLM
+# budgets the drafts it already holds, and a prefill chunk beside it gets the rest.
+@pytest.mark.parametrize(
+    ("scheduling", "k", "decode_tokens", "chunk_tokens"),
+    [
+        ("sync", 1, 2, 3),  # 8 - (1 + k_max = 5) = 3 for the chunk; the row verifies 1 draft
+        ("async", 1, 2, 6),  # 8 - (1 + K = 2) = 6 for the chunk
+        ("async", 4, 5, 3),  # K = k_max: the same as sync
+    ],
+)
+def test_decode_rows_budget_the_k_they_verify(
+    scheduling: str, k: int, decode_tokens: int, chunk_tokens: int
+) -> None:
+    scheduler = create_scheduler(scheduling=scheduling, k_max=4, max_num_batched_tokens=8)
+    scheduler.add_request(0, create_requests(1, prompt_len=4, output_len=50)[0])
+    first = scheduler.commit_step(scheduler.plan_step(), k)  # request 0's prefill
+    in_flight = (first, ScriptedExecutor().execute(first))
+    if scheduling == "sync":
+        scheduler.update(*in_flight)
+    else:  # one decode step planned behind the prefill, so that K is fixed from here on
+        second = scheduler.commit_step(scheduler.plan_step(), k)
+        scheduler.update(*in_flight)
+        in_flight = (second, ScriptedExecutor().execute(second))
+        scheduler.update(*in_flight)
+    scheduler.add_request(1, create_requests(1, prompt_len=20, output_len=5)[0])
+    batch = scheduler.commit_step(scheduler.plan_step(), k)
+    scheduler.check_invariants()
+    assert batch.num_scheduled_tokens.tolist() == [decode_tokens, chunk_tokens]
