@@ -198,13 +198,15 @@ class ReferenceScheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        # no cap with one request in all (running + waiting): nobody to starve, as vLLM
+        cap = cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         # 1. What each running request gets from the budget, greedily in running order.
         wanted: list[tuple[ReferenceRequest, int]] = []  # running order
         for request in self.running:
             if request.in_prefill:
                 want = request.prefill_end - request.num_computed
-                if cfg.long_prefill_token_threshold:
-                    want = min(want, cfg.long_prefill_token_threshold)
+                if cap:
+                    want = min(want, cap)
             else:
                 # async: the K this row verifies was fixed at its previous step
                 want = 1 + (request.pending_k if is_async else cfg.k_max)
@@ -257,8 +259,8 @@ class ReferenceScheduler:
                     continue  # outputs of an in-flight step unknown: cannot recompute yet
                 target = request.prompt_len + request.num_output
                 chunk = min(target, budget)
-                if cfg.long_prefill_token_threshold:
-                    chunk = min(chunk, cfg.long_prefill_token_threshold)
+                if cap:
+                    chunk = min(chunk, cap)
                 if chunk < target and not cfg.enable_chunked_prefill:
                     break
                 if not self._cover(request, chunk):

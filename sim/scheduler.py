@@ -79,7 +79,8 @@ class SchedulerConfig:
     scheduling: SchedulingMode = "sync"
     # Prompts may be computed over several steps.
     enable_chunked_prefill: bool = True
-    # > 0: a prefill chunk is at most this many tokens (vLLM's long_prefill_token_threshold).
+    # > 0: a prefill chunk is at most this many tokens (vLLM's long_prefill_token_threshold),
+    # unless only one request is running or waiting in all (vLLM lifts the cap then).
     long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
@@ -303,6 +304,7 @@ class Scheduler:
         # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
         self._pending_full_room = False
         self._pending_num_events = 0
+        self._prefill_cap = 0  # this step's long_prefill_token_threshold (0: no cap)
 
     # ------------------------------------------------------------------ requests
 
@@ -377,6 +379,11 @@ class Scheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        # vLLM lifts long_prefill_token_threshold when one request is running or waiting in
+        # all: there is nobody for a long prefill to starve.
+        self._prefill_cap = (
+            cfg.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
+        )
         preempted: list[int] = []
         decode_slots = _EMPTY
         decode_rows_got = _EMPTY
@@ -410,10 +417,8 @@ class Scheduler:
             elif any_prefill:
                 room = cfg.max_model_len - 1 - computed  # [R]
                 want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
-                if cfg.long_prefill_token_threshold:
-                    want = np.where(
-                        in_prefill, np.minimum(want, cfg.long_prefill_token_threshold), want
-                    )
+                if self._prefill_cap:
+                    want = np.where(in_prefill, np.minimum(want, self._prefill_cap), want)
                 np.minimum(want, room, out=want)  # [R]
             else:
                 want = np.minimum(cfg.max_model_len - 1 - computed, decode_want)  # [R]
@@ -851,8 +856,8 @@ class Scheduler:
                 continue
             target = int(self._num_output[slot] + self._prompt_len[slot])
             chunk = min(target, budget)
-            if cfg.long_prefill_token_threshold:
-                chunk = min(chunk, cfg.long_prefill_token_threshold)
+            if self._prefill_cap:
+                chunk = min(chunk, self._prefill_cap)
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             if not self.kv.try_cover(slot, chunk):

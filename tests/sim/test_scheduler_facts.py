@@ -285,3 +285,24 @@ def test_decode_rows_budget_the_k_they_verify(
     batch = scheduler.commit_step(scheduler.plan_step(), k)
     scheduler.check_invariants()
     assert batch.num_scheduled_tokens.tolist() == [decode_tokens, chunk_tokens]
+
+
+# long_prefill_token_threshold caps a prefill chunk only when another request is running or
+# waiting: alone, a long prompt has nobody to starve and takes the whole budget (vLLM 0.33).
+@pytest.mark.parametrize(
+    ("prompt_lens", "first_chunks"),
+    [
+        ([100], [64]),  # alone: the budget (64), not the cap (16)
+        ([100, 10], [16, 10]),  # two requests: the long one is capped
+        ([10, 100], [10, 16]),
+    ],
+)
+def test_long_prefill_cap_is_lifted_for_a_lone_request(
+    prompt_lens: list[int], first_chunks: list[int]
+) -> None:
+    scheduler = create_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=16)
+    for req_id, spec in enumerate(create_requests(len(prompt_lens), prompt_lens, 4)):
+        scheduler.add_request(req_id, spec)
+    batch = scheduler.commit_step(scheduler.plan_step(), 0)
+    scheduler.check_invariants()
+    assert batch.num_scheduled_tokens.tolist() == first_chunks
