@@ -432,6 +432,14 @@ def measure_decode(
     return points
 
 
+def special_ids(target: Transformer) -> list[int]:
+    """The target's EOS and BOS ids, sorted: synthetic prompts avoid them (an EOS inside a
+    prompt would read as a stop)."""
+    config = target.config
+    specials = set(config.eos_token_ids) | ({config.bos_token_id} - {None})
+    return sorted(int(token) for token in specials if token is not None)
+
+
 def reference_point(profile: Profile) -> LatencyPoint | None:
     """The profile's B = 1, K = 0 point at its shortest recorded context: the step a
     `SpeedProbe` times again; None when the profile records no context (vLLM-derived files)."""
@@ -469,8 +477,7 @@ class SpeedProbe:
             SpecDecodeConfig(num_slots=1, max_model_len=context_len + 2, k_max=0, seed=seed),
         )
         config = ProfileConfig(batch_sizes=(1,), spec_tokens=(0, 1), context_lens=(context_len,))
-        specials = set(target.config.eos_token_ids) | ({target.config.bos_token_id} - {None})
-        avoid = sorted(int(s) for s in specials if s is not None)
+        avoid = special_ids(target)
         rng = np.random.default_rng(np.random.SeedSequence(seed))
         self._slots = _DecodeSlots(engine, config, rng, avoid, context_len)
         warm_up(self._time_step, min_steps=3)
@@ -911,8 +918,7 @@ def profile_pair(
         fast_path=config.fast_path,
     )
     rng = np.random.default_rng(np.random.SeedSequence(config.seed))
-    specials = set(target.config.eos_token_ids) | ({target.config.bos_token_id} - {None})
-    avoid = sorted(int(s) for s in specials if s is not None)
+    avoid = special_ids(target)
     quality: dict[str, Any] = {"load_before": load_average()}
     latency = measure_decode(engine, config, rng, avoid, on_progress, quality)
     prefill = measure_prefill(engine, config, rng, avoid, on_progress)
@@ -1006,9 +1012,7 @@ def dataset_prompts(
     workload = build_workload(dataset, num_prompts=num_prompts, seed=seed, output_len=output_len)
     config = pair.target.config
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
-    specials = set(config.eos_token_ids)
-    if config.bos_token_id is not None:
-        specials.add(config.bos_token_id)
+    avoid = special_ids(pair.target)
     tokenize = pair.tokenize
     prompts, keys = [], []
     for request in workload.requests:
@@ -1016,8 +1020,6 @@ def dataset_prompts(
             prompts.append(np.asarray(tokenize(request.prompt), dtype=np.int64))
             keys.append(request.prompt_key or "")
         else:
-            prompts.append(
-                synthetic_ids(rng, request.prompt_len, config.vocab_size, sorted(specials))
-            )
+            prompts.append(synthetic_ids(rng, request.prompt_len, config.vocab_size, avoid))
             keys.append("")
     return prompts, [max(2, r.output_len) for r in workload.requests], keys
