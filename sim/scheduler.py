@@ -304,7 +304,6 @@ class Scheduler:
         # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
         self._pending_full_room = False
         self._pending_num_events = 0
-        self._prefill_cap = 0  # this step's long_prefill_token_threshold (0: no cap)
 
     # ------------------------------------------------------------------ requests
 
@@ -381,7 +380,7 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         # vLLM lifts long_prefill_token_threshold when one request is running or waiting in
         # all: there is nobody for a long prefill to starve.
-        self._prefill_cap = (
+        prefill_cap = (
             cfg.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
         )
         preempted: list[int] = []
@@ -417,8 +416,8 @@ class Scheduler:
             elif any_prefill:
                 room = cfg.max_model_len - 1 - computed  # [R]
                 want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
-                if self._prefill_cap:
-                    want = np.where(in_prefill, np.minimum(want, self._prefill_cap), want)
+                if prefill_cap:
+                    want = np.where(in_prefill, np.minimum(want, prefill_cap), want)
                 np.minimum(want, room, out=want)  # [R]
             else:
                 want = np.minimum(cfg.max_model_len - 1 - computed, decode_want)  # [R]
@@ -474,7 +473,7 @@ class Scheduler:
         new_chunks: list[int] = []
         # vLLM admits nothing in a step that preempted.
         if self._waiting and not preempted:
-            budget = self._admit(budget, new_slots, new_chunks)
+            budget = self._admit(budget, new_slots, new_chunks, prefill_cap)
 
         self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
         if decode_slots.shape[0] == 0 and running_prefill_slots.shape[0] == 0 and not new_slots:
@@ -842,8 +841,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ internals
 
-    def _admit(self, budget: int, new_slots: list[int], new_chunks: list[int]) -> int:
-        """Admit waiting requests FCFS while budget, max_num_seqs and KV allow."""
+    def _admit(
+        self, budget: int, new_slots: list[int], new_chunks: list[int], prefill_cap: int
+    ) -> int:
+        """Admit waiting requests FCFS while budget, max_num_seqs and KV allow; a first chunk
+        is at most `prefill_cap` tokens (0: no cap)."""
         cfg = self.config
         skipped: list[int] = []
         waiting = self._waiting
@@ -856,8 +858,8 @@ class Scheduler:
                 continue
             target = int(self._num_output[slot] + self._prompt_len[slot])
             chunk = min(target, budget)
-            if self._prefill_cap:
-                chunk = min(chunk, self._prefill_cap)
+            if prefill_cap:
+                chunk = min(chunk, prefill_cap)
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             if not self.kv.try_cover(slot, chunk):
