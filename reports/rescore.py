@@ -19,7 +19,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any, cast
@@ -53,52 +52,59 @@ def rescore(folder: Path, models: list[AcceptanceKind]) -> list[str]:
     from dsd.backend.pair import load_pair
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
-    from dsd.backend.validate import simulated_run
+    from dsd.backend.validate import CellResult, simulated_run
+    from dsd.reports.validation import tpot_error_summary
     from dsd.sim.config import RunConfig
     from dsd.traces.registry import WorkloadOptions
 
     config: dict[str, Any] = json.loads((folder / "config.json").read_text())
+    # each cell's limits as the report resolved them, by (policy, C)
+    limits = {(cell["policy"], int(cell["max_concurrency"])): cell for cell in config["cells"]}
     rows = list(csv.DictReader((folder / "cells.csv").open()))
     profile, how = keyed_profile(load_profile(folder / "profile.json"))
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
-    plan = config.get("plan", {})
     lines = [f"{folder}: {len(rows)} cells; prompt keys {how}"]
     for model in models:
-        errors, acceptance_errors = [], []
+        cells = []
         for row in rows:
             concurrency = int(row["max_concurrency"])
+            recorded = limits[(row["policy"], concurrency)]
             workload = WorkloadOptions(
-                num_prompts=int(plan.get("prompts_per_concurrency", 1)) * concurrency,
+                num_prompts=int(recorded["num_prompts"]),
                 max_concurrency=concurrency,
                 output_len=config.get("output_len"),
                 seed=int(config["seed"]),
             )
-            cell = RunConfig(
+            run = RunConfig(
                 **workload.arguments(),
                 dataset=str(config["dataset"]),
                 profile=str(folder / "profile.json"),
                 policy=row["policy"],
-                max_num_seqs=concurrency,
-                k_max=max(plan.get("k_values", [0])),
+                max_num_seqs=int(recorded["max_num_seqs"]),
+                k_max=int(recorded["k_max"]),
                 acceptance_model=model,
             )
-            resolved = dataclasses.replace(resolve_real(cell, pair), profile=profile)
-            simulated = float(simulated_run(resolved).metrics["mean_tpot_ms"])
-            measured = float(row["measured_mean_tpot_ms"])
-            replayed = float(row["replayed_mean_tpot_ms"])
-            errors.append((simulated - measured) / measured * 100.0)
-            acceptance_errors.append((simulated - replayed) / replayed * 100.0)
-            lines.append(
-                f"  {model} {row['policy']} C={concurrency}: simulated {simulated:.1f} ms, "
-                f"measured {measured:.1f}, error {errors[-1]:+.1f}%"
+            resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
+            tpot = "mean_tpot_ms"
+            cell = CellResult(
+                row["policy"],
+                concurrency,
+                measured={tpot: float(row[f"measured_{tpot}"])},
+                simulated={tpot: simulated_run(resolved).metrics[tpot]},
+                replayed={tpot: float(row[f"replayed_{tpot}"])},
             )
-        absolute = [abs(e) for e in errors]
-        part = [abs(e) for e in acceptance_errors]
+            cells.append(cell)
+            lines.append(
+                f"  {model} {cell.policy} C={concurrency}: simulated {cell.simulated[tpot]:.1f} "
+                f"ms, measured {cell.measured[tpot]:.1f}, error {cell.error_pct(tpot):+.1f}%"
+            )
+        summary = tpot_error_summary(cells)
         lines.append(
-            f"{model}: |mean-TPOT error| median {statistics.median(absolute):.1f}%, max "
-            f"{max(absolute):.1f}%; acceptance part median {statistics.median(part):.1f}%, "
-            f"max {max(part):.1f}%"
+            f"{model}: |mean-TPOT error| median {summary['median_abs_tpot_error_pct']:.1f}%, "
+            f"max {summary['max_abs_tpot_error_pct']:.1f}%; acceptance part median "
+            f"{summary['median_abs_acceptance_error_pct']:.1f}%, "
+            f"max {summary['max_abs_acceptance_error_pct']:.1f}%"
         )
     return lines
 
@@ -121,6 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (KeyError, ValueError) as error:  # json.JSONDecodeError is a ValueError
+        print(
+            f"error: {args.folder}: its files are not as dsd hardware-report writes them "
+            f"({type(error).__name__}: {error})",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

@@ -39,3 +39,11 @@ def test_a_folder_without_a_report_is_refused(tmp_path, capsys) -> None:
         capsys.readouterr().err.strip()
         == f"error: {tmp_path}: no config.json (not a hardware-report folder)"
     )
+
+
+def test_a_malformed_report_is_one_line_error(tmp_path, capsys) -> None:
+    for name in ("config.json", "cells.csv", "profile.json"):
+        (tmp_path / name).write_text("{not json")
+    assert main([str(tmp_path), "--acceptance-model", "empirical"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not as dsd hardware-report writes them" in err
