@@ -30,6 +30,14 @@ stated here and in docs/models.md.
 Requests are keyed by `req_id`, a per-run counter (small non-negative ints), so per-request
 state lives in dense arrays indexed by req_id and the hot path is a numpy gather.
 
+Randomness is common random numbers (`dsd.common.streams`): every draw is a pure function of
+(the model's seed, a purpose, req_id, a counter). A request's once-only draws (its strength,
+its recorded request) use counter 0; the draft that verifies the token at output position j
+uses counter j (a step at position p drafting K covers p .. p + K - 1), and a step's one draw
+(its (d, a) cell, its draft count) uses counter p. So a request's outcomes depend on its own K
+at its own positions only: not on other requests, concurrency, scheduling mode or arrival
+order, and two policies that give it the same K at a position draw the same outcome there.
+
 What this module does not do: temperature > 0 acceptance from probabilities, acceptance that
 depends on context length or on the batch, or any timing (that is `sim.latency`).
 """
@@ -45,6 +53,7 @@ import numpy.typing as npt
 from scipy.special import betaincinv
 
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
+from dsd.common.streams import CounterStream
 from dsd.policies.profile import Profile, outcome_matrices
 from dsd.sim.types import AcceptanceModel
 from dsd.traces.workload import RequestSpec
@@ -53,6 +62,22 @@ from dsd.traces.workload import RequestSpec
 # per-request samples: 0.08, what the bundled recording shows at exit layer 27 (per-prompt match
 # rate std 0.092 over ~120 tokens per prompt, less ~0.046 of binomial noise in quadrature).
 DEFAULT_SPREAD = 0.08
+
+# Purposes of a model's counter streams; fixed so a seed's draws stay stable as code evolves.
+_ACCEPT = 0  # counter = token position: is the draft for that token accepted
+_DRAFT = 1  # counter = token position: does the drafter propose that token (past k_max)
+_STEP = 2  # counter = a step's output position: its (d, a) cell or its draft count
+_REQUEST = 3  # counter 0: a request's once-only draw (strength, recorded request)
+
+
+class ModelStreams:
+    """The counter streams of one acceptance model, one per purpose, from its seed."""
+
+    def __init__(self, seed: np.random.SeedSequence) -> None:
+        self.accept = CounterStream(seed, _ACCEPT)
+        self.draft = CounterStream(seed, _DRAFT)
+        self.step = CounterStream(seed, _STEP)
+        self.request = CounterStream(seed, _REQUEST)
 
 
 # --------------------------------------------------------------------------------------------
@@ -103,15 +128,28 @@ def count_leading(ok: BoolArray, num_spec_tokens: IntArray) -> IntArray:
     return counts
 
 
-def _sample_leading_successes(
-    rng: np.random.Generator, cond: FloatArray, num_spec_tokens: IntArray
+def _leading_successes(
+    stream: CounterStream,
+    req_ids: IntArray,
+    starts: IntArray,
+    cond: FloatArray,
+    num_spec_tokens: IntArray,
 ) -> IntArray:
-    """Accepted counts for rows with conditional rates `cond` ([k] shared or [n, k] per row)."""
+    """Accepted counts for rows with conditional rates `cond` ([k] shared or [n, k] per row),
+    draft i of a row tested with `stream`'s draw at counter start + i - 1."""
     num_rows = int(num_spec_tokens.shape[0])
     width = int(np.maximum.reduce(num_spec_tokens)) if num_rows else 0
     if width <= 0:
         return np.zeros(num_rows, dtype=np.int64)
-    uniforms = rng.random((num_rows, width))  # [n, w]
+    return leading_successes(stream.leading_columns(req_ids, starts, width), cond, num_spec_tokens)
+
+
+def leading_successes(
+    uniforms: FloatArray, cond: FloatArray, num_spec_tokens: IntArray
+) -> IntArray:
+    """Leading count of `uniforms` [n, w] below `cond` ([k] or [n, k], widened to w), capped
+    at K [n]; w must be at least the largest K."""
+    num_rows, width = uniforms.shape
     # ok[:, :w] = draft i accepted given the earlier ones; a False column w stops every row, so
     # argmin (first False) is the number of leading successes, then capped at the row's K.
     ok = np.zeros((num_rows, width + 1), dtype=np.bool_)  # [n, w+1]
@@ -215,13 +253,16 @@ class JointOutcomes:
 
     def sample(
         self,
-        rng: np.random.Generator,
+        streams: ModelStreams,
+        req_ids: IntArray,
+        positions: IntArray,
         num_spec_tokens: IntArray,
         which: IntArray | None = None,
     ) -> tuple[IntArray, IntArray]:
-        """(d [n], a [n]) for rows with K [n], from joint `which` [n] (None: the only one)."""
+        """(d [n], a [n]) for rows `req_ids` [n] at output `positions` [n] with K [n], from
+        joint `which` [n] (None: the only one)."""
         num_rows = int(num_spec_tokens.shape[0])
-        uniforms = rng.random(num_rows)  # [n]
+        uniforms = streams.step.uniforms(req_ids, positions)  # [n]
         if which is None:
             cell = np.searchsorted(self.cdf[0], uniforms, side="right")  # [n]
         else:
@@ -229,28 +270,35 @@ class JointOutcomes:
             cell = (self.cdf[which] <= uniforms[:, None]).sum(axis=1)  # [n]
         drafted, accepted = np.divmod(cell.astype(np.int64), self.k_max + 1)  # [n] each
         if num_rows and int(np.maximum.reduce(num_spec_tokens)) > self.k_max:
-            self._extend(rng, drafted, accepted, num_spec_tokens)
+            self._extend(streams, req_ids, positions, drafted, accepted, num_spec_tokens)
         np.minimum(drafted, num_spec_tokens, out=drafted)
         np.minimum(accepted, num_spec_tokens, out=accepted)
         return drafted, accepted
 
     def _extend(
         self,
-        rng: np.random.Generator,
+        streams: ModelStreams,
+        req_ids: IntArray,
+        positions: IntArray,
         drafted: IntArray,
         accepted: IntArray,
         num_spec_tokens: IntArray,
     ) -> None:
-        """Drafts and accepts past k_max for rows with K > k_max (in place)."""
+        """Drafts and accepts past k_max for rows with K > k_max (in place): the token
+        positions past the joint's, p + k_max onwards, drawn per token."""
         rows = np.flatnonzero((num_spec_tokens > self.k_max) & (drafted == self.k_max))  # [m]
         if rows.size == 0:
             return
+        ids, starts = req_ids[rows], positions[rows] + self.k_max  # [m] each
         beyond = num_spec_tokens[rows] - self.k_max  # [m]
-        more_drafted = _sample_leading_successes(rng, np.array([self._draft_tail]), beyond)
+        more_drafted = _leading_successes(
+            streams.draft, ids, starts, np.array([self._draft_tail]), beyond
+        )
         drafted[rows] += more_drafted
         full = accepted[rows] == self.k_max  # [m]
-        more_accepted = _sample_leading_successes(
-            rng, np.array([self._accept_tail]), more_drafted[full]
+        tail = np.array([self._accept_tail])
+        more_accepted = _leading_successes(
+            streams.accept, ids[full], starts[full], tail, more_drafted[full]
         )
         accepted[rows[full]] += more_accepted
 
@@ -275,7 +323,7 @@ class PerPositionAcceptance:
         comonotone joint is built; neither: every step drafts its K."""
         self.rates = _validated_rates(rates, "PerPositionAcceptance")  # [k_max]
         self.cond = conditional_rates(self.rates)  # [k_max]
-        self.rng = np.random.default_rng(seed)
+        self.streams = ModelStreams(seed)
         if joint is None and draft_rates is not None:
             s = _validated_rates(draft_rates, "PerPositionAcceptance draft rates")
             if s.shape != self.rates.shape:
@@ -313,8 +361,11 @@ class PerPositionAcceptance:
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
         if self.joint is None:
-            return num_spec_tokens, _sample_leading_successes(self.rng, self.cond, num_spec_tokens)
-        return self.joint.sample(self.rng, num_spec_tokens)
+            accepted = _leading_successes(
+                self.streams.accept, req_ids, num_output_tokens, self.cond, num_spec_tokens
+            )
+            return num_spec_tokens, accepted
+        return self.joint.sample(self.streams, req_ids, num_output_tokens, num_spec_tokens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -413,7 +464,7 @@ class HeterogeneousAcceptance:
         if not (math.isfinite(concentration) and concentration > 0):
             raise ValueError(f"concentration must be finite and > 0, got {concentration}")
         self.concentration = float(concentration)
-        self.rng = np.random.default_rng(seed)
+        self.streams = ModelStreams(seed)
         self._cond = DenseRows(len(self.rates), 0.0, np.float64)  # [req, k_max] conditional
 
     @staticmethod
@@ -447,13 +498,14 @@ class HeterogeneousAcceptance:
         rates: FloatArray = np.cumprod(cond)
         return rates
 
-    def draw_rates(self, num_requests: int) -> FloatArray:
-        """[n, k_max] per-request rates drawn from this model's generator (population checks)."""
-        strength = self.rng.random(num_requests)  # [n]
+    def draw_rates(self, req_ids: IntArray) -> FloatArray:
+        """[n, k_max] the rates requests `req_ids` [n] get (population checks): the quantile
+        of each one's strength, its stream's draw at counter 0."""
+        strength = self.streams.request.uniforms(req_ids, np.zeros_like(req_ids))  # [n]
         return per_request_rates(self.rates, self.concentration, strength)
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
-        rates = self.draw_rates(1)  # [1, k_max]
+        rates = self.draw_rates(np.array([req_id], dtype=np.int64))  # [1, k_max]
         self._cond.set(req_id, conditional_rates(rates)[0])
 
     def remove_request(self, req_id: int) -> None:
@@ -463,24 +515,32 @@ class HeterogeneousAcceptance:
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
         cond = self._cond.gather(req_ids)  # [n, k_max]
-        accepted = _sample_leading_successes(self.rng, cond, num_spec_tokens)  # [n]
+        accepted = _leading_successes(
+            self.streams.accept, req_ids, num_output_tokens, cond, num_spec_tokens
+        )  # [n]
         if self.draft_rates is None:
             return num_spec_tokens, accepted
-        drafted = self._sample_drafted(num_spec_tokens)  # [n]
+        drafted = self._sample_drafted(req_ids, num_output_tokens, num_spec_tokens)  # [n]
         return drafted, np.minimum(accepted, drafted)
 
-    def _sample_drafted(self, num_spec_tokens: IntArray) -> IntArray:
+    def _sample_drafted(
+        self, req_ids: IntArray, positions: IntArray, num_spec_tokens: IntArray
+    ) -> IntArray:
         """d [n] = #{i: U < s_i} (P(d >= i) = s_i), past k_max by the last conditional draft
-        rate, clipped at K."""
+        rate (per token from p + k_max), clipped at K."""
         k_max = self._draft_ascending.shape[0]
-        uniforms = self.rng.random(num_spec_tokens.shape[0])  # [n]
+        uniforms = self.streams.step.uniforms(req_ids, positions)  # [n]
         # s is non-increasing, so #{i: s_i > U} = k - #{ascending s <= U}
         drafted = k_max - np.searchsorted(self._draft_ascending, uniforms, side="right")  # [n]
         drafted = drafted.astype(np.int64)
         rows = np.flatnonzero((num_spec_tokens > k_max) & (drafted == k_max))  # [m]
         if rows.size:
-            drafted[rows] += _sample_leading_successes(
-                self.rng, np.array([self._draft_tail]), num_spec_tokens[rows] - k_max
+            drafted[rows] += _leading_successes(
+                self.streams.draft,
+                req_ids[rows],
+                positions[rows] + k_max,
+                np.array([self._draft_tail]),
+                num_spec_tokens[rows] - k_max,
             )
         clipped: IntArray = np.minimum(drafted, num_spec_tokens)
         return clipped
@@ -489,9 +549,6 @@ class HeterogeneousAcceptance:
 # --------------------------------------------------------------------------------------------
 # Empirical per-request histograms
 # --------------------------------------------------------------------------------------------
-
-# Requests' recorded-request picks are drawn in blocks of this many req_ids, in req_id order.
-_PICK_BLOCK = 1024
 
 
 def per_request_joints(profile: Profile) -> FloatArray:
@@ -523,10 +580,9 @@ class EmpiricalAcceptance:
 
     At add_request a request whose prompt text was profiled (its `prompt_key` is one of `keys`)
     is given that recorded request: the same prompt drafts and accepts as it did when measured.
-    Any other request is given recorded request `pick[req_id]`, where `pick` is drawn uniformly
-    with replacement from a stream of its own in req_id order (so a request's pick depends on
-    the seed and its id only, not on arrival order or on other requests). Each step it draws
-    one cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore differ
+    Any other request is given a recorded request drawn uniformly with replacement by its own
+    once-only draw (so its pick depends on the seed and its id only). Each step it draws one
+    cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore differ
     exactly as the measured ones did, in acceptance and in what their drafter finds, without a
     parametric form; the price is that the population is the measured prompt set.
     """
@@ -545,14 +601,7 @@ class EmpiricalAcceptance:
         for index, key in enumerate(keys):
             if key:
                 self._recorded_by_key.setdefault(key, index)
-        # Two child streams: the picks (by req_id) and the per-step draws.
-        self._pick_rng = np.random.default_rng(
-            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 0))
-        )
-        self.rng = np.random.default_rng(
-            np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, 1))
-        )
-        self._picks = np.zeros(0, dtype=np.int64)  # [drawn] pick per req_id
+        self.streams = ModelStreams(seed)
         self._recorded_of = DenseRows(1, -1, np.int64)  # [req, 1] recorded request
 
     @staticmethod
@@ -567,12 +616,11 @@ class EmpiricalAcceptance:
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         if req_id < 0:
             raise ValueError(f"req_id must be >= 0, got {req_id}")
-        while req_id >= self._picks.shape[0]:
-            block = self._pick_rng.integers(self.num_recorded, size=_PICK_BLOCK)  # [block]
-            self._picks = np.concatenate((self._picks, block.astype(np.int64)))
         key = spec.prompt_key if self._recorded_by_key else None
         recorded = self._recorded_by_key.get(key, -1) if key else -1
-        self._recorded_of.set(req_id, [int(self._picks[req_id]) if recorded < 0 else recorded])
+        if recorded < 0:
+            recorded = int(self.streams.request.uniform(req_id) * self.num_recorded)
+        self._recorded_of.set(req_id, [recorded])
 
     def remove_request(self, req_id: int) -> None:
         self._recorded_of.remove(req_id)
@@ -581,7 +629,9 @@ class EmpiricalAcceptance:
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
         recorded = self._recorded_of.gather(req_ids)[:, 0]  # [n]
-        drafted, accepted = self.outcomes.sample(self.rng, num_spec_tokens, recorded)
+        drafted, accepted = self.outcomes.sample(
+            self.streams, req_ids, num_output_tokens, num_spec_tokens, recorded
+        )
         if self.outcomes.always_drafts:
             return num_spec_tokens, accepted  # d == K on every row: the executor's fast path
         return drafted, accepted

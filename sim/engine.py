@@ -234,6 +234,8 @@ class Engine:
                 self._events.append(
                     EngineEvent(start_s, "step", -1, batch.step_index, batch.batch_size)
                 )
+            if is_async:
+                batch = scheduler.running_positions(batch)
             outcome = self.executor.execute(batch)
             if is_async:
                 # Schedule step t+1 while step t runs, before its outcome is known.

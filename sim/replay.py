@@ -38,6 +38,7 @@ import numpy as np
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.common.errors import InputError
+from dsd.common.streams import CounterStream
 from dsd.sim.acceptance import DenseRows
 from dsd.traces.workload import RequestSpec
 
@@ -447,9 +448,9 @@ class ReplayAcceptance:
     i (mod the number recorded): a run's own workload replayed on its recording; the default
     for a recording `in_request_order`. Otherwise among the recorded requests whose category
     equals the request's tag when there are any (`by_tag`), else among all; round-robin in
-    arrival order (the default) or seeded random. A request longer than its recording wraps
-    around (position p reads p mod len): it keeps the recorded statistics at the cost of one
-    artificial join per wrap.
+    arrival order (the default) or random, by the request's own draw (seed and req_id). A
+    request longer than its recording wraps around (position p reads p mod len): it keeps the
+    recorded statistics at the cost of one artificial join per wrap.
     """
 
     def __init__(
@@ -467,7 +468,7 @@ class ReplayAcceptance:
         self.recording = recording
         self.assignment = assignment
         self.by_tag = by_tag
-        self.rng = np.random.default_rng(seed)
+        self._pick = CounterStream(seed, 0)  # a request's recorded request under "random"
         lengths = recording.lengths  # [R]
         self._lengths = lengths
         self._starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # [R]
@@ -493,7 +494,7 @@ class ReplayAcceptance:
             return
         group, candidates = self._candidates(spec.tag)
         if self.assignment == "random":
-            pick = int(self.rng.integers(len(candidates)))
+            pick = int(self._pick.uniform(req_id) * len(candidates))
         else:
             pick = self._next_in_group.get(group, 0) % len(candidates)
             self._next_in_group[group] = pick + 1

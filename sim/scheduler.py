@@ -38,7 +38,7 @@ priorities other than FCFS, encoder inputs, structured output, LoRA.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -365,6 +365,13 @@ class Scheduler:
     def num_output_tokens(self, req_id: int) -> int:
         """Confirmed output tokens of a request that is still in the scheduler."""
         return int(self._num_output[self._slot_of[req_id]])
+
+    def running_positions(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """`batch` with its rows' confirmed output tokens as of now. Async scheduling plans a
+        step before the previous one's outcome is known, and runs it after: it runs at these
+        positions, not at the ones it was planned with (what acceptance is keyed on)."""
+        positions = self._num_output[self._inflight[batch.step_index].slots]  # [B]
+        return replace(batch, num_output_tokens=positions)
 
     # ------------------------------------------------------------------ one step
 

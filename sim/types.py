@@ -26,7 +26,8 @@ class ScheduledBatch:
     num_scheduled_tokens: IntArray  # [B] tokens computed per row: 1 + K (decode), chunk (prefill)
     num_spec_tokens: IntArray  # [B] K per row; 0 on prefill rows
     num_computed_tokens: IntArray  # [B] tokens in the row's KV cache before this step
-    # [B] output tokens the request had when scheduled (placeholders excluded)
+    # [B] confirmed output tokens of the row's request (placeholders excluded): when scheduled,
+    # and, refreshed by the engine before execute under async scheduling, when the step runs
     num_output_tokens: IntArray
     completes_prompt: BoolArray  # [B] prefill rows whose chunk ends the prompt: they sample token 1
     total_num_scheduled_tokens: int  # == int(num_scheduled_tokens.sum())

@@ -339,10 +339,13 @@ def random_workload(
     _check_count("num_prompts", num_prompts, 1)
     input_low, input_high = lengths.input_bounds()
     output_low, output_high = lengths.output_bounds()
-    prompt_lens = rng.integers(input_low, input_high + 1, size=num_prompts)  # [N]
-    output_lens = rng.integers(output_low, output_high + 1, size=num_prompts)  # [N]
+    # One (prompt, output) pair per request, in request order: request i's lengths are the
+    # stream's i-th pair, the same whatever num_prompts is (common random numbers).
+    lengths_drawn = rng.integers(
+        [input_low, output_low], [input_high + 1, output_high + 1], size=(num_prompts, 2)
+    )  # [N, 2]
     requests = tuple(
         RequestSpec(prompt_len=int(prompt_len), output_len=int(output_len), tag="random")
-        for prompt_len, output_len in zip(prompt_lens, output_lens, strict=True)
+        for prompt_len, output_len in lengths_drawn.tolist()
     )
     return Workload(name="random", requests=requests)

@@ -15,9 +15,11 @@ Per kind:
 
 Randomness: one `np.random.SeedSequence(seed)`, one child stream per use (lengths, prompt
 order, arrivals), so the same seed gives the same workload and changing one knob does not
-reshuffle the others. `WorkloadOptions` holds the flat workload knobs every command and the API
-take; `dataset_source` reads vLLM's `--dataset-name` / `--dataset-path` spellings. Beyond that,
-this module only chooses and composes.
+reshuffle the others; within a stream request i takes the i-th draw, so a workload's first n
+requests do not depend on how many follow (arrival times up to vLLM bench's one rescaling).
+`WorkloadOptions` holds the flat workload knobs every command and the API take;
+`dataset_source` reads vLLM's `--dataset-name` / `--dataset-path` spellings. Beyond that, this
+module only chooses and composes.
 """
 
 from __future__ import annotations

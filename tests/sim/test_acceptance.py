@@ -138,7 +138,7 @@ def test_sampling_256_rows_is_fast() -> None:
 
 def test_heterogeneous_population_mean_reproduces_profile_rates() -> None:
     model = HeterogeneousAcceptance(H100_RATES, seed(3), spread=0.1)
-    drawn = model.draw_rates(200_000)  # [n, k]
+    drawn = model.draw_rates(ids(200_000))  # [n, k]
     np.testing.assert_allclose(drawn.mean(axis=0), H100_RATES, atol=0.003)
     # Per-request rates are valid unconditional rates: in [0, 1] and non-increasing.
     assert np.all((drawn >= 0) & (drawn <= 1))
@@ -154,10 +154,10 @@ def test_heterogeneous_sampled_acceptance_reproduces_profile_rates() -> None:
         model.add_request(req_id, SPEC)
     accepted = np.concatenate(
         [
-            model.sample_outcomes(ids(num_requests), full(num_requests, 5), full(num_requests, 5))[
-                1
-            ]
-            for _ in range(20)
+            model.sample_outcomes(
+                ids(num_requests), full(num_requests, 1 + 5 * step), full(num_requests, 5)
+            )[1]
+            for step in range(20)  # 20 steps at distinct positions: independent draws
         ]
     )
     for i in range(1, 6):
@@ -182,7 +182,9 @@ def test_heterogeneous_requests_differ_and_tpot_is_not_itl_over_mean_al() -> Non
     # Each request's sampled acceptance follows its own rates.
     weakest, strongest = int(np.argmin(per_request_al)), int(np.argmax(per_request_al))
     rows = np.array([weakest] * 20000 + [strongest] * 20000, dtype=np.int64)
-    accepted = model.sample_outcomes(rows, full(len(rows), 5), full(len(rows), k))[1]
+    # one step per row at positions k apart: every draw is a different token's
+    positions = k * np.arange(len(rows), dtype=np.int64)
+    accepted = model.sample_outcomes(rows, positions, full(len(rows), k))[1]
     assert accepted[:20000].mean() + 1 == pytest.approx(per_request_al[weakest], abs=0.03)
     assert accepted[20000:].mean() + 1 == pytest.approx(per_request_al[strongest], abs=0.03)
 
@@ -375,7 +377,7 @@ def test_category_acceptance_forwards_requests_to_stateful_models() -> None:
 )
 def test_heterogeneous_accepts_degenerate_and_extreme_rates(rates: list[float]) -> None:
     model = HeterogeneousAcceptance(rates, np.random.SeedSequence(0))
-    population = model.draw_rates(20_000)  # [n, k]
+    population = model.draw_rates(ids(20_000))  # [n, k]
     np.testing.assert_allclose(population.mean(axis=0), rates, atol=0.01)
     assert np.all(population[:, 1:] <= population[:, :-1] + 1e-12)
 
