@@ -16,6 +16,7 @@ It does not run the bandit itself (reports.policy_eval does) and tunes nothing.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,16 @@ import numpy as np
 from dsd.common.arrays import IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.policies.types import KPolicy, StepFeedback, StepView
-from dsd.reports.policy_eval import point_engine, point_seeds, report_arguments, workloads
+from dsd.reports.policy_eval import point_engine, report_arguments, workloads
+
+# Seeds per case: enough for this many requests over the seeds, at least MIN_SEEDS.
+MIN_SEEDS = 3
+MIN_REQUESTS_PER_POINT = 1024
+
+
+def point_seeds(requests_per_run: int) -> tuple[int, ...]:
+    """Seeds 0..n-1 of a point: n >= MIN_SEEDS and n * requests >= MIN_REQUESTS_PER_POINT."""
+    return tuple(range(max(MIN_SEEDS, math.ceil(MIN_REQUESTS_PER_POINT / requests_per_run))))
 
 
 class ForcedSteps:

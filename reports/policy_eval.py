@@ -22,13 +22,13 @@ passes cost):
   with those category names.
 
 Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
-with the lowest seed-mean TPOT, and each policy's gap is measured per seed against that K's
-TPOT at the same seed (same requests, same acceptance stream). Seeds 0..n-1 per point, n =
-`point_seeds`: at least MIN_SEEDS and enough for MIN_REQUESTS_PER_POINT requests over all seeds
-(a 1% goal needs that power: with 3 seeds of 64 MT-Bench requests the seed spread of a gap is
-about +-2%, and 3-seed gaps of +1.5% at C=8 read +-0.1% over 12 seeds; at 512 requests the
-profile-seeded bandit read +1.2% [-1.6, +3.1] at C=4 over 8 seeds and +0.6% over 16). A gap whose
-seed range contains 0 is a tie. Extra rows investigate per-request's cost model (the policy
+with the lowest seed-mean TPOT, and each policy's gap is the mean of its paired per-seed gaps
+(its TPOT over the envelope K's TPOT at the same seed, minus 1: same requests, and common random
+numbers, so the same acceptance luck wherever their K agree) with a 95% Student-t confidence
+interval. Seeds 0..n-1 per point, n chosen for the interval, not fixed: every point starts at
+MIN_SEEDS; a point where some dynamic row's half-width exceeds CI_TARGET gets twice the seeds
+(every row, static ones too), until none does or MAX_SEEDS. A gap whose interval contains 0 is
+a tie. Extra rows investigate per-request's cost model (the policy
 assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
 bandit with and without the profile prior (`bandit:prior=profile`). The bandit is run cold (a
 fresh policy per run, the default) and warm: seeded with the profile the cold bandit learned on
@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
@@ -76,9 +77,10 @@ from dsd.traces.rollout import RolloutConfig
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5
 MIN_SEEDS = 3
+MAX_SEEDS = 24
+CI_TARGET = 0.005  # the 95% half-width of a gap that is resolved enough (a fraction)
 # The warm-start row's previous run uses seed + this (never one of the measured seeds).
 WARM_START_SEED_OFFSET = 1000
-MIN_REQUESTS_PER_POINT = 1024
 MT_BENCH_CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Azure conv: trace seconds replayed (from the first row), and the time-compression factors.
 AZURE_WINDOW_S = 180.0
@@ -131,12 +133,7 @@ class Workload:
     description: str  # one line for the report
     axis: str  # x-axis label
     points: tuple[tuple[str, dict[str, Any]], ...]  # (point label, RunConfig kwargs)
-    requests_per_run: tuple[int, ...]  # requests one run of each point sends (sets its seeds)
-
-
-def point_seeds(requests_per_run: int) -> tuple[int, ...]:
-    """Seeds 0..n-1 of a point: n >= MIN_SEEDS and n * requests >= MIN_REQUESTS_PER_POINT."""
-    return tuple(range(max(MIN_SEEDS, math.ceil(MIN_REQUESTS_PER_POINT / requests_per_run))))
+    requests_per_run: tuple[int, ...]  # requests one run of each point sends
 
 
 @dataclass(frozen=True)
@@ -313,20 +310,25 @@ def _run_all(
 
 
 def evaluate(out: Path, num_workers: int) -> Results:
+    """Every row at every point, on as many seeds as each point's intervals need."""
     write_phased_workload(out / "phased_workload.csv")
     sweep_path = str(out / "static_sweep_mt-bench.json")
     all_workloads = workloads(out)
     results: Results = {w.name: {} for w in all_workloads}
+    # (workload, point) -> (seeds run so far, seeds wanted)
+    seeds = {(w.name, p): (0, MIN_SEEDS) for w in all_workloads for p, _ in w.points}
 
     def tasks_for(rows: tuple[PolicyRow, ...]) -> list[Any]:
         return [
             (w.name, row.label, point, (kwargs, row, seed, sweep_path))
             for w in all_workloads
             for row in rows
-            for (point, kwargs), num_requests in zip(w.points, w.requests_per_run, strict=True)
-            for seed in point_seeds(num_requests)
+            for point, kwargs in w.points
+            for seed in range(*seeds[w.name, point])
         ]
 
+    # First round: the static rows, then the envelope policy's table from their seed means
+    # (written once: every seed of the envelope row runs the same table), then the rest.
     _run_all(tasks_for(STATIC_ROWS), results, num_workers)
     records = [
         {
@@ -339,16 +341,31 @@ def evaluate(out: Path, num_workers: int) -> Results:
     ]
     atomic_write_text(Path(sweep_path), json.dumps(records, indent=1))
     _run_all(tasks_for(DYNAMIC_ROWS), results, num_workers)
-    return results
+    while True:
+        for w in all_workloads:
+            for point, _ in w.points:
+                have = seeds[w.name, point][1]
+                seeds[w.name, point] = (have, seeds_wanted(results[w.name], point, have))
+        if all(have == want for have, want in seeds.values()):
+            return results
+        _run_all(tasks_for(STATIC_ROWS + DYNAMIC_ROWS), results, num_workers)
 
 
 @dataclass(frozen=True)
 class Gap:
     """A policy's gap to the envelope at one point, over seeds (fractions, negative = better)."""
 
-    mean: float  # mean over seeds of TPOT / envelope TPOT - 1
-    low: float  # smallest per-seed gap
-    high: float  # largest per-seed gap
+    mean: float  # mean over seeds of TPOT / envelope TPOT - 1 (paired per seed)
+    half_width: float  # 95% Student-t confidence half-width of the mean (inf with one seed)
+    num_seeds: int
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
 
 
 def envelope_k(table: dict[str, dict[str, list[float]]], point: str) -> int:
@@ -360,13 +377,26 @@ def envelope_k(table: dict[str, dict[str, list[float]]], point: str) -> int:
 def gap(table: dict[str, dict[str, list[float]]], label: str, point: str) -> Gap:
     envelope = np.array(table[f"static:{envelope_k(table, point)}"][point])  # [seeds]
     values = np.array(table[label][point]) / envelope - 1.0  # [seeds]
-    return Gap(float(values.mean()), float(values.min()), float(values.max()))
+    n = int(values.shape[0])
+    if n < 2:
+        return Gap(float(values.mean()), math.inf, n)
+    t = float(stats.t.ppf(0.975, n - 1))
+    return Gap(float(values.mean()), t * float(values.std(ddof=1)) / math.sqrt(n), n)
+
+
+def seeds_wanted(table: dict[str, dict[str, list[float]]], point: str, have: int) -> int:
+    """`have`, or twice as many (at most MAX_SEEDS) while some dynamic row's gap at the point
+    has a 95% half-width over CI_TARGET."""
+    labels = [row.label for row in DYNAMIC_ROWS if row.label in table]
+    widest = max((gap(table, label, point).half_width for label in labels), default=0.0)
+    return min(2 * have, MAX_SEEDS) if widest > CI_TARGET and have < MAX_SEEDS else have
 
 
 def verdict(g: Gap) -> str:
-    if g.low < 0 < g.high or g.low == 0 == g.high:
-        return "tie"
-    return "better" if g.high < 0 else "worse"
+    """better / worse when the interval excludes 0, else tie."""
+    if g.high < 0:
+        return "better"
+    return "worse" if g.low > 0 else "tie"
 
 
 def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> str:
@@ -374,16 +404,18 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         "# K policies vs the static-K envelope (simulated, PR #32374 H100 profile)",
         "",
         "Command: `python -m dsd.reports.policy_eval --out reports/policies` (seeds 0..n-1 per "
-        f"point, n >= {MIN_SEEDS} and enough for {MIN_REQUESTS_PER_POINT} requests over the "
-        f"seeds, n in each column header; {num_workers} worker processes, took {seconds:.0f} s). "
+        f"point, n from {MIN_SEEDS}, doubled while some dynamic row's 95% half-width exceeds "
+        f"{100 * CI_TARGET:g}%, at most {MAX_SEEDS}; n in each column header; {num_workers} "
+        f"worker processes, took {seconds:.0f} s). "
         "Engine: sync scheduling, latency "
         "model auto (the profile's table), mixed K charged padded ITL(D, max K) unless a row "
         "says otherwise.",
         "",
-        "Cells: seed-mean TPOT ms, then the gap to the envelope as mean [min, max] over seeds "
-        "(each seed against the envelope's K at the same seed). Envelope = the static K with the "
-        "lowest seed-mean TPOT at that point (its K in the header). A gap range containing 0 is "
-        "a tie: the difference is inside the seed spread.",
+        "Cells: seed-mean TPOT ms, then the gap to the envelope as the mean of paired per-seed "
+        "gaps (each seed against the envelope's K at the same seed: same requests, common random "
+        "numbers) +- its 95% confidence half-width. Envelope = the static K with the lowest "
+        "seed-mean TPOT at that point (its K in the header). A gap whose interval contains 0 is "
+        "a tie.",
         "",
     ]
     goal_lines: list[str] = []
@@ -391,7 +423,7 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         table = results[w.name]
         points = [p for p, _ in w.points]
         lines += [f"## {w.name}: {w.description}", "", f"![plot](tpot_{w.name}.png)", ""]
-        seeds = [len(point_seeds(n)) for n in w.requests_per_run]
+        seeds = [len(table["static:0"][p]) for p in points]
         header = [
             f"{p} (K*={envelope_k(table, p)}, {n} seeds)"
             for p, n in zip(points, seeds, strict=True)
@@ -402,10 +434,8 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
             cells = []
             for p in points:
                 g = gap(table, label, p)
-                cells.append(
-                    f"{np.mean(row[p]):.2f} ({100 * g.mean:+.1f}% "
-                    f"[{100 * g.low:+.1f}, {100 * g.high:+.1f}])"
-                )
+                gap_text = f"{100 * g.mean:+.2f}% ±{100 * g.half_width:.2f}"
+                cells.append(f"{np.mean(row[p]):.2f} ({gap_text})")
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
         lines.append("")
         for row_def in DYNAMIC_ROWS:
@@ -428,7 +458,7 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         "## Goals per policy and workload",
         "",
         "Within 1%: the seed-mean gap is <= +1% at every point. Strictly better: points where "
-        "every seed beats the envelope (not a tie).",
+        "the gap's 95% interval lies below 0 (not a tie).",
         "",
         "| workload | policy | within 1% everywhere | strictly better at | over 1% at |",
         "|---|---|---|---|---|",
@@ -453,14 +483,12 @@ def _plot(results: Results, out: Path) -> None:
         for index, label in enumerate(labels):
             gaps = [gap(table, label, p) for p in points]
             mean = np.array([100 * g.mean for g in gaps])
-            err = np.array(
-                [[100 * (g.mean - g.low) for g in gaps], [100 * (g.high - g.mean) for g in gaps]]
-            )
+            err = np.array([100 * g.half_width for g in gaps])
             offset = (index - len(labels) / 2) * 0.02
             axis.errorbar(x + offset, mean, yerr=err, marker="o", capsize=2, label=label)
         axis.set_xticks(x, points)
         axis.set_xlabel(w.axis)
-        axis.set_ylabel("mean TPOT vs envelope, % (bars: seed min..max)")
+        axis.set_ylabel("mean TPOT vs envelope, % (bars: 95% CI, paired seeds)")
         axis.set_title(w.name)
         axis.axhline(1.0, color="grey", linestyle=":")
         axis.axhline(0.0, color="black", linewidth=0.5)

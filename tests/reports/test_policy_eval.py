@@ -6,8 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
-from dsd.reports import policy_eval
+from dsd.reports import cold_start, policy_eval
 from dsd.reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
 from dsd.sim.replay import (
     DEFAULT_EXIT_LAYER,
@@ -70,44 +71,69 @@ def _table(
     return table
 
 
-STATIC = {k: [10.0 + abs(k - 2), 10.0 + abs(k - 2)] for k in range(policy_eval.K_MAX + 1)}
+STATIC = {k: [10.0 + abs(k - 2)] * 3 for k in range(policy_eval.K_MAX + 1)}
 
 
 @pytest.mark.parametrize(
     ("values", "expected", "mean"),
     [
-        ([9.0, 9.5], "better", -0.075),  # every seed below the envelope
-        ([9.0, 10.5], "tie", -0.025),  # the seed range straddles 0
-        ([10.0, 10.0], "tie", 0.0),  # exactly the envelope
-        ([10.2, 10.1], "worse", 0.015),  # every seed above
+        ([9.0, 9.5, 9.2], "better", -0.0767),  # the interval lies below the envelope
+        ([9.0, 10.5, 9.8], "tie", -0.0233),  # the interval straddles 0
+        ([10.0, 10.0, 10.0], "tie", 0.0),  # exactly the envelope: zero width, a tie
+        ([10.2, 10.1, 10.15], "worse", 0.015),  # above
     ],
 )
-def test_gap_is_per_seed_against_the_envelope_k(
+def test_gap_is_the_mean_of_paired_gaps_with_a_t_interval(
     values: list[float], expected: str, mean: float
 ) -> None:
     table = _table(STATIC, policy=values)
     assert envelope_k(table, "p") == 2
     g = gap(table, "policy", "p")
     assert isinstance(g, Gap)
-    assert g.mean == pytest.approx(mean)
+    assert g.mean == pytest.approx(mean, abs=1e-4)
+    paired = np.array(values) / 10.0 - 1.0
+    expected_width = stats.t.ppf(0.975, 2) * paired.std(ddof=1) / np.sqrt(3)
+    assert g.half_width == pytest.approx(expected_width)
+    assert (g.low, g.high) == (g.mean - g.half_width, g.mean + g.half_width)
     assert verdict(g) == expected
+
+
+@pytest.mark.parametrize(
+    ("spread", "have", "want"),
+    [
+        (0.0, 3, 3),  # resolved: no more seeds
+        (0.5, 3, 6),  # a half-width over CI_TARGET: twice the seeds
+        (0.5, 16, policy_eval.MAX_SEEDS),  # capped
+        (0.5, policy_eval.MAX_SEEDS, policy_eval.MAX_SEEDS),
+    ],
+)
+def test_points_get_more_seeds_until_their_intervals_are_narrow(
+    spread: float, have: int, want: int
+) -> None:
+    static = {k: [10.0 + abs(k - 2)] * have for k in range(policy_eval.K_MAX + 1)}
+    noisy = [10.0 + spread * (-1) ** i for i in range(have)]
+    table = _table(static, goodput=noisy, online=[10.0] * have)
+    assert policy_eval.seeds_wanted(table, "p", have) == want
+
+
+def test_one_seed_has_no_interval() -> None:
+    g = gap(_table({k: [v[0]] for k, v in STATIC.items()}, policy=[9.0]), "policy", "p")
+    assert g.num_seeds == 1 and g.half_width == float("inf") and verdict(g) == "tie"
 
 
 @pytest.mark.parametrize(
     ("requests_per_run", "num_seeds"),
     [
         (64, 16),  # MT-Bench C <= 16: 16 x 64 = 1,024 requests over the seeds
-        (128, 8),  # C = 32
         (256, 4),  # C = 64, the RL rollout N = 256
         (1024, 3),  # never fewer than MIN_SEEDS
-        (1152, 3),  # the phased workload
         (1, 1024),  # one request a run
     ],
 )
-def test_point_seeds_give_enough_requests(requests_per_run: int, num_seeds: int) -> None:
-    seeds = policy_eval.point_seeds(requests_per_run)
+def test_cold_start_seeds_give_enough_requests(requests_per_run: int, num_seeds: int) -> None:
+    seeds = cold_start.point_seeds(requests_per_run)
     assert seeds == tuple(range(num_seeds))
-    assert len(seeds) * requests_per_run >= policy_eval.MIN_REQUESTS_PER_POINT
+    assert len(seeds) * requests_per_run >= cold_start.MIN_REQUESTS_PER_POINT
 
 
 def test_every_point_states_how_many_requests_a_run_sends(tmp_path: Path) -> None:
