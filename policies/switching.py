@@ -12,10 +12,11 @@ table, goodput, online, context; not the bandit, which samples):
 - **min_dwell** (steps): after a change K is held for at least this many steps. Only steps with
   decode rows count, and only changes start a dwell: the first K of a run is free to move, and
   a step without decode rows (K does nothing there) neither sets nor holds K.
-- **async lookahead**: with async scheduling the K chosen now is verified one step later
-  (vLLM's one-step lag), so the base is asked about the *predicted* next B: the current B plus
-  an exponentially averaged step-to-step change of B (`trend_smoothing`), clipped to
-  [1, max_num_seqs]. `lookahead` = "auto" (only when the view says async), "always" or "never".
+- **lookahead**: under next-step K timing (vLLM's, sync and async) the K chosen now is verified
+  one step later, so the base is asked about the *predicted* next B: the current B plus an
+  exponentially averaged step-to-step change of B (`trend_smoothing`), clipped to
+  [1, max_num_seqs]. `lookahead` = "auto" (only when the view's K timing is next-step),
+  "always" or "never".
 
 A K above `view.k_max` is always clamped at once (the engine cannot run it), dwell or not. The
 wrapper does not change what the base learns: `observe` is passed through unchanged.
@@ -43,7 +44,7 @@ class HysteresisConfig:
     margin: float = 0.15
     # Steps a new K is held before it may change again (0: no dwell).
     min_dwell: int = 4
-    # Ask the base about the predicted next B: "auto" under async scheduling only.
+    # Ask the base about the predicted next B: "auto" under next-step K timing only.
     lookahead: Lookahead = "auto"
     # Weight of the newest step-to-step B change in the trend average, in (0, 1].
     trend_smoothing: float = 0.3
@@ -89,9 +90,9 @@ class HysteresisPolicy:
         self.batch_trend = 0.0  # smoothed step-to-step change of B
 
     def predicted_batch_size(self, view: StepView) -> int:
-        """The B the chosen K will be verified at (next step's under async lookahead)."""
+        """The B the chosen K will be verified at (the next step's, predicted, with lookahead)."""
         lookahead = self.config.lookahead
-        use_trend = lookahead == "always" or (lookahead == "auto" and view.scheduling == "async")
+        use_trend = lookahead == "always" or (lookahead == "auto" and view.k_timing == "next-step")
         predicted = view.batch_size + (self.batch_trend if use_trend else 0.0)
         return int(np.clip(round(predicted), 1, self.max_num_seqs))
 

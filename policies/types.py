@@ -48,6 +48,11 @@ import numpy as np
 from dsd.common.arrays import IntArray
 
 SchedulingMode = Literal["sync", "async"]
+# When the K a policy chooses at step t is verified. "next-step": vLLM's, in sync and async
+# mode alike (the drafter runs at the end of step t with that step's K, the scheduler hands its
+# drafts to step t + 1); "same-step": at step t itself (a drafter that runs after scheduling).
+KTiming = Literal["next-step", "same-step"]
+K_TIMINGS: tuple[KTiming, ...] = ("next-step", "same-step")
 # Largest running-set cap (max_num_seqs) any policy or the simulator accepts: per-B tables are
 # built for B = 1..max_num_seqs, so an absurd cap would be a huge allocation, not an answer.
 MAX_NUM_SEQS = 1 << 20
@@ -64,7 +69,8 @@ class StepView:
     req_ids: IntArray  # [num_decode_reqs] ids of the decode requests, in batch order
     context_lens: IntArray  # [num_decode_reqs] tokens already in each request's KV cache
     k_max: int  # largest K the engine can run (num_speculative_tokens); >= 0
-    scheduling: SchedulingMode = "sync"  # async: the K chosen now applies one step later
+    scheduling: SchedulingMode = "sync"  # async: step t+1 is planned while step t runs
+    k_timing: KTiming = "next-step"  # next-step: the K chosen now is verified one step later
     num_tokens: int = 0  # tokens in the step before drafts (decode rows + prefill chunks)
 
 

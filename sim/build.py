@@ -47,6 +47,7 @@ def build_engine(
             max_num_batched_tokens=int(config.max_num_batched_tokens),
             block_size=resolved.block_size,
             scheduling=config.scheduling,
+            k_timing=config.k_timing,
         ),
         capacity=max(64, min(resolved.max_num_seqs, len(resolved.workload.requests)) * 2),
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dsd.common.errors import InputError, require_choice, require_int, require_number
-from dsd.policies.types import MAX_NUM_SEQS, SchedulingMode
+from dsd.policies.types import K_TIMINGS, MAX_NUM_SEQS, KTiming, SchedulingMode
 from dsd.sim.latency import LatencyModelKind, MixedKCosting
 from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
@@ -96,6 +96,9 @@ class RunConfig:
     rollout: RolloutConfig | None = None
     # "sync": plan after each outcome; "async": plan step t+1 while step t runs (vLLM async).
     scheduling: SchedulingMode = "sync"
+    # When the K a policy picks at step t is verified: "next-step" (vLLM 0.33: drafted at the
+    # end of step t, verified at t + 1; sync and async) or "same-step" (sync only: at step t).
+    k_timing: KTiming = "next-step"
     # Most requests running at once; None: 256 (vLLM's default).
     max_num_seqs: int | None = None
     # Token budget per step (decode rows with drafts + prefill chunks); vLLM's default 8192.
@@ -165,6 +168,9 @@ class RunConfig:
         if self.rollout is not None and not isinstance(self.rollout, RolloutConfig):
             raise InputError("rollout: must be a traces.rollout.RolloutConfig or None")
         require_choice(self.scheduling, "scheduling", SCHEDULING_MODES)
+        require_choice(self.k_timing, "k_timing", K_TIMINGS)
+        if self.k_timing == "same-step" and self.scheduling == "async":
+            raise InputError("k_timing: same-step needs --scheduling sync")
         require_int(self.max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS, optional=True)
         require_int(self.max_num_batched_tokens, "max_num_batched_tokens", 1)
         require_int(self.max_model_len, "max_model_len", 2, optional=True)

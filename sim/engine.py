@@ -258,7 +258,7 @@ class Engine:
     def _commit(self, plan: StepPlan) -> ScheduledBatch:
         scheduler = self.scheduler
         cfg = scheduler.config
-        view = plan.view(float(self._env.now), cfg.k_max, cfg.scheduling)
+        view = plan.view(float(self._env.now), cfg)
         batch = scheduler.commit_step(plan, self.policy.choose_k(view))
         self._check()
         return batch

@@ -2,10 +2,11 @@
 
 Same call protocol as `sim.scheduler.Scheduler` (`add_request`, `abort`, `plan_step`,
 `commit_step`, `update`), same rules (FCFS, greedy token budget in running order, drafts trimmed
-before a decode row is dropped, a `k_max` draft reserve released at commit in sync mode and the
-K fixed at the previous step in async mode, KV blocks of `block_size` from a fixed pool,
-preempt-the-last by recompute, optimistic accounting with rollback of rejected drafts, async
-one-step K lag, never beyond `max_tokens`/`max_model_len`).
+before a decode row is dropped, the K fixed at the row's previous step under next-step K
+timing (vLLM's one-step lag, sync and async) and a `k_max` draft reserve released at commit
+under same-step K timing, KV blocks of `block_size` from a fixed pool, preempt-the-last by
+recompute, optimistic accounting with rollback of rejected drafts, never beyond
+`max_tokens`/`max_model_len`).
 It is written for obviousness, not speed: one Python object per request, block *ids* held in
 lists and handed out one block at a time, output tokens appended one by one with a stop check
 after each, placeholders kept per in-flight step. The property-test machine (`sim.testing`)
@@ -38,7 +39,7 @@ class ReferenceRequest:
     blocks: list[int] = field(default_factory=list)  # ids of the KV blocks it holds
     in_prefill: bool = True  # computing its prompt (or prompt + outputs after a preemption)
     prefill_end: int = 0  # tokens the current prefill covers
-    pending_k: int = 0  # async: K chosen at its last step, used at its next decode step
+    pending_k: int = 0  # next-step K: K chosen at its last step, used at its next decode step
     num_preemptions: int = 0  # times preempted: an in-flight step of an older life is stale
     inflight: dict[int, int] = field(default_factory=dict)  # step_index -> placeholders
 
@@ -192,6 +193,7 @@ class ReferenceScheduler:
         if self.pending_plan is not None:
             raise RuntimeError("plan_step called twice without commit_step")
         is_async = self.config.scheduling == "async"
+        lagged = self.config.k_timing == "next-step"
         if not is_async and self.inflight:
             raise RuntimeError("sync scheduling: update the previous step before planning")
         if not self.running and not self.waiting:
@@ -208,8 +210,8 @@ class ReferenceScheduler:
                 if cap:
                     want = min(want, cap)
             else:
-                # async: the K this row verifies was fixed at its previous step
-                want = 1 + (request.pending_k if is_async else cfg.k_max)
+                # next-step K: the K this row verifies was fixed at its previous step
+                want = 1 + (request.pending_k if lagged else cfg.k_max)
             want = min(want, cfg.max_model_len - 1 - request.num_computed)
             # vLLM's async rule: wait only for an in-flight step that surely ends the request
             # (it emits at least one token).
@@ -319,7 +321,7 @@ class ReferenceScheduler:
         completes: list[bool] = []
         for (request, got), k_row in zip(decode_rows, k_rows, strict=True):
             draft_room = got - 1
-            if cfg.scheduling == "async":
+            if cfg.k_timing == "next-step":
                 num_spec = min(request.pending_k, draft_room)  # decided one step ago
                 request.pending_k = k_row
             else:
@@ -346,7 +348,7 @@ class ReferenceScheduler:
             if done:
                 request.in_prefill = False
                 request.inflight[step] = 1
-                if cfg.scheduling == "async":
+                if cfg.k_timing == "next-step":
                     request.pending_k = k_default
             else:
                 request.inflight[step] = 0

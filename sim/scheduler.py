@@ -10,24 +10,26 @@ One step goes through three calls (the engine drives them; a property-test machi
    1 + K tokens, prefill rows their next chunk), then waiting requests admitted FCFS while the
    token budget, `max_num_seqs` and the KV pool allow. Preemptions happen here.
 2. `commit_step(plan, k) -> ScheduledBatch`: K (one int, or one per decode row) is clamped to
-   [0, k_max] and to the draft room reserved by the plan; accounting is optimistic:
-   `num_computed_tokens += num_scheduled_tokens` and `num_output_placeholders += 1 + K`.
+   [0, k_max]; the K each row verifies (see "K timing") is clamped to the draft room reserved
+   by the plan; accounting is optimistic: `num_computed_tokens += num_scheduled_tokens` and
+   `num_output_placeholders += 1 + K`.
 3. `update(batch, outcome) -> StepResult`: `num_computed_tokens -= rejected`, placeholders
    resolved, output tokens appended with stop checks (max_tokens, max_model_len, EOS position):
    never beyond the limit; the excess (drafts past a stop) is trimmed.
 
 Sync scheduling calls `update` before the next `plan_step`. Async scheduling plans step t+1
-while step t is in flight (its placeholders stand in for unknown tokens); the K given to
-`commit_step` at step t is then stored per request and applied to the drafts verified at step
-t+1 (vLLM's one-step lag: the drafter runs at the end of step t).
+while step t is in flight (its placeholders stand in for unknown tokens).
 
-Token budget and drafts: in sync mode the plan reserves `k_max` draft tokens per decode row
-(trimmed to what the budget and max_model_len leave: drafts are trimmed before a decode row is
-dropped, as vLLM does) and KV blocks for them; `commit_step` releases what the chosen K does not
-use. This equals vLLM whenever the budget and the pool do not bind, or K == k_max; otherwise
-prefill chunks and admissions see the k_max reserve where vLLM would see the actual drafts (vLLM
-knows the drafts before it schedules, we ask the policy after B is known). In async mode a
-row's K was fixed at its previous step, so the plan budgets exactly 1 + that K, as vLLM does.
+K timing (`SchedulerConfig.k_timing`). "next-step", the default, is vLLM 0.33's in both modes:
+the drafter runs at the end of step t with that step's K, and its drafts are verified at step
+t+1. So the K given to `commit_step` at step t is stored per request and verified at its next
+decode step; a request whose prompt completes at step t gets that step's K (the scalar, or the
+largest of a per-row answer: a per-row policy is not asked about prefill rows). The plan then
+budgets exactly 1 + that K per decode row (trimmed to what the budget and max_model_len leave:
+drafts are trimmed before a decode row is dropped), as vLLM budgets the drafts it holds.
+"same-step" (sync only) verifies each step's own K: the plan reserves 1 + k_max per decode row
+and `commit_step` releases what the chosen K does not use (prefill chunks and admissions see
+that reserve where the actual K would leave room).
 
 Data layout: struct-of-arrays indexed by a request *slot* (reused after a request finishes), so
 that the all-decode hot path is a handful of numpy operations over the running slots; Python
@@ -44,7 +46,7 @@ import numpy as np
 
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.errors import InputError
-from dsd.policies.types import SchedulingMode, StepView
+from dsd.policies.types import K_TIMINGS, KTiming, SchedulingMode, StepView
 from dsd.sim.kv import KVBlockPool
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
@@ -82,6 +84,9 @@ class SchedulerConfig:
     # > 0: a prefill chunk is at most this many tokens (vLLM's long_prefill_token_threshold),
     # unless only one request is running or waiting in all (vLLM lifts the cap then).
     long_prefill_token_threshold: int = 0
+    # When the K chosen at a step is verified: "next-step" (vLLM, sync and async) or
+    # "same-step" (sync only: the policy's K is this step's).
+    k_timing: KTiming = "next-step"
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -99,6 +104,15 @@ class SchedulerConfig:
         if self.scheduling not in ("sync", "async"):
             raise InputError(
                 f"scheduler: scheduling must be 'sync' or 'async', got {self.scheduling!r}"
+            )
+        if self.k_timing not in K_TIMINGS:
+            raise InputError(
+                f"scheduler: k_timing must be 'next-step' or 'same-step', got {self.k_timing!r}"
+            )
+        if self.k_timing == "same-step" and self.scheduling == "async":
+            raise InputError(
+                "scheduler: k_timing same-step needs sync scheduling (async plans a step "
+                "before the previous one's drafts exist)"
             )
         if self.long_prefill_token_threshold < 0:
             raise InputError(
@@ -156,7 +170,7 @@ class StepPlan:
             return int(self.decode_req_ids.shape[0])
         return int(self.decode_req_ids.shape[0] + int(self.prefill_chunk_lens.sum()))
 
-    def view(self, time_s: float, k_max: int, scheduling: SchedulingMode) -> StepView:
+    def view(self, time_s: float, config: SchedulerConfig) -> StepView:
         """The policy's view of this step."""
         # Runs every step: the properties inlined.
         num_decode = self.decode_req_ids.shape[0]
@@ -169,8 +183,9 @@ class StepPlan:
             num_decode_reqs=num_decode,
             req_ids=self.decode_req_ids,
             context_lens=self.decode_context_lens,
-            k_max=k_max,
-            scheduling=scheduling,
+            k_max=config.k_max,
+            scheduling=config.scheduling,
+            k_timing=config.k_timing,
             num_tokens=num_tokens,
         )
 
@@ -273,6 +288,8 @@ class Scheduler:
         self.kv = KVBlockPool(config.num_kv_blocks, config.block_size, capacity)
         self.spec_stats = SpecDecodeStats(config.k_max)
         self._async = config.scheduling == "async"
+        # The K a row verifies was fixed at its previous step (stored per slot in _pending_k).
+        self._lagged = config.k_timing == "next-step"
         capacity = max(capacity, 1)
         # Struct of arrays, one entry per slot.
         self._req_id = np.full(capacity, -1, dtype=np.int64)  # [S] request id in the slot
@@ -406,14 +423,17 @@ class Scheduler:
             in_prefill = self._in_prefill[run]  # [R]
             any_prefill = bool(np.count_nonzero(in_prefill))  # cheaper than .any()
             num_rows = run.shape[0]
-            # Sync: the step's K is asked after the plan, so a decode row reserves 1 + k_max
-            # (commit releases the rest). Async: it was fixed at the row's previous step, so
-            # the row wants exactly 1 + that K, as vLLM budgets the drafts it already has.
-            decode_want: int | IntArray = 1 + self._pending_k[run] if self._async else 1 + cfg.k_max
+            # Next-step K (vLLM): it was fixed at the row's previous step, so the row wants
+            # exactly 1 + that K, as vLLM budgets the drafts it already has. Same-step K: it is
+            # asked after the plan, so a decode row reserves 1 + k_max (commit releases the rest).
+            decode_want: int | IntArray = (
+                1 + self._pending_k[run] if self._lagged else 1 + cfg.k_max
+            )
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
-            # All-decode fast check (sync): no row near max_model_len, every row gets 1 + k_max.
+            # All-decode fast check (same-step K): no row near max_model_len, every row gets
+            # 1 + k_max.
             full_room = (
-                not self._async
+                not self._lagged
                 and not any_prefill
                 and num_rows * (1 + cfg.k_max) <= budget
                 and int(np.maximum.reduce(computed)) + 1 + cfg.k_max <= cfg.max_model_len - 1
@@ -562,7 +582,7 @@ class Scheduler:
         # No finish, abort or preemption since plan_step: the plan's gathers are still current.
         unchanged = self._pending_num_events == self._num_events
         uniform_k = -1
-        if self._async:
+        if self._lagged:
             num_spec = np.minimum(self._pending_k[dslots], plan.decode_draft_room)  # [D]
             self._pending_k[dslots] = k_default if k_rows is None else k_rows
             if num_prefill:
@@ -594,8 +614,9 @@ class Scheduler:
             completing = pslots[plan.prefill_completes]
             self._num_placeholders[completing] += 1
             self._in_prefill[completing] = False
-        # Release the KV reserved for drafts the chosen K does not use (none if K == k_max).
-        if uniform_k != cfg.k_max or not self._pending_full_room:
+        # Same-step K: release the KV reserved for drafts the chosen K does not use (none if
+        # K == k_max). Next-step K reserved exactly 1 + the K it verifies: nothing to release.
+        if not self._lagged and (uniform_k != cfg.k_max or not self._pending_full_room):
             self.kv.shrink_to(dslots, computed_after)
 
         if num_prefill:

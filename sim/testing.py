@@ -16,8 +16,9 @@ the scheduler's own `check_invariants()` and a ledger the machine keeps from pub
 - outputs: every row emits exactly min(a + 1, room) tokens (1 for the prompt-completing chunk),
   cut after a stop; no request passes max_tokens or max_model_len (positions < max_model_len);
   a request finishes exactly when it reaches its limit or stops;
-- K: in [0, k_max], at most the plan's draft room, 0 on prefill rows; sync uses this step's K,
-  async the K chosen at the request's previous step (the one-step lag);
+- K: in [0, k_max], at most the plan's draft room, 0 on prefill rows; next-step K timing (vLLM,
+  sync and async) uses the K chosen at the request's previous step (the one-step lag), same-step
+  timing this step's K;
 - limits: tokens <= max_num_batched_tokens, B <= max_num_seqs, step indices consecutive;
 - KV: free + held == total, held == sum of ceil(computed / block_size) over running requests,
   everything free once nothing is left; each request is in exactly one state;
@@ -68,7 +69,7 @@ except ImportError as error:  # pragma: no cover - the dev extra is missing
     raise ImportError("sim.testing needs hypothesis: pip install 'dsd[dev]'") from error
 
 from dsd.common.errors import InputError
-from dsd.policies.types import KPolicy, StepFeedback
+from dsd.policies.types import K_TIMINGS, KPolicy, StepFeedback
 from dsd.sim.kv import cdiv
 from dsd.sim.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
 from dsd.sim.scheduler import Scheduler, SchedulerConfig, StepPlan
@@ -98,6 +99,7 @@ def scheduler_configs(
     is common); the budget is tiny (chunked prefill, trimmed drafts); some configs disable
     chunked prefill or cap chunks with long_prefill_token_threshold.
     """
+    mode = draw(st.sampled_from(["sync", "async"])) if scheduling is None else scheduling
     model_len = draw(st.integers(*max_model_len))
     block_size = draw(st.integers(1, 8))
     chunked = draw(st.sampled_from([True, True, True, False]))
@@ -112,7 +114,8 @@ def scheduler_configs(
         max_num_seqs=draw(st.integers(*max_num_seqs)),
         max_num_batched_tokens=budget,
         block_size=block_size,
-        scheduling=draw(st.sampled_from(["sync", "async"])) if scheduling is None else scheduling,  # type: ignore[arg-type]
+        scheduling=mode,  # type: ignore[arg-type]
+        k_timing="next-step" if mode == "async" else draw(st.sampled_from(K_TIMINGS)),
         enable_chunked_prefill=chunked,
         # Only with chunked prefill (SchedulerConfig rejects a threshold without it).
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 1, 3, 8])) if chunked else 0,
@@ -130,7 +133,7 @@ class _Ledger:
     num_computed: int = 0  # KV tokens: scheduled - rejected drafts, 0 after a preemption
     prefill_target: int = 0  # tokens its current prefill must cover
     in_prefill: bool = True  # its next row is a prefill chunk
-    pending_k: int = 0  # async: K chosen at its previous step
+    pending_k: int = 0  # next-step K timing: K chosen at its previous step
     placeholders: dict[int, int] = field(default_factory=dict)  # step_index -> in-flight outputs
     num_lives: int = 0  # preemptions reported so far
     num_scheduled_total: int = 0  # tokens scheduled for it over all steps
@@ -299,7 +302,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             _compare_plans(plan, reference_plan)
         num_decode = plan.num_decode_reqs
         if self.policy is not None:
-            view = plan.view(plan.step_index * _STEP_S, cfg.k_max, cfg.scheduling)
+            view = plan.view(plan.step_index * _STEP_S, cfg)
             answer = self.policy.choose_k(view)
             if isinstance(answer, int | np.integer):
                 assert 0 <= int(answer) <= cfg.k_max, f"policy K {answer} outside [0, k_max]"
@@ -436,10 +439,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                     f"{ledger.num_output}, in flight {in_flight_outputs}, max {ledger.max_output})"
                 )
                 assert 0 <= draft_room[row] <= cfg.k_max
-                wanted_k = ledger.pending_k if cfg.scheduling == "async" else k_rows[row]
+                lagged = cfg.k_timing == "next-step"
+                wanted_k = ledger.pending_k if lagged else k_rows[row]
                 assert spec[row] == min(wanted_k, draft_room[row]), (
                     f"{where}: K {spec[row]}, expected min({wanted_k}, room {draft_room[row]}) "
-                    f"({cfg.scheduling})"
+                    f"({cfg.scheduling}, {cfg.k_timing})"
                 )
                 assert scheduled[row] == 1 + spec[row]
                 ledger.pending_k = k_rows[row]
@@ -457,7 +461,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if done:
                     ledger.in_prefill = False
                     ledger.placeholders[batch.step_index] = 1
-                    if cfg.scheduling == "async":
+                    if cfg.k_timing == "next-step":
                         ledger.pending_k = k_default
             ledger.num_computed += scheduled[row]
             ledger.num_scheduled_total += scheduled[row]

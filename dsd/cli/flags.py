@@ -104,6 +104,12 @@ ARRIVALS: FlagGroup = {
 # --- the engine: scheduler limits and what the policy plans with --------------------------------
 ENGINE: FlagGroup = {
     "scheduling": option(str, "sync", "sync or async (vLLM async scheduling)."),
+    "k_timing": option(
+        str,
+        "next-step",
+        "When a step's K is verified: next-step (vLLM: drafted after the step, verified at the "
+        "next) or same-step (sync only).",
+    ),
     "max_num_seqs": option(int | None, None, "Running-set cap (default 256)."),
     "max_num_batched_tokens": option(int, 8192, "Token budget per step."),
     "max_model_len": option(

@@ -89,19 +89,21 @@ def test_clamps_to_view_k_max_at_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scheduling", "lookahead", "expected"),
+    ("k_timing", "lookahead", "expected"),
     [
-        ("async", "auto", 2),  # async: B is rising by 4 a step, next B = 19 -> K = 2
-        ("sync", "auto", 3),  # sync: decide for the current B = 15
-        ("sync", "always", 2),  # forced lookahead
-        ("async", "never", 3),  # lookahead off
+        ("next-step", "auto", 2),  # K verified next step: B rises by 4 a step, next B = 19 -> 2
+        ("same-step", "auto", 3),  # K verified now: decide for the current B = 15
+        ("same-step", "always", 2),  # forced lookahead
+        ("next-step", "never", 3),  # lookahead off
     ],
 )
-def test_async_lookahead_uses_predicted_b(scheduling: str, lookahead: str, expected: int) -> None:
+def test_lookahead_uses_predicted_b_when_k_applies_next_step(
+    k_timing: str, lookahead: str, expected: int
+) -> None:
     policy = _policy(margin=0.0, min_dwell=0, lookahead=lookahead, trend_smoothing=1.0)
     for batch_size in (3, 7, 11):
-        policy.choose_k(dataclasses.replace(synthetic_view(batch_size, 5), scheduling=scheduling))
-    view = dataclasses.replace(synthetic_view(15, 5), scheduling=scheduling)
+        policy.choose_k(dataclasses.replace(synthetic_view(batch_size, 5), k_timing=k_timing))
+    view = dataclasses.replace(synthetic_view(15, 5), k_timing=k_timing)
     assert policy.choose_k(view) == expected
 
 

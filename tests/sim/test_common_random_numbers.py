@@ -193,6 +193,7 @@ def _emissions(
     *,
     max_concurrency: int | None = None,
     scheduling: str = "sync",
+    k_timing: str = "next-step",
     request_rate: float = np.inf,
     acceptance: str = "heterogeneous",
 ) -> dict[int, list[int]]:
@@ -213,6 +214,7 @@ def _emissions(
         max_num_batched_tokens=8192,
         block_size=16,
         scheduling=scheduling,
+        k_timing=k_timing,
     )
     executor = build_fitted_executor(
         load_profile(PROFILE_PATH), seed(3), latency_kind="table", acceptance_kind=acceptance
@@ -225,17 +227,16 @@ def _emissions(
     return dict(chunks)
 
 
-@pytest.mark.parametrize("scheduling", ["sync", "async"])
 @pytest.mark.parametrize("acceptance", ["heterogeneous", "per-position", "replay"])
-def test_under_static_k_requests_see_the_same_outcomes_at_any_concurrency_and_arrivals(
-    acceptance, scheduling
+def test_under_static_k_requests_see_the_same_outcomes_at_any_concurrency_mode_and_arrivals(
+    acceptance,
 ):
-    """Per scheduling mode: async verifies at a request's first decode the K fixed at its
-    prefill step (none), sync the K of that step, so their K sequences differ there (where
-    they agree, so do the outcomes: the two-policy test below)."""
+    """vLLM's next-step K timing in both modes: a request verifies the same K at the same
+    positions whether sync or async, closed or open loop, alone or in a crowd."""
     static = StaticK(3)
     runs = [
         _emissions(static, acceptance=acceptance, scheduling=scheduling, **settings_)
+        for scheduling in ("sync", "async")
         for settings_ in (
             {"max_concurrency": 1},
             {"max_concurrency": 8},
@@ -248,11 +249,12 @@ def test_under_static_k_requests_see_the_same_outcomes_at_any_concurrency_and_ar
 
 
 def test_requests_whose_k_sequences_agree_are_identical_under_two_policies():
-    """Sync: every decode step asks the policy for its rows' K. (Under async a request's first
-    decode verifies the largest K of the decode rows at its prefill step, which differs
-    between these two policies.)"""
-    both_three = _emissions(KByParity(3, 3), max_concurrency=6)
-    odd_one = _emissions(KByParity(3, 1), max_concurrency=6)
+    """Same-step K timing, where every decode step verifies the K the policy gave its row.
+    (Under next-step timing a request's first decode verifies the largest K of the decode rows
+    at its prefill step: a per-row policy does not choose it, and it differs between these
+    two policies.)"""
+    both_three = _emissions(KByParity(3, 3), max_concurrency=6, k_timing="same-step")
+    odd_one = _emissions(KByParity(3, 1), max_concurrency=6, k_timing="same-step")
     evens = [r for r in both_three if r % 2 == 0]
     assert [both_three[r] for r in evens] == [odd_one[r] for r in evens]
     odds = [r for r in both_three if r % 2 == 1]

@@ -113,7 +113,7 @@ def test_drafts_trimmed_before_a_decode_row_is_dropped(budget, expected_tokens):
     scheduler.update(batch, executor.execute(batch))
     scheduler.check_invariants()
     plan = scheduler.plan_step()
-    batch = scheduler.commit_step(plan, policy.choose_k(plan.view(0.0, 4, "sync")))
+    batch = scheduler.commit_step(plan, policy.choose_k(plan.view(0.0, scheduler.config)))
     scheduler.check_invariants()
     assert batch.num_scheduled_tokens.tolist() == expected_tokens
     assert batch.num_spec_tokens.tolist() == [t - 1 for t in expected_tokens]
@@ -185,7 +185,7 @@ def test_preemption_takes_the_last_running_request():
     preempted = []
     while scheduler.has_unfinished():
         plan = scheduler.plan_step()
-        batch = scheduler.commit_step(plan, policy.choose_k(plan.view(0.0, 0, "sync")))
+        batch = scheduler.commit_step(plan, policy.choose_k(plan.view(0.0, scheduler.config)))
         scheduler.check_invariants()
         if batch.preempted_req_ids:
             preempted.append((batch.preempted_req_ids, scheduler._waiting[0]))
@@ -221,16 +221,33 @@ def test_async_k_chosen_at_step_t_is_verified_at_step_t_plus_1():
     assert used[:7] == [0, *chosen[:6]]
 
 
-def test_sync_k_is_used_in_the_same_step():
-    scheduler = create_scheduler(k_max=4)
+# vLLM 0.33 sync: the drafter runs at the end of step t with that step's K and step t + 1
+# verifies its drafts, so a request's first decode verifies the K of its prefill step; the
+# same-step option verifies each step's own K.
+@pytest.mark.parametrize(
+    ("k_timing", "verified"),
+    [
+        ("next-step", [1, 3, 0, 2, 4, 1]),  # the K chosen one step earlier (1 at the prefill)
+        ("same-step", [3, 0, 2, 4, 1, 2]),  # this step's K
+    ],
+)
+def test_sync_k_timing(k_timing, verified):
+    scheduler = create_scheduler(k_max=4, k_timing=k_timing)
     add_all(scheduler, create_requests(1, prompt_len=4, output_len=40))
     policy = ScriptedK([1, 3, 0, 2, 4, 1, 2])
     log = drive(scheduler, ScriptedExecutor(accept_script={0: [0]}), policy)
-    assert [int(b.num_spec_tokens[0]) for b in log.batches][1:7] == [3, 0, 2, 4, 1, 2]
+    assert [int(b.num_spec_tokens[0]) for b in log.batches][1:7] == verified
+
+
+def test_same_step_k_timing_needs_sync_scheduling():
+    with pytest.raises(InputError, match="same-step needs sync"):
+        create_scheduler(scheduling="async", k_timing="same-step")
+    with pytest.raises(InputError, match="k_timing must be"):
+        create_scheduler(k_timing="lagged")
 
 
 def test_per_row_k_array_is_clamped_and_checked():
-    scheduler = create_scheduler(k_max=3)
+    scheduler = create_scheduler(k_max=3, k_timing="same-step")
     add_all(scheduler, create_requests(2, prompt_len=4, output_len=20))
     batch = scheduler.commit_step(scheduler.plan_step(), 0)
     scheduler.update(batch, ScriptedExecutor().execute(batch))

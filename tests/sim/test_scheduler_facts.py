@@ -50,7 +50,7 @@ def _decode_step(scheduler: Scheduler, k: list[int]) -> ScheduledBatch:
 def test_spec_decode_stats_like_vllm(
     drafts, outputs, num_drafts, num_draft_tokens, num_accepted, accepted_at_pos
 ):
-    scheduler = create_scheduler(k_max=3)
+    scheduler = create_scheduler(k_timing="same-step", k_max=3)
     num_requests = len(drafts)
     for req_id, spec in enumerate(create_requests(num_requests, prompt_len=4, output_len=20)):
         scheduler.add_request(req_id, spec)
@@ -88,7 +88,7 @@ def test_spec_decode_stats_like_vllm(
     ],
 )
 def test_stop_inside_drafts_trims_the_rest(accepted, stop_index, max_tokens, emitted, finished):
-    scheduler = create_scheduler(k_max=4)
+    scheduler = create_scheduler(k_timing="same-step", k_max=4)
     scheduler.add_request(0, create_requests(1, prompt_len=5, output_len=max_tokens)[0])
     _prefill_all(scheduler, 1)
     batch = _decode_step(scheduler, [4])
@@ -141,7 +141,7 @@ def test_prefill_chunks_get_no_drafts(prompt_lens, budget, scheduling):
     ],
 )
 def test_rejected_drafts_are_rolled_back(k, accepted, next_computed):
-    scheduler = create_scheduler(k_max=3, block_size=2)
+    scheduler = create_scheduler(k_timing="same-step", k_max=3, block_size=2)
     scheduler.add_request(0, create_requests(1, prompt_len=4, output_len=30)[0])
     _prefill_all(scheduler, 1)
     batch = _decode_step(scheduler, [k])
@@ -165,7 +165,9 @@ def test_rejected_drafts_are_rolled_back(k, accepted, next_computed):
     ],
 )
 def test_draft_room_shrinks_at_max_model_len(prompt_len, max_model_len, draft_room):
-    scheduler = create_scheduler(k_max=4, max_model_len=max_model_len, num_kv_blocks=8)
+    scheduler = create_scheduler(
+        k_timing="same-step", k_max=4, max_model_len=max_model_len, num_kv_blocks=8
+    )
     scheduler.add_request(0, create_requests(1, prompt_len=prompt_len, output_len=50)[0])
     _prefill_all(scheduler, 1)
     plan = scheduler.plan_step()
@@ -256,21 +258,25 @@ def test_async_skips_a_request_only_when_its_step_in_flight_surely_ends_it(
     assert (rows, empty, idle) == (decode_rows, empty_rows, idle_plans)
 
 
-# Token budget per decode row: sync asks K after the plan, so it reserves 1 + k_max (released at
-# commit); async fixed the row's K at its previous step, so it budgets exactly 1 + K, as vLLM
-# budgets the drafts it already holds, and a prefill chunk beside it gets the rest.
+# Token budget per decode row: under next-step K timing (vLLM, sync and async) the row's K was
+# fixed at its previous step, so it budgets exactly 1 + K, as vLLM budgets the drafts it already
+# holds, and a prefill chunk beside it gets the rest; same-step timing asks K after the plan, so
+# it reserves 1 + k_max (released at commit).
 @pytest.mark.parametrize(
-    ("scheduling", "k", "decode_tokens", "chunk_tokens"),
+    ("scheduling", "k_timing", "k", "decode_tokens", "chunk_tokens"),
     [
-        ("sync", 1, 2, 3),  # 8 - (1 + k_max = 5) = 3 for the chunk; the row verifies 1 draft
-        ("async", 1, 2, 6),  # 8 - (1 + K = 2) = 6 for the chunk
-        ("async", 4, 5, 3),  # K = k_max: the same as sync
+        ("sync", "same-step", 1, 2, 3),  # 8 - (1 + k_max = 5) = 3 for the chunk; verifies 1
+        ("sync", "next-step", 1, 2, 6),  # 8 - (1 + K = 2) = 6 for the chunk
+        ("async", "next-step", 1, 2, 6),
+        ("async", "next-step", 4, 5, 3),  # K = k_max: the same as same-step
     ],
 )
 def test_decode_rows_budget_the_k_they_verify(
-    scheduling: str, k: int, decode_tokens: int, chunk_tokens: int
+    scheduling: str, k_timing: str, k: int, decode_tokens: int, chunk_tokens: int
 ) -> None:
-    scheduler = create_scheduler(scheduling=scheduling, k_max=4, max_num_batched_tokens=8)
+    scheduler = create_scheduler(
+        scheduling=scheduling, k_timing=k_timing, k_max=4, max_num_batched_tokens=8
+    )
     scheduler.add_request(0, create_requests(1, prompt_len=4, output_len=50)[0])
     first = scheduler.commit_step(scheduler.plan_step(), k)  # request 0's prefill
     in_flight = (first, ScriptedExecutor().execute(first))

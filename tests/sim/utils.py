@@ -66,7 +66,7 @@ def drive(
         plan = scheduler.plan_step()
         scheduler.check_invariants()
         if plan is not None:
-            view = plan.view(0.0, cfg.k_max, cfg.scheduling)
+            view = plan.view(0.0, cfg)
             batch = scheduler.commit_step(plan, policy.choose_k(view))
             scheduler.check_invariants()
         if cfg.scheduling == "sync":
