@@ -1,6 +1,7 @@
 """Policy evaluation (issue 9): every K policy against the static-K envelope, four workloads.
 
-Workloads, all on the published PR #32374 H100 profile (sync scheduling, latency model auto =
+Workloads, all on the published PR #32374 H100 profile (sync scheduling with vLLM's next-step
+K timing: the K a policy picks at a step is verified at the next; latency model auto =
 the profile's table, mixed K charged padded: ITL(D, max K), what a real engine's max-K draft
 passes cost):
 
@@ -407,9 +408,9 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         f"point, n from {MIN_SEEDS}, doubled while some dynamic row's 95% half-width exceeds "
         f"{100 * CI_TARGET:g}%, at most {MAX_SEEDS}; n in each column header; {num_workers} "
         f"worker processes, took {seconds:.0f} s). "
-        "Engine: sync scheduling, latency "
-        "model auto (the profile's table), mixed K charged padded ITL(D, max K) unless a row "
-        "says otherwise.",
+        "Engine: sync scheduling, vLLM's next-step K timing (the K picked at a step is "
+        "verified at the next), latency model auto (the profile's table), mixed K charged "
+        "padded ITL(D, max K) unless a row says otherwise.",
         "",
         "Cells: seed-mean TPOT ms, then the gap to the envelope as the mean of paired per-seed "
         "gaps (each seed against the envelope's K at the same seed: same requests, common random "
