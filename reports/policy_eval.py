@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import multiprocessing
 import tempfile
 import time
@@ -56,12 +55,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
 from dsd.policies.profile_io import save_profile
 from dsd.policies.types import KPolicy
+from dsd.reports.paired import Gap, paired_gap, verdict
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine
@@ -352,23 +351,6 @@ def evaluate(out: Path, num_workers: int) -> Results:
         _run_all(tasks_for(STATIC_ROWS + DYNAMIC_ROWS), results, num_workers)
 
 
-@dataclass(frozen=True)
-class Gap:
-    """A policy's gap to the envelope at one point, over seeds (fractions, negative = better)."""
-
-    mean: float  # mean over seeds of TPOT / envelope TPOT - 1 (paired per seed)
-    half_width: float  # 95% Student-t confidence half-width of the mean (inf with one seed)
-    num_seeds: int
-
-    @property
-    def low(self) -> float:
-        return self.mean - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.mean + self.half_width
-
-
 def envelope_k(table: dict[str, dict[str, list[float]]], point: str) -> int:
     """The static K with the lowest seed-mean TPOT at a point (smallest K on ties)."""
     means = [float(np.mean(table[f"static:{k}"][point])) for k in range(K_MAX + 1)]
@@ -376,13 +358,8 @@ def envelope_k(table: dict[str, dict[str, list[float]]], point: str) -> int:
 
 
 def gap(table: dict[str, dict[str, list[float]]], label: str, point: str) -> Gap:
-    envelope = np.array(table[f"static:{envelope_k(table, point)}"][point])  # [seeds]
-    values = np.array(table[label][point]) / envelope - 1.0  # [seeds]
-    n = int(values.shape[0])
-    if n < 2:
-        return Gap(float(values.mean()), math.inf, n)
-    t = float(stats.t.ppf(0.975, n - 1))
-    return Gap(float(values.mean()), t * float(values.std(ddof=1)) / math.sqrt(n), n)
+    """A row's paired gap to the envelope's K at a point (reports.paired)."""
+    return paired_gap(table[label][point], table[f"static:{envelope_k(table, point)}"][point])
 
 
 def seeds_wanted(table: dict[str, dict[str, list[float]]], point: str, have: int) -> int:
@@ -391,13 +368,6 @@ def seeds_wanted(table: dict[str, dict[str, list[float]]], point: str, have: int
     labels = [row.label for row in DYNAMIC_ROWS if row.label in table]
     widest = max((gap(table, label, point).half_width for label in labels), default=0.0)
     return min(2 * have, MAX_SEEDS) if widest > CI_TARGET and have < MAX_SEEDS else have
-
-
-def verdict(g: Gap) -> str:
-    """better / worse when the interval excludes 0, else tie."""
-    if g.high < 0:
-        return "better"
-    return "worse" if g.low > 0 else "tie"
 
 
 def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> str:

@@ -8,7 +8,8 @@ DIR/report.md plus PNGs beside it:
   averaged): mean and p99 TPOT vs concurrency per policy (table + `tpot_<group>.png`);
 - the envelope of the best static K per concurrency (`policies.envelope.StaticSweep` over the
   group's `static:K` cells) and each other policy's distance to it, in % of the envelope's
-  mean TPOT (positive = slower than the best static K);
+  mean TPOT (positive = slower than the best static K), and with several sweep seeds the 95%
+  half-width of its gap paired seed by seed (`reports.paired`);
 - output throughput vs mean TPOT for every cell, with the Pareto frontier (`frontier_<group>.png`);
 - K chosen over time for one cell (`--k-trace-cell ID`; default: the first non-static cell at
   the median concurrency of the first group) from its K trace (`k_trace.png`).
@@ -31,6 +32,7 @@ import pandas as pd
 from dsd.common.errors import InputError
 from dsd.common.png import figure_png_bytes
 from dsd.policies.envelope import StaticSweep
+from dsd.reports.paired import paired_gap
 from dsd.reports.run_outputs import write_files
 from dsd.reports.sweep import (
     CELLS_DIR,
@@ -113,8 +115,12 @@ def _policy_order(frame: pd.DataFrame) -> list[str]:
 
 
 def envelope_table(group: pd.DataFrame) -> pd.DataFrame | None:
-    """Per C: best static K, its mean TPOT, and every other policy's distance (%) to it."""
+    """Per C: best static K, its mean TPOT, and every other policy's distance (%) to it; with
+    two or more sweep seeds also the 95% half-width (%) of its paired gap to that K
+    (reports.paired: seed against seed, the cells of one seed share their requests and draws)."""
     closed = group[group["max_concurrency"].notna()]
+    num_seeds = int(closed["sweep_seed"].nunique())
+    by_seed = closed.groupby(["policy", "max_concurrency", "sweep_seed"])["mean_tpot_ms"].mean()
     by_cell = closed.groupby(["policy", "max_concurrency"], sort=False)["mean_tpot_ms"].mean()
     records = []
     for key, t in by_cell.items():
@@ -139,7 +145,24 @@ def envelope_table(group: pd.DataFrame) -> pd.DataFrame | None:
         distance = (np.array(tpot) - best_tpot) / best_tpot * 100.0  # [nC]
         table[f"{policy} mean_tpot_ms"] = tpot
         table[f"{policy} vs envelope %"] = distance
+        if num_seeds >= 2:
+            table[f"{policy} ± % (95%, paired seeds)"] = [
+                _paired_half_width_pct(by_seed, policy, f"static:{k}", c)
+                for k, c in zip(best_k, sweep.concurrencies, strict=True)
+            ]
     return table
+
+
+def _paired_half_width_pct(by_seed: pd.Series, policy: str, reference: str, c: float) -> float:
+    """95% half-width (%) of `policy`'s gap to `reference` at C over the seeds both ran."""
+    try:
+        mine, theirs = by_seed.loc[(policy, c)], by_seed.loc[(reference, c)]
+    except KeyError:
+        return math.nan
+    seeds = mine.index.intersection(theirs.index)
+    if len(seeds) < 2:
+        return math.nan
+    return 100.0 * paired_gap(mine[seeds].tolist(), theirs[seeds].tolist()).half_width
 
 
 def _tpot_plot(group: pd.DataFrame, envelope: pd.DataFrame | None, title: str) -> bytes:
@@ -280,7 +303,8 @@ def build_report(
                 lines += [
                     "Envelope of the best static K per concurrency (lowest mean TPOT among the "
                     "`static:K` cells) and each other policy's distance to it (% of the "
-                    "envelope's mean TPOT; > 0 is slower):",
+                    "envelope's mean TPOT; > 0 is slower); with several sweep seeds, the 95% "
+                    "half-width of its gap paired seed by seed with that K:",
                     "",
                     markdown_table(envelope),
                 ]

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -14,7 +15,8 @@ from typer.testing import CliRunner
 from dsd.cli import main
 from dsd.cli import report as cmd_report
 from dsd.cli import simulate as cmd_sim
-from dsd.reports.report import pareto_frontier
+from dsd.reports.paired import paired_gap
+from dsd.reports.report import envelope_table, pareto_frontier
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
@@ -100,3 +102,37 @@ def test_ray_path_gives_the_local_pool_results(tmp_path: Path) -> None:
     assert local.exit_code == 0 and on_ray.exit_code == 0, on_ray.output
     for name in ("sweep.csv", "sweep.md"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def _frame(num_seeds: int) -> pd.DataFrame:
+    """static:0, static:3 and goodput at C = 1, 4 over `num_seeds` sweep seeds."""
+    rows = []
+    for seed in range(num_seeds):
+        for c in (1, 4):
+            base = 10.0 * c + seed  # seeds differ a lot, pairs much less
+            for policy, tpot in (
+                ("static:0", base + 3.0),
+                ("static:3", base),
+                ("goodput", base * (1.0 + 0.01 * (seed - 1))),
+            ):
+                row = {"policy": policy, "max_concurrency": c, "sweep_seed": seed}
+                rows.append({**row, "mean_tpot_ms": tpot})
+    return pd.DataFrame(rows)
+
+
+def test_envelope_table_adds_the_paired_interval_with_several_seeds() -> None:
+    table = envelope_table(_frame(3))
+    assert table is not None
+    assert table["best_static_k"].tolist() == [3, 3]
+    column = "goodput ± % (95%, paired seeds)"
+    for c, width in zip(table["max_concurrency"], table[column], strict=True):
+        ref = [10.0 * c + s for s in range(3)]
+        mine = [r * (1.0 + 0.01 * (s - 1)) for s, r in enumerate(ref)]
+        assert width == pytest.approx(100 * paired_gap(mine, ref).half_width)
+    single = envelope_table(_frame(1))
+    assert single is not None and column not in single.columns
+
+
+def test_paired_gap_needs_the_same_seeds_on_both_sides() -> None:
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_gap([1.0, 2.0], [1.0])
