@@ -207,11 +207,11 @@ class ReferenceScheduler:
         for request in self.running:
             if request.in_prefill:
                 want = request.prefill_end - request.num_computed
-                if cap:
-                    want = min(want, cap)
             else:
                 # next-step K: the K this row verifies was fixed at its previous step
                 want = 1 + (request.pending_k if lagged else cfg.k_max)
+            if cap:
+                want = min(want, cap)  # vLLM caps decode rows (their drafts) too
             want = min(want, cfg.max_model_len - 1 - request.num_computed)
             # vLLM's async rule: wait only for an in-flight step that surely ends the request
             # (it emits at least one token).
@@ -264,6 +264,10 @@ class ReferenceScheduler:
                 if cap:
                     chunk = min(chunk, cap)
                 if chunk < target and not cfg.enable_chunked_prefill:
+                    break
+                # vLLM admits only if the pool holds the whole (re)prompt
+                full = min(target, cfg.max_model_len)
+                if -(-full // cfg.block_size) > len(self.free_blocks):
                     break
                 if not self._cover(request, chunk):
                     break

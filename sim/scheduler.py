@@ -47,7 +47,7 @@ import numpy as np
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.errors import InputError
 from dsd.policies.types import K_TIMINGS, KTiming, SchedulingMode, StepView
-from dsd.sim.kv import KVBlockPool
+from dsd.sim.kv import KVBlockPool, cdiv
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -402,8 +402,9 @@ class Scheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
-        # vLLM lifts long_prefill_token_threshold when one request is running or waiting in
-        # all: there is nobody for a long prefill to starve.
+        # vLLM's long_prefill_token_threshold caps every running row's new tokens (a decode
+        # row's drafts too) and admission chunks; it is lifted when one request is running or
+        # waiting in all: there is nobody to starve.
         prefill_cap = (
             cfg.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
         )
@@ -435,6 +436,7 @@ class Scheduler:
             full_room = (
                 not self._lagged
                 and not any_prefill
+                and not (prefill_cap and prefill_cap < 1 + cfg.k_max)
                 and num_rows * (1 + cfg.k_max) <= budget
                 and int(np.maximum.reduce(computed)) + 1 + cfg.k_max <= cfg.max_model_len - 1
             )
@@ -443,11 +445,11 @@ class Scheduler:
             elif any_prefill:
                 room = cfg.max_model_len - 1 - computed  # [R]
                 want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
-                if prefill_cap:
-                    want = np.where(in_prefill, np.minimum(want, prefill_cap), want)
                 np.minimum(want, room, out=want)  # [R]
             else:
                 want = np.minimum(cfg.max_model_len - 1 - computed, decode_want)  # [R]
+            if prefill_cap and not full_room:
+                np.minimum(want, prefill_cap, out=want)
             # vLLM's async rule: a request with a step in flight that will reach max_tokens
             # even if all its drafts are rejected (confirmed outputs + 1 >= max_tokens) waits
             # for that outcome; one that only might reach it (all drafts accepted) is
@@ -873,7 +875,9 @@ class Scheduler:
         self, budget: int, new_slots: list[int], new_chunks: list[int], prefill_cap: int
     ) -> int:
         """Admit waiting requests FCFS while budget, max_num_seqs and KV allow; a first chunk
-        is at most `prefill_cap` tokens (0: no cap)."""
+        is at most `prefill_cap` tokens (0: no cap). KV must hold the whole (re)prompt, not only
+        the first chunk (vLLM's scheduler_reserve_full_isl, on by default): a request is not
+        admitted to be preempted again before its prompt is done."""
         cfg = self.config
         skipped: list[int] = []
         waiting = self._waiting
@@ -890,7 +894,10 @@ class Scheduler:
                 chunk = min(chunk, prefill_cap)
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
-            if not self.kv.try_cover(slot, chunk):
+            full = min(target, cfg.max_model_len)
+            if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
+                slot, chunk
+            ):
                 break
             waiting.popleft()
             self._running.append(slot)

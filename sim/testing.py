@@ -446,6 +446,8 @@ class SchedulerMachine(RuleBasedStateMachine):
                     f"({cfg.scheduling}, {cfg.k_timing})"
                 )
                 assert scheduled[row] == 1 + spec[row]
+                if cfg.long_prefill_token_threshold and num_live > 1:  # vLLM caps decode rows too
+                    assert scheduled[row] <= cfg.long_prefill_token_threshold
                 ledger.pending_k = k_rows[row]
                 ledger.placeholders[batch.step_index] = 1 + spec[row]
                 ledger.drafted |= spec[row] > 0

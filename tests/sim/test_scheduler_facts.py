@@ -312,3 +312,53 @@ def test_long_prefill_cap_is_lifted_for_a_lone_request(
     batch = scheduler.commit_step(scheduler.plan_step(), 0)
     scheduler.check_invariants()
     assert batch.num_scheduled_tokens.tolist() == first_chunks
+
+
+# vLLM 0.33 caps every running row's new tokens at long_prefill_token_threshold, a decode row's
+# drafts included (the differential test found this; lifted for a lone request as above).
+@pytest.mark.parametrize(
+    ("threshold", "decode_tokens"),
+    [
+        (0, [4, 4]),  # no cap: 1 + K = 4 each
+        (2, [2, 2]),  # capped: 1 + 1 draft
+        (4, [4, 4]),  # the cap does not bind
+    ],
+)
+def test_long_prefill_threshold_caps_decode_rows_too(
+    threshold: int, decode_tokens: list[int]
+) -> None:
+    scheduler = create_scheduler(
+        k_max=3, max_model_len=32, num_kv_blocks=8, block_size=8,
+        long_prefill_token_threshold=threshold,
+    )  # fmt: skip
+    add = create_requests(2, prompt_len=2, output_len=3)
+    for req_id, spec in enumerate(add):
+        scheduler.add_request(req_id, spec)
+    first = scheduler.commit_step(scheduler.plan_step(), 3)  # prefills; K = 3 from here on
+    scheduler.update(first, ScriptedExecutor().execute(first))
+    batch = scheduler.commit_step(scheduler.plan_step(), 3)
+    scheduler.check_invariants()
+    assert batch.num_scheduled_tokens.tolist() == decode_tokens
+
+
+# vLLM 0.33 admits a waiting request only if the pool can hold its whole (re)prompt
+# (scheduler_reserve_full_isl, on by default), not just its first chunk.
+@pytest.mark.parametrize(
+    ("num_kv_blocks", "first_step"),
+    [
+        (4, [16]),  # 2 blocks left after request 0: request 1's 24 tokens need 3, not admitted
+        (5, [16, 8]),  # 3 left: admitted, its first chunk 8 tokens of the 24-token budget
+    ],
+)
+def test_admission_needs_room_for_the_whole_prompt(
+    num_kv_blocks: int, first_step: list[int]
+) -> None:
+    scheduler = create_scheduler(
+        max_model_len=32, num_kv_blocks=num_kv_blocks, block_size=8, k_max=0,
+        max_num_batched_tokens=24,
+    )  # fmt: skip
+    scheduler.add_request(0, create_requests(1, prompt_len=16, output_len=4)[0])
+    scheduler.add_request(1, create_requests(1, prompt_len=24, output_len=1)[0])
+    batch = scheduler.commit_step(scheduler.plan_step(), 0)
+    scheduler.check_invariants()
+    assert batch.num_scheduled_tokens.tolist() == first_step
