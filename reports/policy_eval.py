@@ -76,8 +76,8 @@ from dsd.traces.rollout import RolloutConfig
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 K_MAX = 5
-MIN_SEEDS = 3
-MAX_SEEDS = 24
+MIN_SEEDS = 4
+MAX_SEEDS = 12
 CI_TARGET = 0.005  # the 95% half-width of a gap that is resolved enough (a fraction)
 # The warm-start row's previous run uses seed + this (never one of the measured seeds).
 WARM_START_SEED_OFFSET = 1000

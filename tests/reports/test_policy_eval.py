@@ -103,7 +103,7 @@ def test_gap_is_the_mean_of_paired_gaps_with_a_t_interval(
     [
         (0.0, 3, 3),  # resolved: no more seeds
         (0.5, 3, 6),  # a half-width over CI_TARGET: twice the seeds
-        (0.5, 16, policy_eval.MAX_SEEDS),  # capped
+        (0.5, 8, policy_eval.MAX_SEEDS),  # capped
         (0.5, policy_eval.MAX_SEEDS, policy_eval.MAX_SEEDS),
     ],
 )
