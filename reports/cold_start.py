@@ -40,14 +40,16 @@ def point_seeds(requests_per_run: int) -> tuple[int, ...]:
 
 
 class ForcedSteps:
-    """Wraps a policy and plays `k` instead of its answer on the steps in `steps`."""
+    """Wraps a policy so that the steps in `steps` verify `k` drafts: under next-step K timing
+    it plays `k` one step earlier (the K chosen at step t is verified at t + 1)."""
 
     def __init__(self, inner: KPolicy, steps: frozenset[int], k: int) -> None:
         self.inner, self.steps, self.k = inner, steps, k
 
     def choose_k(self, view: StepView) -> int | IntArray:
         answer = self.inner.choose_k(view)
-        return self.k if view.step_index in self.steps and view.num_decode_reqs else answer
+        verified_at = view.step_index + (1 if view.k_timing == "next-step" else 0)
+        return self.k if verified_at in self.steps else answer
 
     def observe(self, feedback: StepFeedback) -> None:
         self.inner.observe(feedback)
@@ -117,7 +119,9 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
         "",
         "Command: `python -m dsd.reports.cold_start --out reports/policies` (the envelope's static "
         "K, with K overridden on the listed steps; gap = mean TPOT against the same run "
-        "unforced, per seed, seeds as in report.md).",
+        f"unforced, per seed; seeds 0..n-1, n >= {MIN_SEEDS} and enough for "
+        f"{MIN_REQUESTS_PER_POINT} requests; the K verified at the listed steps is forced: "
+        "under vLLM's next-step K timing it is chosen one step earlier).",
         "",
         "| point | envelope K | forced | steps | gap mean [min, max] |",
         "|---|---|---|---|---|",

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.static import StaticPolicy
 from dsd.reports.cold_start import CASES, ForcedSteps, markdown
 
 
-def test_forced_steps_override_only_the_chosen_decode_steps() -> None:
+@pytest.mark.parametrize(
+    ("k_timing", "played"),
+    [
+        ("same-step", [2, 0, 2, 0, 2]),  # K chosen at step t is verified at t
+        ("next-step", [0, 2, 0, 2, 2]),  # at t + 1: played one step earlier
+    ],
+)
+def test_forced_steps_set_the_k_that_the_chosen_steps_verify(
+    k_timing: str, played: list[int]
+) -> None:
     policy = ForcedSteps(StaticPolicy(2), frozenset({1, 3}), 0)
-    views = [dataclasses.replace(synthetic_view(8, 5), step_index=i) for i in range(5)]
-    assert [policy.choose_k(v) for v in views] == [2, 0, 2, 0, 2]
-    prefill_only = dataclasses.replace(views[1], num_decode_reqs=0)
-    assert policy.choose_k(prefill_only) == 2  # nothing decodes: nothing to force
+    views = [
+        dataclasses.replace(synthetic_view(8, 5), step_index=i, k_timing=k_timing) for i in range(5)
+    ]
+    assert [policy.choose_k(v) for v in views] == played
 
 
 def test_table_has_one_row_per_case_with_the_seed_range() -> None:
