@@ -63,6 +63,9 @@ from dsd.traces.workload import RequestSpec
 # rate std 0.092 over ~120 tokens per prompt, less ~0.046 of binomial noise in quadrature).
 DEFAULT_SPREAD = 0.08
 
+# Heterogeneous requests' rates are drawn for this many consecutive req_ids at once.
+_RATE_BLOCK = 1024
+
 # Purposes of a model's counter streams; fixed so a seed's draws stay stable as code evolves.
 _ACCEPT = 0  # counter = token position: is the draft for that token accepted
 _DRAFT = 1  # counter = token position: does the drafter propose that token (past k_max)
@@ -466,6 +469,8 @@ class HeterogeneousAcceptance:
         self.concentration = float(concentration)
         self.streams = ModelStreams(seed)
         self._cond = DenseRows(len(self.rates), 0.0, np.float64)  # [req, k_max] conditional
+        self._block_first = -1  # first req_id of the block whose conditional rates are drawn
+        self._block_cond = np.zeros((0, len(self.rates)))  # [block, k_max]
 
     @staticmethod
     def from_profile(
@@ -505,8 +510,14 @@ class HeterogeneousAcceptance:
         return per_request_rates(self.rates, self.concentration, strength)
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
-        rates = self.draw_rates(np.array([req_id], dtype=np.int64))  # [1, k_max]
-        self._cond.set(req_id, conditional_rates(rates)[0])
+        # A request's rates depend on its id only, so they are drawn for a block of ids at
+        # once (requests arrive in id order); one block is kept, so memory stays flat.
+        first = req_id - req_id % _RATE_BLOCK
+        if first != self._block_first:
+            ids = np.arange(first, first + _RATE_BLOCK, dtype=np.int64)  # [block]
+            self._block_cond = conditional_rates(self.draw_rates(ids))  # [block, k_max]
+            self._block_first = first
+        self._cond.set(req_id, self._block_cond[req_id - first])
 
     def remove_request(self, req_id: int) -> None:
         self._cond.remove(req_id)
