@@ -37,6 +37,7 @@ class ReferenceRequest:
     num_computed: int = 0  # tokens in the KV cache (optimistic: in-flight drafts included)
     num_output: int = 0  # confirmed output tokens
     blocks: list[int] = field(default_factory=list)  # ids of the KV blocks it holds
+    blocks_before_plan: int = 0  # len(blocks) when the pending plan started
     in_prefill: bool = True  # computing its prompt (or prompt + outputs after a preemption)
     prefill_end: int = 0  # tokens the current prefill covers
     pending_k: int = 0  # next-step K: K chosen at its last step, used at its next decode step
@@ -137,10 +138,14 @@ class ReferenceScheduler:
             request.blocks.append(self.free_blocks.pop())
         return True
 
-    def _shrink(self, request: ReferenceRequest) -> None:
-        """Give back blocks the request's computed tokens no longer need."""
+    def _shrink(self, request: ReferenceRequest, keep: int) -> None:
+        """Give back blocks the request's computed tokens no longer need, but keep at least
+        `keep` blocks."""
         block_size = self.config.block_size
-        while request.blocks and (len(request.blocks) - 1) * block_size >= request.num_computed:
+        while (
+            len(request.blocks) > keep
+            and (len(request.blocks) - 1) * block_size >= request.num_computed
+        ):
             self.free_blocks.append(request.blocks.pop())
 
     def _free_all(self, request: ReferenceRequest) -> None:
@@ -200,6 +205,8 @@ class ReferenceScheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        for request in self.running:
+            request.blocks_before_plan = len(request.blocks)
         # no cap with one request in all (running + waiting): nobody to starve, as vLLM
         cap = cfg.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
         # 1. What each running request gets from the budget, greedily in running order.
@@ -337,7 +344,8 @@ class ReferenceScheduler:
             outputs.append(request.num_output)
             completes.append(False)
             request.num_computed += 1 + num_spec
-            self._shrink(request)  # drop the unused part of the k_max reserve
+            # same-step K: drop the unused part of the k_max reserve (not blocks held before)
+            self._shrink(request, request.blocks_before_plan)
             request.inflight[step] = 1 + num_spec
             rows.append(_Row(request, request.num_preemptions, True, num_spec, False))
         for request, chunk in prefill_rows:
@@ -388,8 +396,8 @@ class ReferenceScheduler:
                 if not 0 <= accepted <= row.num_spec:
                     raise ValueError("accepted outside [0, K]")
                 if live and row.num_preemptions == request.num_preemptions:
-                    request.num_computed -= row.num_spec - accepted  # roll back rejected drafts
-                    self._shrink(request)
+                    # roll back rejected drafts; their blocks stay held (vLLM reuses them)
+                    request.num_computed -= row.num_spec - accepted
                 if live:
                     self._count(row.num_spec, accepted)
                 new_tokens = accepted + 1
@@ -451,7 +459,7 @@ class ReferenceScheduler:
                 rows = self.pending_rows[0] + self.pending_rows[1]
                 covered += sum(got for r, got in rows if r is request)
             needed = -(-covered // self.config.block_size)
-            assert len(request.blocks) == needed, (
+            assert len(request.blocks) >= needed, (
                 f"request {request.req_id} holds {len(request.blocks)} blocks for {covered} tokens"
             )
         for request in self.requests.values():

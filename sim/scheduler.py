@@ -320,6 +320,7 @@ class Scheduler:
         self._num_events = 0
         # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
         self._pending_full_room = False
+        self._held_before_plan = np.zeros(0, dtype=np.int64)  # [S] same-step K only
         self._pending_num_events = 0
 
     # ------------------------------------------------------------------ requests
@@ -408,6 +409,9 @@ class Scheduler:
         prefill_cap = (
             cfg.long_prefill_token_threshold if len(self._running) + len(self._waiting) > 1 else 0
         )
+        if not self._lagged:
+            # what each slot held before this plan's reserve (commit never releases below it)
+            self._held_before_plan = self.kv.num_held.copy()  # [S]
         preempted: list[int] = []
         decode_slots = _EMPTY
         decode_rows_got = _EMPTY
@@ -617,9 +621,11 @@ class Scheduler:
             self._num_placeholders[completing] += 1
             self._in_prefill[completing] = False
         # Same-step K: release the KV reserved for drafts the chosen K does not use (none if
-        # K == k_max). Next-step K reserved exactly 1 + the K it verifies: nothing to release.
+        # K == k_max), but no block held before the plan (those of earlier rejected drafts).
+        # Next-step K reserved exactly 1 + the K it verifies: nothing to release.
         if not self._lagged and (uniform_k != cfg.k_max or not self._pending_full_room):
-            self.kv.shrink_to(dslots, computed_after)
+            kept = self._held_before_plan[dslots] * cfg.block_size  # [D] tokens
+            self.kv.shrink_to(dslots, np.maximum(computed_after, kept))
 
         if num_prefill:
             slots = np.concatenate([dslots, pslots])  # [B]
@@ -722,9 +728,8 @@ class Scheduler:
             keep = live[:num_decode] & same_epoch[:num_decode]  # [D]
             if rejected.any():
                 fix = keep & (rejected > 0)
-                fix_slots = dslots[fix]
-                self._num_computed[fix_slots] -= rejected[fix]
-                self.kv.shrink_to(fix_slots, self._num_computed[fix_slots])
+                # vLLM keeps the blocks of rejected drafts: the next tokens reuse them.
+                self._num_computed[dslots[fix]] -= rejected[fix]
             live_decode = live[:num_decode]
             if live_decode.all():
                 self.spec_stats.observe(drafted, accepted)
@@ -783,10 +788,8 @@ class Scheduler:
             rejected = step.num_spec_tokens - accepted  # [D]
             if int(np.minimum(accepted, rejected).min()) < 0:
                 raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
-            # Rows with nothing rejected keep their count and their blocks (held == needed).
-            computed = self._num_computed[slots] - rejected  # [D]
-            self._num_computed[slots] = computed
-            self.kv.shrink_to(slots, computed)
+            # Rejected drafts roll back num_computed; their blocks stay held (vLLM).
+            self._num_computed[slots] -= rejected
             accepted_before = self.spec_stats.num_accepted_tokens
             self.spec_stats.observe(drafted, accepted)
             num_accepted_tokens = self.spec_stats.num_accepted_tokens - accepted_before

@@ -20,7 +20,8 @@ the scheduler's own `check_invariants()` and a ledger the machine keeps from pub
   sync and async) uses the K chosen at the request's previous step (the one-step lag), same-step
   timing this step's K;
 - limits: tokens <= max_num_batched_tokens, B <= max_num_seqs, step indices consecutive;
-- KV: free + held == total, held == sum of ceil(computed / block_size) over running requests,
+- KV: free + held == total, held == sum over running requests of ceil(most tokens allocated
+  since admission / block_size) (rejected drafts' blocks are kept, as vLLM keeps them),
   everything free once nothing is left; each request is in exactly one state;
 - no wasted step: a request that never drafted, was never preempted and did not stop was
   scheduled exactly prompt + max_tokens - 1 tokens (sync and async);
@@ -131,6 +132,8 @@ class _Ledger:
     state: str = "waiting"  # waiting | running | finished | aborted (preemptions as reported)
     num_output: int = 0  # confirmed output tokens (sum of the rows' emitted tokens)
     num_computed: int = 0  # KV tokens: scheduled - rejected drafts, 0 after a preemption
+    # most tokens its KV blocks were allocated for (rejected drafts' blocks stay, as vLLM)
+    kv_tokens: int = 0
     prefill_target: int = 0  # tokens its current prefill must cover
     in_prefill: bool = True  # its next row is a prefill chunk
     pending_k: int = 0  # next-step K timing: K chosen at its previous step
@@ -273,7 +276,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.reference is not None:
             self.reference.abort(req_id)
         ledger.state = "aborted"
-        ledger.num_computed = 0
+        ledger.num_computed = ledger.kv_tokens = 0
         self.finished_unreported.append(req_id)
         try:
             self.scheduler.abort(req_id)
@@ -377,7 +380,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue  # preempted, then finished or aborted before the report
             assert ledger.state == "running", f"preempted request {req_id} was {ledger.state}"
             ledger.state = "waiting"
-            ledger.num_computed = 0
+            ledger.num_computed = ledger.kv_tokens = 0
             ledger.in_prefill = True
             ledger.num_lives += 1
             ledger.preempted = True
@@ -466,6 +469,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                     if cfg.k_timing == "next-step":
                         ledger.pending_k = k_default
             ledger.num_computed += scheduled[row]
+            ledger.kv_tokens = max(ledger.kv_tokens, ledger.num_computed)
             ledger.num_scheduled_total += scheduled[row]
         return lives
 
@@ -562,7 +566,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 expected_finished.append(req_id)
                 ledger.state = "finished"
                 ledger.stopped = stopped
-                ledger.num_computed = 0
+                ledger.num_computed = ledger.kv_tokens = 0
                 self._check_finished(req_id, ledger)
         assert list(result.finished_req_ids) == expected_finished, (
             f"step {batch.step_index}: finished {result.finished_req_ids}, "
@@ -629,9 +633,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             # The ledger knows every preemption: it can count the blocks itself.
             running = [r for r in live if self.ledgers[r].state == "running"]
             assert scheduler.num_running == len(running)
-            expected_held = sum(cdiv(self.ledgers[r].num_computed, cfg.block_size) for r in running)
+            expected_held = sum(cdiv(self.ledgers[r].kv_tokens, cfg.block_size) for r in running)
             assert held == expected_held, (
-                f"{held} blocks held, ledger's running requests need {expected_held}"
+                f"{held} blocks held, ledger's running requests hold {expected_held} (the most "
+                "tokens each was allocated since its admission)"
             )
         if not live:
             assert held == 0, f"{held} blocks leak with no request left"

@@ -200,11 +200,9 @@ def _ours(
     ]
 
 
-def _random_case(
-    rng: random.Random,
-) -> tuple[SchedulerConfig, list[RequestSpec], list[int] | int, bool]:
+def _random_case(rng: random.Random) -> tuple[SchedulerConfig, list[RequestSpec], list[int] | int]:
     """A small random case where KV, budget, max_model_len, chunking and the prefill threshold
-    bind often; (config, requests, K per step or one K, drafts may be rejected)."""
+    bind often; (config, requests, K per step or one K)."""
     block_size = rng.choice([1, 2, 4, 8, 16])
     max_model_len = rng.randint(4, 96)
     one_request = -(-max_model_len // block_size)
@@ -221,12 +219,9 @@ def _random_case(
         RequestSpec(rng.randint(2, max_model_len - 1), rng.randint(1, 40))
         for _ in range(rng.randint(1, 8))
     ]
-    # vLLM keeps the KV blocks of rejected drafts until it reuses them, we free them (docs/
-    # simulator.md): in a pool that can run short, every draft is accepted.
-    roomy = rng.random() < 0.5
     blocks = (
         sum(-(-(r.prompt_len + r.output_len + k_max) // block_size) for r in requests)
-        if roomy
+        if rng.random() < 0.5  # roomy: nothing is ever preempted
         else one_request + rng.choice([0, 1, 2, rng.randint(0, 4 * one_request)])
     )
     config = SchedulerConfig(
@@ -245,25 +240,23 @@ def _random_case(
         if rng.random() < 0.5
         else rng.randint(0, k_max)
     )
-    return config, requests, ks, roomy
+    return config, requests, ks
 
 
 def test_vllm_and_we_schedule_the_same_tokens_on_1000_random_workloads(oracle: ModuleType) -> None:
     """Differential test: vLLM 0.33's Scheduler / AsyncScheduler and ours, the same workloads,
     K and accepted counts; every step's scheduled tokens and drafts per request must agree
     (sync and async, static and per-step K, chunked prefill, preemption, tight budgets).
-    Outside this test's cases, by construction: 1-token prompts with drafts (vLLM pads them)
-    and rejected drafts in a pool that runs short (docs/simulator.md, "vLLM, differentially")."""
+    Outside this test's cases, by construction: 1-token prompts with drafts (vLLM pads them;
+    docs/simulator.md, "vLLM, differentially")."""
     differences = []
     for seed in range(1000):
         rng = random.Random(seed)
-        config, requests, ks, roomy = _random_case(rng)
+        config, requests, ks = _random_case(rng)
         salt = rng.randint(0, 1000)
 
-        def accepted(
-            step: int, req: int, drafted: int, salt: int = salt, roomy: bool = roomy
-        ) -> int:
-            return (7 * step + 13 * req + salt) % (drafted + 1) if roomy else drafted
+        def accepted(step: int, req: int, drafted: int, salt: int = salt) -> int:
+            return (7 * step + 13 * req + salt) % (drafted + 1)
 
         expected = oracle.run_vllm(config, requests, ks, accepted)
         got = _ours(config, requests, ks, accepted)
