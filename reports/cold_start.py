@@ -133,16 +133,26 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
             f"| {case.workload} {case.point} | {case.envelope_k} | {case.why} | {steps} | "
             f"{values.mean():+.2f}% [{values.min():+.2f}, {values.max():+.2f}] |"
         )
+
+    def span(workload: str, k: int, num_steps: int) -> str:
+        means = [
+            float(np.mean(gaps))
+            for case, gaps in results
+            if case.workload == workload and case.k == k and len(case.steps) == num_steps
+        ]
+        return f"{min(means):+.1f} to {max(means):+.1f}%" if means else "n/a"
+
     lines += [
         "",
         "A cold bandit has seen no decode step when it picks K for step 1 and at most two "
         "when it picks K for step 3, and it must play a K other than the best at least once "
-        "to learn anything about it. At MT-Bench C=256 one such step costs +0.4 to +0.7% of "
-        "mean TPOT, most of the 1% budget, because any K>0 lets the requests that drafted "
-        "finish early and breaks the lockstep waves (their replacements' prefill then lands "
-        "in steps where ~250 rows decode); three cost more than the budget. At the RL "
-        "rollout N=64, where K=2 is best, the cautious blind choice K=0 costs +0.3 to +0.5% "
-        "instead: no blind K is free on both.",
+        f"to learn anything about it. At MT-Bench C=256 one such step costs "
+        f"{span('mt-bench', 1, 1)} of mean TPOT, most of the 1% budget, because any K>0 lets "
+        "the requests that drafted finish early and breaks the lockstep waves (their "
+        "replacements' prefill then lands in steps where ~250 rows decode); three cost "
+        f"{span('mt-bench', 1, 3)}. At the RL rollout N=64, where K=2 is best, the cautious "
+        f"blind choice K=0 costs {span('rl-rollout', 0, 1)} for one step and "
+        f"{span('rl-rollout', 0, 3)} for three instead.",
         "",
     ]
     return "\n".join(lines)
