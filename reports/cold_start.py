@@ -140,6 +140,8 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
             for case, gaps in results
             if case.workload == workload and case.k == k and len(case.steps) == num_steps
         ]
+        if len(means) == 1:
+            return f"{means[0]:+.2f}%"
         return f"{min(means):+.1f} to {max(means):+.1f}%" if means else "n/a"
 
     lines += [
