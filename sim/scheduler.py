@@ -320,6 +320,7 @@ class Scheduler:
         self._num_events = 0
         # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
         self._pending_full_room = False
+        self._uniform_pending_k = 0  # next-step K: the K all running rows hold, -1 if they differ
         self._held_before_plan = np.zeros(0, dtype=np.int64)  # [S] same-step K only
         self._pending_num_events = 0
 
@@ -417,7 +418,8 @@ class Scheduler:
         decode_rows_got = _EMPTY
         running_prefill_slots = _EMPTY
         running_prefill_chunks = _EMPTY
-        full_room = False  # every decode row got 1 + k_max tokens
+        full_room = False  # every decode row got 1 + full_k tokens
+        full_k = cfg.k_max  # the K every decode row wants on the fast path
         decode_context_lens: IntArray | None = None
 
         if self._running:
@@ -435,17 +437,19 @@ class Scheduler:
                 1 + self._pending_k[run] if self._lagged else 1 + cfg.k_max
             )
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
-            # All-decode fast check (same-step K): no row near max_model_len, every row gets
-            # 1 + k_max.
+            # All-decode fast check: every row wants the same 1 + K (same-step: K = k_max;
+            # next-step: the K every running row holds, when the last step gave them all one),
+            # no row is near max_model_len, and the budget and the threshold allow it.
+            full_k = self._uniform_pending_k if self._lagged else cfg.k_max
             full_room = (
-                not self._lagged
+                full_k >= 0
                 and not any_prefill
-                and not (prefill_cap and prefill_cap < 1 + cfg.k_max)
-                and num_rows * (1 + cfg.k_max) <= budget
-                and int(np.maximum.reduce(computed)) + 1 + cfg.k_max <= cfg.max_model_len - 1
+                and not (prefill_cap and prefill_cap < 1 + full_k)
+                and num_rows * (1 + full_k) <= budget
+                and int(np.maximum.reduce(computed)) + 1 + full_k <= cfg.max_model_len - 1
             )
             if full_room:
-                want = _filled(num_rows, 1 + cfg.k_max)  # [R]
+                want = _filled(num_rows, 1 + full_k)  # [R]
             elif any_prefill:
                 room = cfg.max_model_len - 1 - computed  # [R]
                 want = np.where(in_prefill, self._prefill_end[run] - computed, decode_want)
@@ -486,7 +490,7 @@ class Scheduler:
                 in_prefill = self._in_prefill[run]
                 full_room = False
             if full_room:
-                budget -= num_rows * (1 + cfg.k_max)
+                budget -= num_rows * (1 + full_k)
             else:
                 budget -= int(got.sum())
             if full_room or (not any_prefill and not preempted and got.all()):
@@ -541,7 +545,7 @@ class Scheduler:
                 else decode_context_lens
             ),
             decode_draft_room=(
-                _filled(decode_slots.shape[0], cfg.k_max) if full_room else decode_rows_got - 1
+                _filled(decode_slots.shape[0], full_k) if full_room else decode_rows_got - 1
             ),
             prefill_req_ids=self._req_id[prefill_slots] if prefill_slots.shape[0] else _EMPTY,
             prefill_chunk_lens=prefill_chunks,
@@ -589,10 +593,18 @@ class Scheduler:
         unchanged = self._pending_num_events == self._num_events
         uniform_k = -1
         if self._lagged:
-            num_spec = np.minimum(self._pending_k[dslots], plan.decode_draft_room)  # [D]
+            if self._pending_full_room:  # every row verifies the one K they all hold
+                num_spec = plan.decode_draft_room  # [D] (a shared, read-only array)
+                uniform_k = self._uniform_pending_k
+            else:
+                num_spec = np.minimum(self._pending_k[dslots], plan.decode_draft_room)  # [D]
             self._pending_k[dslots] = k_default if k_rows is None else k_rows
             if num_prefill:
                 self._pending_k[pslots[plan.prefill_completes]] = k_default
+            # Every running row that can decode next holds this step's K when the step's decode
+            # rows were the whole running set (the all-decode hot path) and K was one int.
+            everyone = num_prefill == 0 and dslots is self._running_array
+            self._uniform_pending_k = k_default if k_rows is None and everyone else -1
         elif k_rows is not None:
             num_spec = np.minimum(k_rows, plan.decode_draft_room)  # [D]
         elif k_default == 0 or self._pending_full_room:
