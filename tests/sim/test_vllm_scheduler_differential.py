@@ -1,4 +1,5 @@
-"""sim/vllm_oracle.py: vLLM 0.33's real scheduler driven step by step, smoke tests and the differential test against ours.
+"""sim/vllm_oracle.py: vLLM 0.33's real scheduler driven step by step; smoke tests and the
+differential test against ours.
 
 Runs where vLLM 0.33 is importable (CI installs it, see README) and is skipped elsewhere. vLLM
 is imported once per module (a module fixture): the import takes about ten seconds.
