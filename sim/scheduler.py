@@ -81,8 +81,9 @@ class SchedulerConfig:
     scheduling: SchedulingMode = "sync"
     # Prompts may be computed over several steps.
     enable_chunked_prefill: bool = True
-    # > 0: a prefill chunk is at most this many tokens (vLLM's long_prefill_token_threshold),
-    # unless only one request is running or waiting in all (vLLM lifts the cap then).
+    # > 0: a row schedules at most this many tokens, prefill chunk or decode row with its
+    # drafts (vLLM's long_prefill_token_threshold), unless only one request is running or
+    # waiting in all (vLLM lifts the cap then).
     long_prefill_token_threshold: int = 0
     # When the K chosen at a step is verified: "next-step" (vLLM, sync and async) or
     # "same-step" (sync only: the policy's K is this step's).
@@ -318,7 +319,8 @@ class Scheduler:
         # Finishes, aborts and preemptions so far: a step whose requests saw none of these
         # between plan and update takes the fast path of `update`.
         self._num_events = 0
-        # Set by plan_step for commit_step: every decode row got the full 1 + k_max tokens.
+        # Set by plan_step for commit_step: every decode row got the same full 1 + K tokens
+        # (same-step K: K = k_max; next-step K: the K they all hold).
         self._pending_full_room = False
         self._uniform_pending_k = 0  # next-step K: the K all running rows hold, -1 if they differ
         self._held_before_plan = np.zeros(0, dtype=np.int64)  # [S] same-step K only
