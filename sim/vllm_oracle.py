@@ -195,7 +195,7 @@ def _make_request(index: int, spec: RequestSpec) -> Any:
 
 @dataclass(frozen=True)
 class VllmRun:
-    """What `run_vllm_full` saw."""
+    """What `run_vllm` saw."""
 
     # per non-empty step: {request index: (num_scheduled_tokens, num_scheduled_spec_tokens)}
     steps: list[dict[int, tuple[int, int]]]
@@ -209,27 +209,16 @@ def run_vllm(
     k_per_step: Sequence[int] | int,
     accepted: Callable[[int, int, int], int],
     max_steps: int = 10_000,
-) -> list[dict[int, tuple[int, int]]]:
+) -> VllmRun:
     """Run vLLM's scheduler on `requests` (all added before the first step) to completion.
 
     `k_per_step`: the drafter's K after each step (one int, or one per step; steps past the end
     reuse the last entry), clamped to [0, k_max]. `accepted(step, request index, d)`: accepted
-    drafts of a row that verifies d > 0 drafts (clamped to [0, d]). Returns, per non-empty step,
-    {request index: (num_scheduled_tokens, num_scheduled_spec_tokens)}. Raises RuntimeError if
-    the requests do not all finish within `max_steps` scheduler calls; vLLM's own config checks
+    drafts of a row that verifies d > 0 drafts (clamped to [0, d]). Returns the scheduled steps
+    and each request's output tokens and preemptions at the end. Raises RuntimeError if the
+    requests do not all finish within `max_steps` scheduler calls; vLLM's own config checks
     raise too (e.g. it wants max_num_batched_tokens >= max_num_seqs).
     """
-    return run_vllm_full(config, requests, k_per_step, accepted, max_steps).steps
-
-
-def run_vllm_full(
-    config: SchedulerConfig,
-    requests: Sequence[RequestSpec],
-    k_per_step: Sequence[int] | int,
-    accepted: Callable[[int, int, int], int],
-    max_steps: int = 10_000,
-) -> VllmRun:
-    """`run_vllm`, plus each request's output tokens and preemptions at the end."""
     outputs_module = _vllm("vllm.v1.outputs")
     scheduler = build_vllm_scheduler(config)
     is_async = config.scheduling == "async"

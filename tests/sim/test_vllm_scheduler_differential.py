@@ -62,7 +62,7 @@ def _mixed(step: int, req: int, drafted: int) -> int:
 @pytest.mark.parametrize("k_max", [0, 3])
 def test_single_request_without_drafts(oracle: ModuleType, scheduling: str, k_max: int) -> None:
     """K = 0: the prompt in one step, then output_len - 1 single-token steps (no waste)."""
-    run = oracle.run_vllm_full(
+    run = oracle.run_vllm(
         _config(k_max=k_max, scheduling=scheduling), [RequestSpec(10, 6)], 0, _all
     )
     assert run.steps == [{0: (10, 0)}] + [{0: (1, 0)}] * 5
@@ -83,14 +83,14 @@ def test_always_accept_k3(
 ) -> None:
     """K = 3 every step, all accepted: 1 + 3 tokens per decode step (the prompt-completing
     step's drafts are verified at the first decode), exactly output_len outputs in the end."""
-    run = oracle.run_vllm_full(_config(), [RequestSpec(10, output_len)], 3, _all)
+    run = oracle.run_vllm(_config(), [RequestSpec(10, output_len)], 3, _all)
     assert run.steps == [{0: row} for row in expected]
     assert run.num_output_tokens == [output_len]
 
 
 def test_k_chosen_at_a_step_is_verified_at_the_next(oracle: ModuleType) -> None:
     """vLLM's drafter runs after step t with step t's K; step t+1 verifies those drafts."""
-    steps = oracle.run_vllm(_config(), [RequestSpec(10, 9)], [3, 1, 2, 0], _none)
+    steps = oracle.run_vllm(_config(), [RequestSpec(10, 9)], [3, 1, 2, 0], _none).steps
     assert steps == [{0: (10, 0)}, {0: (4, 3)}, {0: (2, 1)}, {0: (3, 2)}] + [{0: (1, 0)}] * 5
 
 
@@ -98,7 +98,7 @@ def test_async_runs_to_completion(oracle: ModuleType) -> None:
     """Async scheduling, several requests, varying K and acceptance: every request finishes
     with exactly output_len outputs, prefill rows carry no drafts, decode rows 1 + d tokens."""
     requests = [RequestSpec(10 + 5 * i, 7 + 3 * i) for i in range(4)]
-    run = oracle.run_vllm_full(
+    run = oracle.run_vllm(
         _config(scheduling="async", max_num_batched_tokens=32),
         requests,
         [3, 1, 2, 0, 3, 3, 2],
@@ -113,7 +113,7 @@ def test_async_runs_to_completion(oracle: ModuleType) -> None:
 def test_async_k0_schedules_no_wasted_step(oracle: ModuleType) -> None:
     """vLLM's async stop rule (its test_stop_by_max_tokens): prompt + max_tokens - 1 tokens."""
     requests = [RequestSpec(10, n) for n in (1, 2, 3, 5)]
-    steps = oracle.run_vllm(_config(scheduling="async", k_max=0), requests, 0, _all)
+    steps = oracle.run_vllm(_config(scheduling="async", k_max=0), requests, 0, _all).steps
     total = sum(tokens for step in steps for tokens, _ in step.values())
     assert total == sum(spec.prompt_len + spec.output_len - 1 for spec in requests)
 
@@ -124,7 +124,7 @@ def test_usable_blocks_match_num_kv_blocks(oracle: ModuleType) -> None:
     config = _config(max_model_len=32, num_kv_blocks=4, block_size=8)
     scheduler = oracle.build_vllm_scheduler(config)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 4
-    run = oracle.run_vllm_full(config, [RequestSpec(8, 24)], 3, _none)
+    run = oracle.run_vllm(config, [RequestSpec(8, 24)], 3, _none)
     assert run.num_output_tokens == [24]
     assert run.num_preemptions == [0]
 
@@ -158,29 +158,6 @@ class _Accepting:
         return StepOutcome(duration_s=0.01, num_accepted=np.array(num_accepted, dtype=np.int64))
 
 
-@pytest.mark.parametrize("scheduling", ["sync", "async"])
-def test_agrees_with_our_scheduler_on_a_roomy_pool(oracle: ModuleType, scheduling: str) -> None:
-    """Where none of the known differences applies (roomy KV pool, no 1-token prompt, no
-    long_prefill_token_threshold below 1 + K), vLLM and we schedule the same tokens each step,
-    budget-trimmed drafts and chunked prompts included."""
-    config = _config(scheduling=scheduling, max_num_batched_tokens=24, max_num_seqs=4)
-    requests = [RequestSpec(12 + 3 * i, 5 + 2 * i) for i in range(5)]
-    ks = [3, 1, 2, 0, 3, 3, 2, 1]
-    expected = oracle.run_vllm(config, requests, ks, _mixed)
-    ours = Scheduler(config)
-    for index, spec in enumerate(requests):
-        ours.add_request(index, spec)
-    log = drive(ours, _Accepting(_mixed), _PerStepK(ks))
-    got = [
-        {
-            int(r): (int(n), int(k))
-            for r, n, k in zip(b.req_ids, b.num_scheduled_tokens, b.num_spec_tokens, strict=True)
-        }
-        for b in log.batches
-    ]
-    assert got == expected
-
-
 def _ours(
     config: SchedulerConfig,
     requests: list[RequestSpec],
@@ -199,6 +176,17 @@ def _ours(
         }
         for b in log.batches
     ]
+
+
+@pytest.mark.parametrize("scheduling", ["sync", "async"])
+def test_agrees_with_our_scheduler_on_a_roomy_pool(oracle: ModuleType, scheduling: str) -> None:
+    """A hand-written case (roomy KV pool, no 1-token prompt): vLLM and we schedule the same
+    tokens each step, budget-trimmed drafts and chunked prompts included."""
+    config = _config(scheduling=scheduling, max_num_batched_tokens=24, max_num_seqs=4)
+    requests = [RequestSpec(12 + 3 * i, 5 + 2 * i) for i in range(5)]
+    ks = [3, 1, 2, 0, 3, 3, 2, 1]
+    expected = oracle.run_vllm(config, requests, ks, _mixed).steps
+    assert _ours(config, requests, ks, _mixed) == expected
 
 
 def _random_case(rng: random.Random) -> tuple[SchedulerConfig, list[RequestSpec], list[int] | int]:
@@ -259,7 +247,7 @@ def test_vllm_and_we_schedule_the_same_tokens_on_1000_random_workloads(oracle: M
         def accepted(step: int, req: int, drafted: int, salt: int = salt) -> int:
             return (7 * step + 13 * req + salt) % (drafted + 1)
 
-        expected = oracle.run_vllm(config, requests, ks, accepted)
+        expected = oracle.run_vllm(config, requests, ks, accepted).steps
         got = _ours(config, requests, ks, accepted)
         if got != expected:
             first = next(
