@@ -54,7 +54,7 @@ exception: vLLM pads a request admitted with a 1-token prefill, while other requ
 SD lookup); such a row samples 1 token (a = 0, `accepted` is not asked), as no model accepts -1.
 
 Steps are numbered over non-empty SchedulerOutputs only (what our scheduler counts); the
-returned list has one dict per such step: {request index: (num_scheduled_tokens,
+`VllmRun.steps` has one dict per such step: {request index: (num_scheduled_tokens,
 num_scheduled_spec_tokens)}. vLLM's module is imported with importlib so that mypy does not
 analyse vLLM (it ships py.typed and is large).
 """
