@@ -144,8 +144,12 @@ def main() -> int:
     if args.compare:
         runs = []
         for path in args.compare:
-            with open(path, encoding="utf-8") as handle:
-                runs.append(json.load(handle))
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    runs.append(json.load(handle))
+            except (OSError, ValueError) as exc:
+                print(f"error: --compare {path}: {exc}", file=sys.stderr)
+                return 2
         _compare(*runs)
         return 0
     if args.seeds < 2:
