@@ -17,6 +17,7 @@ from dsd.backend.engine import AnyDraft
 from dsd.backend.executor import TorchExecutor
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
+from dsd.common.errors import InputError
 from dsd.sim.build import build_engine
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
@@ -27,6 +28,8 @@ from dsd.sim.resolve import ResolvedRun, config_workload, resolve
 def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
     """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0. Its
     simulated twin charges prefill chunks as the engine runs them: a forward of their own."""
+    if config.scheduler != "dsd":
+        raise InputError("scheduler: real runs use dsd's scheduler (--scheduler vllm simulates)")
     if pair.draft is None:
         config = dataclasses.replace(config, k_max=0)
     resolved = resolve(config, workload=pair.real_workload(config_workload(config)))

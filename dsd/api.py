@@ -38,7 +38,11 @@ from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profi
 from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
 from dsd.policies.spec import parse_policy as _parse_policy
 from dsd.policies.spec import split_policy_list as _split_policy_list
-from dsd.policies.speculative_config import spec_from_speculative_config, speculative_config
+from dsd.policies.speculative_config import (
+    method_from_speculative_config,
+    spec_from_speculative_config,
+    speculative_config,
+)
 from dsd.policies.types import KPolicy
 from dsd.reports.run_outputs import (
     StepParquetSink,
@@ -93,6 +97,16 @@ def run_config(*, speculative_config: str | None = None, **fields: Any) -> RunCo
                 f"num_speculative_tokens {config_k_max}"
             )
         fields["k_max"] = config_k_max
+        config_method = method_from_speculative_config(speculative_config)
+        if config_method is not None:
+            if fields.get("speculative_method") not in (None, config_method):
+                raise InputError(
+                    f"--speculative-method {fields['speculative_method']} conflicts with the "
+                    f"speculative config's method ({config_method})"
+                )
+            fields["speculative_method"] = config_method
+    if fields.get("speculative_method") is None:
+        fields.pop("speculative_method", None)  # RunConfig's default: ngram
     if fields.get("policy") is None:
         raise InputError("give exactly one of --policy and --speculative-config")
     options = WorkloadOptions(**{k: v for k, v in fields.items() if k in _WORKLOAD_FIELDS})

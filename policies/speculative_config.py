@@ -67,3 +67,34 @@ def spec_from_speculative_config(text_or_path: str) -> tuple[str, int]:
         return f"static:{k_max}", k_max
     checked = validate_ranges(table, f"{source}: {TABLE_FIELD}")
     return "table:" + json.dumps(checked, separators=(",", ":")), k_max
+
+
+# vLLM's (method, parallel_drafting) -> the simulator's speculative_method
+# (sim.scheduler.SPECULATIVE_METHODS: what the scheduler reserves per row).
+_METHODS: dict[tuple[str, bool], str] = {
+    ("ngram", False): "ngram",
+    ("ngram_gpu", False): "ngram",
+    ("eagle", False): "eagle",
+    ("eagle3", False): "eagle3",
+    ("mtp", False): "mtp",
+    ("draft_model", False): "draft_model",
+    ("draft_model", True): "pard",
+    ("eagle3", True): "p-eagle",
+}
+
+
+def method_from_speculative_config(text_or_path: str) -> str | None:
+    """The simulator's speculative_method of a --speculative-config's "method" (and
+    "parallel_drafting"); None when it names no method."""
+    config, source = read_speculative_config(text_or_path)
+    method = config.get("method")
+    if method is None:
+        return None
+    parallel = config.get("parallel_drafting", False)
+    if not isinstance(method, str) or not isinstance(parallel, bool):
+        raise InputError(f"{source}: method must be a string and parallel_drafting a boolean")
+    ours = _METHODS.get((method, parallel))
+    if ours is None:
+        known = ", ".join(m + (" (parallel)" if p else "") for m, p in _METHODS)
+        raise InputError(f"{source}: method {method!r} is not simulated; known: {known}")
+    return ours

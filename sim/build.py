@@ -11,6 +11,8 @@ This module chooses no defaults (`sim.resolve` does) and writes no files.
 
 from __future__ import annotations
 
+from importlib import metadata as importlib_metadata
+
 import numpy as np
 
 from dsd.common.errors import InputError
@@ -24,7 +26,7 @@ from dsd.sim.acceptance import (
     PerPositionAcceptance,
 )
 from dsd.sim.config import RunConfig
-from dsd.sim.engine import Engine, LoopConfig, RunResult
+from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
 from dsd.sim.executor import FittedExecutor, LatencyJitter
 from dsd.sim.latency import PrefillCost, SeparatePrefill
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
@@ -38,23 +40,45 @@ def build_engine(
 ) -> Engine:
     """The engine of one run, ready to `run()`: every command builds its engine here."""
     config = resolved.config
-    scheduler = Scheduler(
-        SchedulerConfig(
-            max_model_len=resolved.max_model_len,
-            num_kv_blocks=resolved.num_kv_blocks,
-            k_max=resolved.k_max,
-            max_num_seqs=resolved.max_num_seqs,
-            max_num_batched_tokens=int(config.max_num_batched_tokens),
-            block_size=resolved.block_size,
-            scheduling=config.scheduling,
-            k_timing=config.k_timing,
-        ),
-        capacity=max(64, min(resolved.max_num_seqs, len(resolved.workload.requests)) * 2),
+    scheduler_config = SchedulerConfig(
+        max_model_len=resolved.max_model_len,
+        num_kv_blocks=resolved.num_kv_blocks,
+        k_max=resolved.k_max,
+        max_num_seqs=resolved.max_num_seqs,
+        max_num_batched_tokens=int(config.max_num_batched_tokens),
+        block_size=resolved.block_size,
+        scheduling=config.scheduling,
+        k_timing=config.k_timing,
+        speculative_method=config.speculative_method,
     )
+    scheduler: StepScheduler
+    if config.scheduler == "vllm":
+        scheduler = _vllm_scheduler(scheduler_config)
+    else:
+        scheduler = Scheduler(
+            scheduler_config,
+            capacity=max(64, min(resolved.max_num_seqs, len(resolved.workload.requests)) * 2),
+        )
     policy: KPolicy = resolved.build_policy(sim_seed_streams(config.seed)["policy"])
     if config.fixed_batch_size is not None:
         policy = FixedBatchPolicy(policy, int(config.fixed_batch_size))
     return Engine(scheduler, executor, policy, resolved.workload, loop)
+
+
+def _vllm_scheduler(config: SchedulerConfig) -> StepScheduler:
+    """vLLM's own scheduler behind ours (`--scheduler vllm`); a one-line error without vLLM."""
+    from dsd.sim.vllm_oracle import VLLM_VERSION, VllmScheduler
+
+    try:
+        version = importlib_metadata.version("vllm")
+    except importlib_metadata.PackageNotFoundError:
+        raise InputError(
+            f"scheduler vllm: vLLM is not installed (pip install --no-deps vllm=={VLLM_VERSION}, "
+            "as the README's setup does)"
+        ) from None
+    if version != VLLM_VERSION:
+        raise InputError(f"scheduler vllm: needs vLLM {VLLM_VERSION}, found {version}")
+    return VllmScheduler(config)
 
 
 def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:

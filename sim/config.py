@@ -13,14 +13,17 @@ from typing import Literal
 from dsd.common.errors import InputError, require_choice, require_int, require_number
 from dsd.policies.types import K_TIMINGS, MAX_NUM_SEQS, KTiming, SchedulingMode
 from dsd.sim.latency import LatencyModelKind, MixedKCosting
+from dsd.sim.scheduler import SPECULATIVE_METHODS
 from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
 from dsd.traces.rollout import RolloutConfig
 
 AcceptanceKind = Literal["per-position", "heterogeneous", "empirical", "replay"]
 PrefillCostMode = Literal["profile", "free"]
+SchedulerKind = Literal["dsd", "vllm"]
 
 SCHEDULING_MODES: tuple[str, ...] = ("sync", "async")
+SCHEDULER_KINDS: tuple[str, ...] = ("dsd", "vllm")
 LATENCY_MODEL_KINDS: tuple[str, ...] = ("auto", "table", "parametric")
 ACCEPTANCE_MODEL_KINDS: tuple[str, ...] = ("heterogeneous", "per-position", "empirical", "replay")
 PREFILL_COST_MODES: tuple[str, ...] = ("profile", "free")
@@ -99,6 +102,13 @@ class RunConfig:
     # When the K a policy picks at step t is verified: "next-step" (vLLM 0.33: drafted at the
     # end of step t, verified at t + 1; sync and async) or "same-step" (sync only: at step t).
     k_timing: KTiming = "next-step"
+    # Whose scheduler plans the steps: "dsd" (sim.scheduler, the fast default) or "vllm"
+    # (vLLM 0.33's own, installed; sim.vllm_oracle.VllmScheduler): the simulator only.
+    scheduler: SchedulerKind = "dsd"
+    # vLLM's drafting method (sim.scheduler.SPECULATIVE_METHODS): the KV lookahead slots and
+    # per-row budget slots its scheduler reserves (ngram: none; eagle/eagle3/mtp: K lookahead;
+    # draft_model: K lookahead + 1 slot; pard: K + K; p-eagle: K + K - 1).
+    speculative_method: str = "ngram"
     # Most requests running at once; None: 256 (vLLM's default).
     max_num_seqs: int | None = None
     # Token budget per step (decode rows with drafts + prefill chunks); vLLM's default 8192.
@@ -169,6 +179,10 @@ class RunConfig:
             raise InputError("rollout: must be a traces.rollout.RolloutConfig or None")
         require_choice(self.scheduling, "scheduling", SCHEDULING_MODES)
         require_choice(self.k_timing, "k_timing", K_TIMINGS)
+        require_choice(self.speculative_method, "speculative_method", SPECULATIVE_METHODS)
+        require_choice(self.scheduler, "scheduler", SCHEDULER_KINDS)
+        if self.scheduler == "vllm" and self.k_timing != "next-step":
+            raise InputError("k_timing: vLLM's scheduler verifies a step's K at the next step")
         if self.k_timing == "same-step" and self.scheduling == "async":
             raise InputError("k_timing: same-step needs --scheduling sync")
         require_int(self.max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS, optional=True)

@@ -31,17 +31,36 @@ from __future__ import annotations
 import time
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pandas as pd
 import simpy
 
+from dsd.common.arrays import IntArray
 from dsd.policies.types import KPolicy, StepFeedback
 from dsd.sim.metrics import MetricsRecorder, StepSink
-from dsd.sim.scheduler import Scheduler, SpecDecodeStats, StepPlan
+from dsd.sim.scheduler import SchedulerConfig, SpecDecodeStats, StepPlan, StepResult
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
-from dsd.traces.workload import Workload
+from dsd.traces.workload import RequestSpec, Workload
+
+
+class StepScheduler(Protocol):
+    """What the engine loop calls: `sim.scheduler.Scheduler` (dsd's own) or
+    `sim.vllm_oracle.VllmScheduler` (vLLM's, `--scheduler vllm`)."""
+
+    config: SchedulerConfig
+    spec_stats: SpecDecodeStats
+    num_preemptions: int
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None: ...
+    def has_unfinished(self) -> bool: ...
+    def plan_step(self) -> StepPlan | None: ...
+    def commit_step(self, plan: StepPlan, k: int | IntArray) -> ScheduledBatch: ...
+    def update(self, batch: ScheduledBatch, outcome: StepOutcome) -> StepResult: ...
+    def running_positions(self, batch: ScheduledBatch) -> ScheduledBatch: ...
+    def check_invariants(self) -> None: ...
+
 
 ClockMode = Literal["model", "wall"]
 
@@ -149,7 +168,7 @@ class Engine:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        scheduler: StepScheduler,
         executor: Executor,
         policy: KPolicy,
         workload: Workload,

@@ -138,14 +138,18 @@ class ReferenceScheduler:
             request.blocks.append(self.free_blocks.pop())
         return True
 
+    def _with_lookahead(self, num_tokens: int) -> int:
+        """Tokens a scheduled row's KV must cover: its own plus the drafter's lookahead slots
+        (vLLM's num_lookahead_tokens), never past max_model_len."""
+        return min(num_tokens + self.config.num_lookahead_tokens, self.config.max_model_len)
+
     def _shrink(self, request: ReferenceRequest, keep: int) -> None:
-        """Give back blocks the request's computed tokens no longer need, but keep at least
-        `keep` blocks."""
+        """Give back blocks the request's computed tokens (and lookahead) no longer need, but
+        keep at least `keep` blocks."""
         block_size = self.config.block_size
-        while (
-            len(request.blocks) > keep
-            and (len(request.blocks) - 1) * block_size >= request.num_computed
-        ):
+        while len(request.blocks) > keep and (
+            len(request.blocks) - 1
+        ) * block_size >= self._with_lookahead(request.num_computed):
             self.free_blocks.append(request.blocks.pop())
 
     def _free_all(self, request: ReferenceRequest) -> None:
@@ -205,6 +209,7 @@ class ReferenceScheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        slots = cfg.num_draft_slots  # budget every scheduled row takes beyond its tokens
         for request in self.running:
             request.blocks_before_plan = len(request.blocks)
         # no cap with one request in all (running + waiting): nobody to starve, as vLLM
@@ -227,8 +232,9 @@ class ReferenceScheduler:
             )
             if is_async and not request.in_prefill and saturated:
                 want = 0
-            got = min(want, budget)
-            budget -= got
+            got = min(want, budget - slots) if want and budget > slots else 0
+            if got:
+                budget -= got + slots
             wanted.append((request, got))
         # 2. KV blocks in running order; preempt the last running request while short.
         preempted_now = False
@@ -236,13 +242,14 @@ class ReferenceScheduler:
         while index < len(self.running):
             request = self.running[index]
             got = wanted[index][1]
-            if got and not self._cover(request, request.num_computed + got):
+            covered = self._with_lookahead(request.num_computed + got)
+            if got and not self._cover(request, covered):
                 while True:
                     victim = self.running[-1]
                     self._preempt(victim)
                     wanted.pop()
                     preempted_now = True
-                    if victim is request or self._cover(request, request.num_computed + got):
+                    if victim is request or self._cover(request, covered):
                         break
                 if victim is request:
                     break
@@ -251,9 +258,9 @@ class ReferenceScheduler:
         prefill_rows: list[tuple[ReferenceRequest, int]] = []
         budget = cfg.max_num_batched_tokens
         for request, got in wanted:
-            budget -= got
             if got == 0:
                 continue
+            budget -= got + slots
             if request.in_prefill:
                 prefill_rows.append((request, got))
             else:
@@ -262,12 +269,12 @@ class ReferenceScheduler:
         new_ids: list[int] = []
         if not preempted_now:
             for request in list(self.waiting):
-                if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+                if budget <= slots or len(self.running) >= cfg.max_num_seqs:
                     break
                 if request.num_placeholders:
                     continue  # outputs of an in-flight step unknown: cannot recompute yet
                 target = request.prompt_len + request.num_output
-                chunk = min(target, budget)
+                chunk = min(target, budget - slots)
                 if cap:
                     chunk = min(chunk, cap)
                 if chunk < target and not cfg.enable_chunked_prefill:
@@ -276,7 +283,7 @@ class ReferenceScheduler:
                 full = min(target, cfg.max_model_len)
                 if -(-full // cfg.block_size) > len(self.free_blocks):
                     break
-                if not self._cover(request, chunk):
+                if not self._cover(request, self._with_lookahead(chunk)):
                     break
                 self.waiting.remove(request)
                 self.running.append(request)
@@ -285,7 +292,7 @@ class ReferenceScheduler:
                 request.prefill_end = target
                 prefill_rows.append((request, chunk))
                 new_ids.append(request.req_id)
-                budget -= chunk
+                budget -= chunk + slots
         if not decode_rows and not prefill_rows:
             return None  # preemptions are reported with the next batch
         plan = ReferencePlan(
@@ -458,6 +465,7 @@ class ReferenceScheduler:
             if self.pending_plan is not None:
                 rows = self.pending_rows[0] + self.pending_rows[1]
                 covered += sum(got for r, got in rows if r is request)
+            covered = self._with_lookahead(covered)
             needed = -(-covered // self.config.block_size)
             assert len(request.blocks) >= needed, (
                 f"request {request.req_id} holds {len(request.blocks)} blocks for {covered} tokens"

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from dsd.common.arrays import BoolArray, IntArray
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, require_choice
 from dsd.policies.types import K_TIMINGS, KTiming, SchedulingMode, StepView
 from dsd.sim.kv import KVBlockPool, cdiv
 from dsd.sim.types import ScheduledBatch, StepOutcome
@@ -59,6 +59,30 @@ _DRAINING = 3  # finished, but a step that scheduled it is still in flight (asyn
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
+
+# vLLM 0.33's drafting methods, by what they make its scheduler reserve (K = k_max):
+# (KV lookahead slots per scheduled row, extra input-budget slots per scheduled row).
+# ngram drafts from the tokens alone; drafters with a forward pass of their own write KV past
+# the target's query (lookahead K); a draft model's input keeps one unsliced token (1 slot),
+# parallel drafting adds masked query rows (PARD: K, P-EAGLE: K - 1).
+SPECULATIVE_METHODS: tuple[str, ...] = (
+    "ngram",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "draft_model",
+    "pard",
+    "p-eagle",
+)
+
+
+def drafter_reservations(method: str, k_max: int) -> tuple[int, int]:
+    """(num_lookahead_tokens, draft slots per row) vLLM reserves for `method` at `k_max`."""
+    require_choice(method, "speculative_method", SPECULATIVE_METHODS)
+    if k_max == 0 or method == "ngram":
+        return 0, 0  # no SpeculativeConfig at K = 0; ngram writes no KV of its own
+    slots = {"draft_model": 1, "pard": k_max, "p-eagle": k_max - 1}.get(method, 0)
+    return k_max, slots
 
 
 @dataclass(frozen=True)
@@ -88,6 +112,9 @@ class SchedulerConfig:
     # When the K chosen at a step is verified: "next-step" (vLLM, sync and async) or
     # "same-step" (sync only: the policy's K is this step's).
     k_timing: KTiming = "next-step"
+    # vLLM's speculative method (SPECULATIVE_METHODS): what KV lookahead and per-row draft
+    # slots its scheduler reserves beside the scheduled tokens (`drafter_reservations`).
+    speculative_method: str = "ngram"
 
     def __post_init__(self) -> None:
         if self.max_model_len < 2:
@@ -115,6 +142,9 @@ class SchedulerConfig:
                 "scheduler: k_timing same-step needs sync scheduling (async plans a step "
                 "before the previous one's drafts exist)"
             )
+        require_choice(
+            self.speculative_method, "scheduler: speculative_method", SPECULATIVE_METHODS
+        )
         if self.long_prefill_token_threshold < 0:
             raise InputError(
                 "scheduler: long_prefill_token_threshold must be >= 0, "
@@ -124,6 +154,13 @@ class SchedulerConfig:
             raise InputError(
                 f"scheduler: num_kv_blocks ({self.num_kv_blocks}) x block_size "
                 f"({self.block_size}) must hold one max_model_len ({self.max_model_len}) request"
+            )
+        if self.max_num_batched_tokens <= self.num_lookahead_tokens:
+            # vLLM refuses it too; the lookahead is at least the per-row draft slots
+            raise InputError(
+                f"scheduler: max_num_batched_tokens ({self.max_num_batched_tokens}) must exceed "
+                f"the {self.num_lookahead_tokens} lookahead slots of {self.speculative_method} "
+                f"at K={self.k_max}"
             )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InputError(
@@ -136,6 +173,17 @@ class SchedulerConfig:
                 "scheduler: long_prefill_token_threshold "
                 f"({self.long_prefill_token_threshold}) needs enable_chunked_prefill"
             )
+
+    @property
+    def num_lookahead_tokens(self) -> int:
+        """KV slots reserved past every scheduled row's tokens (vLLM's num_lookahead_tokens)."""
+        return drafter_reservations(self.speculative_method, self.k_max)[0]
+
+    @property
+    def num_draft_slots(self) -> int:
+        """Input-budget slots each scheduled row takes beyond its tokens (vLLM's
+        max_num_new_slots_for_drafting)."""
+        return drafter_reservations(self.speculative_method, self.k_max)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +301,27 @@ def _filled(size: int, value: int) -> IntArray:
     return array
 
 
+def outcome_accepted(step_index: int, outcome: StepOutcome, num_decode: int) -> IntArray:
+    """[D] an outcome's accepted drafts per decode row; ValueError unless one per decode row."""
+    accepted = np.asarray(outcome.num_accepted, dtype=np.int64)  # [D]
+    if accepted.shape != (num_decode,):
+        raise ValueError(
+            f"outcome of step {step_index}: num_accepted has shape {accepted.shape}, "
+            f"expected ({num_decode},)"
+        )
+    return accepted
+
+
+def _greedy_budget(want: IntArray, budget: int, draft_slots: int) -> IntArray:
+    """[R] tokens each row gets, in order, when a scheduled row also takes `draft_slots` of the
+    budget (vLLM's input budget): min(want, what is left - draft_slots), 0 once that is <= 0;
+    a row that wants nothing takes nothing."""
+    cost = want + draft_slots * (want > 0)  # [R]
+    used_before = np.cumsum(cost) - cost  # [R]
+    got: IntArray = np.clip(budget - used_before - draft_slots, 0, want)
+    return got
+
+
 def _at_least(counts: list[int], k_max: int) -> IntArray:
     """[k_max] number of values >= i for i = 1..k_max, from a histogram `counts` of the values."""
     at_least = [0] * k_max
@@ -291,6 +360,9 @@ class Scheduler:
         self._async = config.scheduling == "async"
         # The K a row verifies was fixed at its previous step (stored per slot in _pending_k).
         self._lagged = config.k_timing == "next-step"
+        # vLLM's drafter reservations per scheduled row: KV slots past its tokens, and budget
+        self._lookahead = config.num_lookahead_tokens
+        self._draft_slots = config.num_draft_slots
         capacity = max(capacity, 1)
         # Struct of arrays, one entry per slot.
         self._req_id = np.full(capacity, -1, dtype=np.int64)  # [S] request id in the slot
@@ -406,6 +478,7 @@ class Scheduler:
             return None
         cfg = self.config
         budget = cfg.max_num_batched_tokens
+        draft_slots = self._draft_slots
         # vLLM's long_prefill_token_threshold caps every running row's new tokens (a decode
         # row's drafts too) and admission chunks; it is lifted when one request is running or
         # waiting in all: there is nobody to starve.
@@ -447,7 +520,7 @@ class Scheduler:
                 full_k >= 0
                 and not any_prefill
                 and not (prefill_cap and prefill_cap < 1 + full_k)
-                and num_rows * (1 + full_k) <= budget
+                and num_rows * (1 + full_k + draft_slots) <= budget
                 and int(np.maximum.reduce(computed)) + 1 + full_k <= cfg.max_model_len - 1
             )
             if full_room:
@@ -477,6 +550,8 @@ class Scheduler:
             # Greedy token budget in running order: each row takes min(want, what is left).
             if full_room:
                 got = want  # R * (1 + k_max) fits the budget
+            elif draft_slots:
+                got = _greedy_budget(want, budget, draft_slots)
             else:
                 cum = np.cumsum(want)  # [R]
                 if cum[-1] <= budget:
@@ -486,15 +561,22 @@ class Scheduler:
                     got = cum.copy()
                     got[1:] -= cum[:-1]
             covered = computed + got  # [R]
+            if self._lookahead:
+                # vLLM's allocate_slots: lookahead slots past a scheduled row, within the model
+                covered = np.where(
+                    got > 0, np.minimum(covered + self._lookahead, cfg.max_model_len), covered
+                )
             if not self.kv.try_cover_many(run, covered):
-                run, got, preempted = self._cover_with_preemption(run, got)
+                run, got, preempted = self._cover_with_preemption(run, got, covered)
                 computed = self._num_computed[run]
                 in_prefill = self._in_prefill[run]
                 full_room = False
             if full_room:
-                budget -= num_rows * (1 + full_k)
+                budget -= num_rows * (1 + full_k + draft_slots)
             else:
                 budget -= int(got.sum())
+                if draft_slots:
+                    budget -= draft_slots * int(np.count_nonzero(got))
             if full_room or (not any_prefill and not preempted and got.all()):
                 decode_slots, decode_rows_got = run, got  # the all-decode hot path
                 decode_context_lens = computed
@@ -639,7 +721,10 @@ class Scheduler:
         # Next-step K reserved exactly 1 + the K it verifies: nothing to release.
         if not self._lagged and (uniform_k != cfg.k_max or not self._pending_full_room):
             kept = self._held_before_plan[dslots] * cfg.block_size  # [D] tokens
-            self.kv.shrink_to(dslots, np.maximum(computed_after, kept))
+            needed = computed_after
+            if self._lookahead:
+                needed = np.minimum(computed_after + self._lookahead, cfg.max_model_len)
+            self.kv.shrink_to(dslots, np.maximum(needed, kept))
 
         if num_prefill:
             slots = np.concatenate([dslots, pslots])  # [B]
@@ -701,12 +786,7 @@ class Scheduler:
         if step is None:
             raise RuntimeError(f"step {batch.step_index} is not in flight")
         num_decode = step.num_decode_reqs
-        accepted = np.asarray(outcome.num_accepted, dtype=np.int64)  # [D]
-        if accepted.shape != (num_decode,):
-            raise ValueError(
-                f"outcome of step {batch.step_index}: num_accepted has shape {accepted.shape}, "
-                f"expected ({num_decode},)"
-            )
+        accepted = outcome_accepted(batch.step_index, outcome, num_decode)  # [D]
         drafted = step.num_spec_tokens  # [D]
         if outcome.num_drafted is not None:
             drafted = np.asarray(outcome.num_drafted, dtype=np.int64)
@@ -884,6 +964,8 @@ class Scheduler:
             # Between plan and commit the pool already covers the planned tokens.
             covered[plan.decode_slots] += 1 + plan.decode_draft_room
             covered[plan.prefill_slots] += plan.prefill_chunk_lens
+        # and the lookahead slots past them (a rollback of rejected drafts keeps its blocks)
+        covered = np.minimum(covered + self._lookahead, self.config.max_model_len)
         self.kv.check_invariants(running, covered[running])
 
     # ------------------------------------------------------------------ internals
@@ -896,9 +978,10 @@ class Scheduler:
         the first chunk (vLLM's scheduler_reserve_full_isl, on by default): a request is not
         admitted to be preempted again before its prompt is done."""
         cfg = self.config
+        draft_slots = self._draft_slots
         skipped: list[int] = []
         waiting = self._waiting
-        while waiting and budget > 0 and len(self._running) < cfg.max_num_seqs:
+        while waiting and budget > draft_slots and len(self._running) < cfg.max_num_seqs:
             slot = waiting[0]
             if self._num_placeholders[slot]:
                 # Preempted while a step of it was in flight (async): its outputs are not
@@ -906,14 +989,15 @@ class Scheduler:
                 skipped.append(waiting.popleft())
                 continue
             target = int(self._num_output[slot] + self._prompt_len[slot])
-            chunk = min(target, budget)
+            chunk = min(target, budget - draft_slots)
             if prefill_cap:
                 chunk = min(chunk, prefill_cap)
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             full = min(target, cfg.max_model_len)
+            covered = min(chunk + self._lookahead, cfg.max_model_len)
             if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
-                slot, chunk
+                slot, covered
             ):
                 break
             waiting.popleft()
@@ -924,13 +1008,13 @@ class Scheduler:
             self._prefill_end[slot] = target
             new_slots.append(slot)
             new_chunks.append(chunk)
-            budget -= chunk
+            budget -= chunk + draft_slots
         if skipped:
             waiting.extendleft(reversed(skipped))
         return budget
 
     def _cover_with_preemption(
-        self, run: IntArray, got: IntArray
+        self, run: IntArray, got: IntArray, covered: IntArray
     ) -> tuple[IntArray, IntArray, list[int]]:
         """Slow path when the pool cannot cover every row: vLLM's preempt-the-last loop.
 
@@ -939,7 +1023,6 @@ class Scheduler:
         outputs kept to be recomputed as prompt) until it fits or it was itself preempted.
         """
         preempted: list[int] = []
-        covered = self._num_computed[run] + got  # [R]
         index = 0
         # self._running shrinks from the end as requests are preempted.
         while index < len(self._running):

@@ -19,9 +19,11 @@ the scheduler's own `check_invariants()` and a ledger the machine keeps from pub
 - K: in [0, k_max], at most the plan's draft room, 0 on prefill rows; next-step K timing (vLLM,
   sync and async) uses the K chosen at the request's previous step (the one-step lag), same-step
   timing this step's K;
-- limits: tokens <= max_num_batched_tokens, B <= max_num_seqs, step indices consecutive;
+- limits: tokens + draft slots per row <= max_num_batched_tokens, B <= max_num_seqs, step
+  indices consecutive;
 - KV: free + held == total, held == sum over running requests of ceil(most tokens allocated
-  since admission / block_size) (rejected drafts' blocks are kept, as vLLM keeps them),
+  since admission, lookahead slots included / block_size) (rejected drafts' blocks are kept,
+  as vLLM keeps them),
   everything free once nothing is left; each request is in exactly one state;
 - no wasted step: a request that never drafted, was never preempted and did not stop was
   scheduled exactly prompt + max_tokens - 1 tokens (sync and async);
@@ -73,7 +75,13 @@ from dsd.common.errors import InputError
 from dsd.policies.types import K_TIMINGS, KPolicy, StepFeedback
 from dsd.sim.kv import cdiv
 from dsd.sim.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
-from dsd.sim.scheduler import Scheduler, SchedulerConfig, StepPlan
+from dsd.sim.scheduler import (
+    SPECULATIVE_METHODS,
+    Scheduler,
+    SchedulerConfig,
+    StepPlan,
+    drafter_reservations,
+)
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -108,10 +116,15 @@ def scheduler_configs(
     budget = (
         draw(st.integers(low, high)) if chunked else draw(st.integers(model_len, model_len + 8))
     )
+    drafts = draw(st.integers(*k_max))
+    # ngram (no reservations) half the time; ngram where the lookahead would not fit the budget
+    method = draw(st.sampled_from(("ngram",) * len(SPECULATIVE_METHODS) + SPECULATIVE_METHODS))
+    if drafter_reservations(method, drafts)[0] >= budget:
+        method = "ngram"
     return SchedulerConfig(
         max_model_len=model_len,
         num_kv_blocks=cdiv(model_len, block_size) + draw(st.integers(*pool_slack_blocks)),
-        k_max=draw(st.integers(*k_max)),
+        k_max=drafts,
         max_num_seqs=draw(st.integers(*max_num_seqs)),
         max_num_batched_tokens=budget,
         block_size=block_size,
@@ -120,6 +133,7 @@ def scheduler_configs(
         enable_chunked_prefill=chunked,
         # Only with chunked prefill (SchedulerConfig rejects a threshold without it).
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 0, 1, 3, 8])) if chunked else 0,
+        speculative_method=method,
     )
 
 
@@ -405,8 +419,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(set(req_ids)) == len(req_ids), f"a request twice in one step: {req_ids}"
         assert 0 < len(req_ids) <= cfg.max_num_seqs, f"B = {len(req_ids)}"
         assert batch.total_num_scheduled_tokens == sum(scheduled)
-        assert sum(scheduled) <= cfg.max_num_batched_tokens, (
-            f"{sum(scheduled)} tokens > budget {cfg.max_num_batched_tokens}"
+        # every scheduled row also takes the drafter's per-row slots of the budget (vLLM)
+        used = sum(scheduled) + cfg.num_draft_slots * len(scheduled)
+        assert used <= cfg.max_num_batched_tokens, (
+            f"{sum(scheduled)} tokens + {cfg.num_draft_slots} draft slots per row > budget "
+            f"{cfg.max_num_batched_tokens}"
         )
         assert set(batch.new_req_ids) <= set(req_ids[num_decode:]), "a new request not prefilling"
         draft_room = plan.decode_draft_room.tolist()
@@ -469,7 +486,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                     if cfg.k_timing == "next-step":
                         ledger.pending_k = k_default
             ledger.num_computed += scheduled[row]
-            ledger.kv_tokens = max(ledger.kv_tokens, ledger.num_computed)
+            # plus the drafter's lookahead slots, within the model (vLLM's allocate_slots)
+            ledger.kv_tokens = max(
+                ledger.kv_tokens,
+                min(ledger.num_computed + cfg.num_lookahead_tokens, cfg.max_model_len),
+            )
             ledger.num_scheduled_total += scheduled[row]
         return lives
 

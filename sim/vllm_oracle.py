@@ -1,88 +1,98 @@
-"""Differential oracle: vLLM 0.33's real v1 scheduler driven on a workload, step by step.
+"""vLLM 0.33's real v1 scheduler behind our scheduler's call protocol: `VllmScheduler`.
 
-`run_vllm` builds `vllm.v1.core.sched.scheduler.Scheduler` (sync) or `AsyncScheduler` (async)
-from our `SchedulerConfig`, adds every request before the first step, and plays the model
-runner itself: each step it samples the tokens we choose (`accepted`) and hands the drafter's
-proposals back (`k_per_step` dummy draft ids), exactly where vLLM's EngineCore does. It records
-what the scheduler scheduled each step, to compare with `dsd.sim.scheduler.Scheduler`.
+`VllmScheduler(config)` builds `vllm.v1.core.sched.scheduler.Scheduler` (sync) or
+`AsyncScheduler` (async) from our `SchedulerConfig` and answers `plan_step` / `commit_step` /
+`update` as `sim.scheduler.Scheduler` does, playing vLLM's model runner and drafter: it samples
+a + 1 tokens per decode row (1 for a completed prompt, none for a partial chunk) into
+`update_from_output`, and hands the drafter's K drafts back where vLLM's EngineCore does. It is
+what `--scheduler vllm` runs (the engine loop with the fitted executor and vLLM's exact
+scheduling), and the oracle of tests/sim/test_vllm_scheduler_differential.py, which drives ours
+and this one on the same random workloads and demands the same steps.
 
-It is NOT a vLLM engine: no model, no worker, no tokenizer, no timing, no EOS; prefix caching
-is off, arrivals are ignored. It needs vLLM 0.33 importable (CPU-only is enough: set
-`VLLM_TARGET_DEVICE=cpu` before the first import) and never runs in the simulator itself.
+It is NOT a vLLM engine: no model, no worker, no tokenizer, no EOS (requests run to max_tokens);
+prefix caching is off. It needs vLLM 0.33 importable (CPU-only is enough; `_vllm` sets
+`VLLM_TARGET_DEVICE=cpu` before the first import).
 
 Config mapping: max_model_len, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
 long_prefill_token_threshold -> vLLM's SchedulerConfig; block_size -> CacheConfig and one
 FullAttentionSpec KV group; k_max -> SpeculativeConfig(method="ngram", num_speculative_tokens
 = k_max) in sync mode, method="ngram_gpu" in async mode (VllmConfig refuses async + "ngram"
 with the V1 model runner, which is what a machine without Triton gets; the V2 model runner, the
-GPU default, accepts both; neither the method nor the runner changes the scheduler: no
-lookahead slots, pipeline parallel 1); no SpeculativeConfig when k_max = 0. num_kv_blocks
-usable blocks -> KVCacheConfig(num_blocks = num_kv_blocks + 1), because vLLM's BlockPool takes
-block 0 as its null block. Everything else is vLLM's default (in particular
+GPU default, accepts both; neither changes the scheduler: no lookahead slots, pipeline parallel
+1); for `speculative_method` other than ngram, that method (`_VLLM_METHODS`) with the same small
+Llama folder as its draft checkpoint, and a check that vLLM reserves the KV lookahead and
+per-row draft slots `SchedulerConfig` says it does; no SpeculativeConfig when k_max = 0.
+num_kv_blocks usable blocks -> KVCacheConfig(num_blocks = num_kv_blocks + 1), because vLLM's
+BlockPool takes block 0 as its null block. Everything else is vLLM's default (in particular
 scheduler_reserve_full_isl=True, watermark 0, FCFS). vLLM's CPU platform forces
 async_scheduling=False in the VllmConfig; we set it back (the scheduler reads it only for PP).
 
-Step sequence, sync (EngineCore.step + post_step):
-    out = scheduler.schedule()
-    scheduler.update_from_output(out, model_runner_output(out))
-    if out.total_num_scheduled_tokens > 0:
-        scheduler.update_draft_token_ids(DraftTokenIds(scheduled ids, K drafts each))
-repeated while scheduler.has_requests() (which stays True one extra, empty, step after the last
-finish, to flush finished ids). K is k_per_step at that step: drafts proposed after step t are
-verified at step t+1. vLLM itself ignores drafts of partial prefill chunks and finished
-requests; a request whose prompt completes at step t gets step t's drafts.
+Drafts (next-step K timing, vLLM's only one): the K given to `commit_step` at step t is what
+the drafter proposes after step t, verified at t + 1. Sync (EngineCore.step + post_step):
+`update_draft_token_ids` after `update_from_output`, K drafts for every request of the step
+(vLLM ignores those of partial prefill chunks and finished requests; a request whose prompt
+completes at step t gets step t's drafts). Async (EngineCore.step_with_batch_queue): the caller
+plans step t + 1 before updating step t, and the AsyncScheduler's placeholder drafts for the
+next step ([-1] * num_spec_tokens_to_schedule) are resized to each request's K, what a dynamic
+SD table does per batch (per row here).
 
-Step sequence, async (EngineCore.step_with_batch_queue, batch queue of 2), one call each:
-    if scheduler.has_requests():
-        out = scheduler.schedule(); queue.appendleft(out)
-        if len(queue) < 2 and (out has tokens or scheduler.has_requests()): next call
-    elif queue is empty: stop
-    scheduler.update_from_output(queue.pop(), its model_runner_output)
-so schedule(t+1) runs before update_from_output(t). No update_draft_token_ids: the
-AsyncScheduler gives every scheduled decode row placeholder drafts ([-1] *
-out.num_spec_tokens_to_schedule) for its next step and the worker fills them in. vLLM's only
-knob for that count is dynamic SD (`dynamic_sd_lookup`, by batch size): to apply k_per_step we
-set `scheduler.dynamic_sd_lookup` to a constant K before each schedule() (left as vLLM builds it,
-None, when k_per_step is the int k_max). Side effect of a non-None lookup: vLLM then does not pad
-a newly admitted 1-token prefill to 1 + k_max tokens.
-
-Model runner output: a row with d > 0 scheduled drafts samples a + 1 tokens, a = min(accepted(
-step, request index, d), d); a row whose chunk completes its (re)prompt samples 1; a partial
-chunk samples none. Decided when the step is scheduled (`request.is_prefill_chunk`). One
-exception: vLLM pads a request admitted with a 1-token prefill, while other requests decode, to
-1 + k_max tokens with k_max drafts of id -1 (uniform batches for CUDA graphs; not with a dynamic
-SD lookup); such a row samples 1 token (a = 0, `accepted` is not asked), as no model accepts -1.
-
-Steps are numbered over non-empty SchedulerOutputs only (what our scheduler counts); the
-`VllmRun.steps` has one dict per such step: {request index: (num_scheduled_tokens,
-num_scheduled_spec_tokens)}. vLLM's module is imported with importlib so that mypy does not
-analyse vLLM (it ships py.typed and is large).
+vLLM pads a request admitted with a 1-token prefill, while other requests decode, to 1 + k_max
+tokens with k_max drafts of id -1 (uniform batches for CUDA graphs); such a row is a prefill
+row here that completes its prompt and samples 1 token (no model accepts -1). vLLM's modules
+are imported with importlib so that mypy does not analyse vLLM (it ships py.typed and is large).
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import tempfile
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from dsd.sim.scheduler import SchedulerConfig
+import numpy as np
+
+from dsd.common.arrays import IntArray
+from dsd.common.errors import InputError
+from dsd.sim.scheduler import (
+    SchedulerConfig,
+    SpecDecodeStats,
+    StepPlan,
+    StepResult,
+    outcome_accepted,
+)
+from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
 # Token ids: prompts use ids >= _FIRST_PROMPT_TOKEN, samples and drafts _SAMPLED_TOKEN; none is
 # the config's EOS (2) or BOS (1), and requests ignore EOS anyway.
+# The vLLM whose scheduler this module drives (its semantics were read from this version).
+VLLM_VERSION = "0.33.0"
 _FIRST_PROMPT_TOKEN = 10
 _SAMPLED_TOKEN = 7
 _VOCAB_SIZE = 1000
 
 
+# Our speculative_method -> vLLM's (method, parallel_drafting). vLLM builds MTP only from an
+# MTP checkpoint; its scheduler reserves for "mtp" what it reserves for "eagle" (both are
+# `use_eagle()`: lookahead K, no draft slots), so the oracle stands in an EAGLE drafter.
+_VLLM_METHODS: dict[str, tuple[str, bool]] = {
+    "eagle": ("eagle", False),
+    "eagle3": ("eagle3", False),
+    "mtp": ("eagle", False),
+    "draft_model": ("draft_model", False),
+    "pard": ("draft_model", True),
+    "p-eagle": ("eagle3", True),
+}
+
+
 def _vllm(name: str) -> Any:
     """A vLLM module, typed Any (see the module docstring)."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    # Its warnings about this CPU (no Triton, no AVX2 kernels, block sizes) are noise here.
+    logging.getLogger("vllm").setLevel(logging.ERROR)
     return importlib.import_module(name)
 
 
@@ -133,12 +143,24 @@ def build_vllm_scheduler(config: SchedulerConfig) -> Any:
             block_size=config.block_size, enable_prefix_caching=False
         )
         speculative_config = None
-        if config.k_max > 0:
+        if config.k_max > 0 and config.speculative_method == "ngram":
             speculative_config = vconfig.SpeculativeConfig(
                 method="ngram_gpu" if is_async else "ngram",
                 num_speculative_tokens=config.k_max,
                 prompt_lookup_min=1,
                 prompt_lookup_max=3,
+            )
+        elif config.k_max > 0:
+            # A drafter with weights of its own: the same small Llama folder serves as its
+            # checkpoint (the scheduler never loads it).
+            method, parallel = _VLLM_METHODS[config.speculative_method]
+            speculative_config = vconfig.SpeculativeConfig(
+                method=method,
+                model=folder,
+                num_speculative_tokens=config.k_max,
+                parallel_drafting=parallel,
+                target_model_config=model_config,
+                target_parallel_config=vconfig.ParallelConfig(),
             )
         vllm_config = vconfig.VllmConfig(
             model_config=model_config,
@@ -148,6 +170,16 @@ def build_vllm_scheduler(config: SchedulerConfig) -> Any:
         )
     # vLLM's CPU platform turns async scheduling off; the GPU default keeps it.
     vllm_config.scheduler_config.async_scheduling = is_async
+    reserved = (
+        vllm_config.num_lookahead_tokens,
+        0 if speculative_config is None else speculative_config.max_num_new_slots_for_drafting,
+    )
+    if reserved != (config.num_lookahead_tokens, config.num_draft_slots):
+        raise RuntimeError(
+            f"vLLM reserves (lookahead, draft slots) {reserved} for "
+            f"{config.speculative_method} at K={config.k_max}, dsd "
+            f"{(config.num_lookahead_tokens, config.num_draft_slots)}"
+        )
     # +1: BlockPool reserves one block as the null block, so vLLM's usable pool is
     # num_blocks - 1 = our num_kv_blocks.
     num_blocks = config.num_kv_blocks + 1
@@ -194,121 +226,248 @@ def _make_request(index: int, spec: RequestSpec) -> Any:
 
 
 @dataclass(frozen=True)
-class VllmRun:
-    """What `run_vllm` saw."""
+class _Committed:
+    """A committed step, kept until its outcome: vLLM's output and the drafts proposed after it."""
 
-    # per non-empty step: {request index: (num_scheduled_tokens, num_scheduled_spec_tokens)}
-    steps: list[dict[int, tuple[int, int]]]
-    num_output_tokens: list[int]  # per request: output tokens vLLM kept (after stop trimming)
-    num_preemptions: list[int]  # per request: times vLLM preempted it
+    output: Any  # vLLM's SchedulerOutput
+    batch: ScheduledBatch
+    # per scheduled request id (vLLM's str): drafts the drafter proposes after this step (sync)
+    next_drafts: dict[str, int]
 
 
-def run_vllm(
-    config: SchedulerConfig,
-    requests: Sequence[RequestSpec],
-    k_per_step: Sequence[int] | int,
-    accepted: Callable[[int, int, int], int],
-    max_steps: int = 10_000,
-) -> VllmRun:
-    """Run vLLM's scheduler on `requests` (all added before the first step) to completion.
+class VllmScheduler:
+    """`sim.scheduler.Scheduler`'s call protocol (`plan_step`, `commit_step`, `update`) over
+    vLLM 0.33's own Scheduler / AsyncScheduler: what `--scheduler vllm` runs.
 
-    `k_per_step`: the drafter's K after each step (one int, or one per step; steps past the end
-    reuse the last entry), clamped to [0, k_max]. `accepted(step, request index, d)`: accepted
-    drafts of a row that verifies d > 0 drafts (clamped to [0, d]). Returns the scheduled steps
-    and each request's output tokens and preemptions at the end. Raises RuntimeError if the
-    requests do not all finish within `max_steps` scheduler calls; vLLM's own config checks
-    raise too (e.g. it wants max_num_batched_tokens >= max_num_seqs).
+    `plan_step` is vLLM's `schedule()`; the K it verifies per row are the drafts vLLM already
+    holds (next-step K timing, the only one vLLM has). `commit_step(plan, k)` fixes the drafts
+    proposed after the step: sync, handed over by `update_draft_token_ids` after the outcome,
+    as EngineCore does; async, the placeholders the AsyncScheduler reserved for the next step
+    are resized to K per request (what a dynamic K table does, per row). `update` samples
+    a + 1 tokens per decode row into vLLM's `update_from_output` and reads back what vLLM kept.
+    Rows are ordered as ours: decode rows in running order, then prefill rows. Spec-decode
+    counters are ours, over the rows whose request had not finished. Stop tokens (EOS) are not
+    supported: requests run to max_tokens, as in the simulator.
     """
-    outputs_module = _vllm("vllm.v1.outputs")
-    scheduler = build_vllm_scheduler(config)
-    is_async = config.scheduling == "async"
-    if isinstance(k_per_step, int):
-        ks: list[int] = [k_per_step]
-    else:
-        ks = [int(k) for k in k_per_step]
-        if not ks:
-            raise ValueError("k_per_step: empty sequence")
-    ks = [min(max(k, 0), config.k_max) for k in ks]
-    default_lookup = isinstance(k_per_step, int) and ks[0] == config.k_max
 
-    def k_at(step: int) -> int:
-        return ks[min(step, len(ks) - 1)]
+    def __init__(self, config: SchedulerConfig) -> None:
+        if config.k_timing != "next-step":
+            raise InputError("scheduler vllm: vLLM verifies a step's K at the next step only")
+        self.config = config
+        self._outputs = _vllm("vllm.v1.outputs")
+        self._vllm = build_vllm_scheduler(config)
+        self._async = config.scheduling == "async"
+        self.spec_stats = SpecDecodeStats(config.k_max)
+        self.num_preemptions = 0
+        self._requests: dict[int, Any] = {}  # every vLLM Request added, by our id
+        self._prefill_end: dict[int, int] = {}  # requests computing a (re)prompt: its tokens
+        self._finished: set[int] = set()
+        self._finished_since_last: list[int] = []
+        self._preempted_since_last: list[int] = []
+        # the plan, vLLM's SchedulerOutput, [P] tokens in each prefill row's KV before the step
+        self._pending: tuple[StepPlan, Any, IntArray] | None = None
+        self._inflight: dict[int, _Committed] = {}
+        self._step_index = 0
 
-    vllm_requests = [_make_request(index, spec) for index, spec in enumerate(requests)]
-    for request in vllm_requests:
-        scheduler.add_request(request)
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        if req_id in self._requests:
+            raise ValueError(f"request {req_id} is already in the scheduler")
+        if spec.prompt_len >= self.config.max_model_len:
+            raise InputError(
+                f"request {req_id}: prompt_len {spec.prompt_len} leaves no room for output "
+                f"tokens within max_model_len {self.config.max_model_len}"
+            )
+        request = _make_request(req_id, spec)
+        self._requests[req_id] = request
+        self._prefill_end[req_id] = spec.prompt_len
+        self._vllm.add_request(request)
 
-    steps: list[dict[int, tuple[int, int]]] = []
+    def has_unfinished(self) -> bool:
+        return bool(self._vllm.get_num_unfinished_requests())
 
-    def schedule() -> tuple[Any, Any]:
-        """One schedule() call and the model runner output of the step it builds."""
-        step = len(steps)
-        if is_async and config.k_max > 0 and not default_lookup:
-            scheduler.dynamic_sd_lookup = [k_at(step)] * (config.max_num_seqs + 1)
-        was_running = {request.request_id for request in scheduler.running}
-        out = scheduler.schedule()
-        req_ids = list(out.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        record: dict[int, tuple[int, int]] = {}
-        for req_id in req_ids:
-            drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
-            record[int(req_id)] = (int(out.num_scheduled_tokens[req_id]), drafts)
-            if scheduler.requests[req_id].is_prefill_chunk:
-                sampled.append([])  # partial chunk: nothing sampled
-                continue
-            num_accepted = 0
-            # A request admitted in this step with drafts is one vLLM padded (a 1-token
-            # prefill padded to 1 + k_max with -1 drafts): no model accepts those.
-            if drafts and req_id in was_running:
-                num_accepted = min(max(int(accepted(step, int(req_id), drafts)), 0), drafts)
-            sampled.append([_SAMPLED_TOKEN] * (num_accepted + 1))
-        if req_ids:
-            steps.append(record)
-        model_output = outputs_module.ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
+    def has_inflight(self) -> bool:
+        return bool(self._inflight)
+
+    def num_output_tokens(self, req_id: int) -> int:
+        return int(self._requests[req_id].num_output_tokens)
+
+    def running_positions(self, batch: ScheduledBatch) -> ScheduledBatch:
+        """`batch` with its rows' confirmed output tokens as of now (see Scheduler's)."""
+        positions = np.array(
+            [self._requests[int(r)].num_output_tokens for r in batch.req_ids], dtype=np.int64
+        )  # [B]
+        return replace(batch, num_output_tokens=positions)
+
+    def check_invariants(self) -> None:
+        """Nothing of ours to check: vLLM keeps the accounting (and asserts its own)."""
+
+    def plan_step(self) -> StepPlan | None:
+        if self._pending is not None:
+            raise RuntimeError("plan_step called twice without commit_step")
+        if not self._async and self._inflight:
+            raise RuntimeError("sync scheduling: update the previous step before planning")
+        if not self.has_unfinished():
+            return None
+        out = self._vllm.schedule()
+        for req_id in sorted(int(r) for r in out.preempted_req_ids or ()):
+            self.num_preemptions += 1
+            self._preempted_since_last.append(req_id)
+        if out.total_num_scheduled_tokens == 0:
+            return None  # async: the rows that fit wait for their in-flight outcome
+        admitted = [int(data.req_id) for data in out.scheduled_new_reqs]
+        resumed = out.scheduled_cached_reqs.resumed_req_ids
+        admitted += [int(r) for r in out.scheduled_cached_reqs.req_ids if r in resumed]
+        for req_id in admitted:  # a (re)prompt: the prompt and the outputs so far
+            self._prefill_end[req_id] = int(self._requests[req_id].num_tokens)
+        decode: list[tuple[int, int, int]] = []  # (id, tokens in KV before, drafts)
+        prefill: list[tuple[int, int, int]] = []  # (id, tokens in KV before, chunk)
+        for key, tokens in out.num_scheduled_tokens.items():
+            req_id = int(key)
+            before = int(self._requests[req_id].num_computed_tokens) - int(tokens)
+            if req_id in self._prefill_end:
+                prefill.append((req_id, before, int(tokens)))
+            else:
+                drafts = len(out.scheduled_spec_decode_tokens.get(key, ()))
+                decode.append((req_id, before, drafts))
+        decode_ids = np.array([row[0] for row in decode], dtype=np.int64)  # [D]
+        prefill_ids = np.array([row[0] for row in prefill], dtype=np.int64)  # [P]
+        chunks = np.array([row[2] for row in prefill], dtype=np.int64)  # [P]
+        prefill_before = np.array([row[1] for row in prefill], dtype=np.int64)  # [P]
+        ends = np.array([self._prefill_end[row[0]] for row in prefill], dtype=np.int64)  # [P]
+        plan = StepPlan(
+            step_index=self._step_index,
+            decode_req_ids=decode_ids,
+            decode_context_lens=np.array([row[1] for row in decode], dtype=np.int64),
+            decode_draft_room=np.array([row[2] for row in decode], dtype=np.int64),
+            prefill_req_ids=prefill_ids,
+            prefill_chunk_lens=chunks,
+            # a padded 1-token prompt (vLLM) schedules past its end: it completes too
+            prefill_completes=prefill_before + chunks >= ends,
+            new_req_ids=tuple(admitted),
+            preempted_req_ids=tuple(self._preempted_since_last),
+            finished_req_ids=tuple(self._finished_since_last),
+            decode_slots=decode_ids,
+            prefill_slots=prefill_ids,
         )
-        return out, model_output
+        self._preempted_since_last.clear()
+        self._finished_since_last.clear()
+        self._pending = (plan, out, prefill_before)
+        return plan
 
-    calls = 0
-    if not is_async:
-        while scheduler.has_requests():
-            calls += 1
-            if calls > max_steps:
-                raise RuntimeError(f"vLLM oracle: not finished within {max_steps} steps")
-            out, model_output = schedule()
-            scheduler.update_from_output(out, model_output)
-            if config.k_max > 0 and out.total_num_scheduled_tokens > 0:
-                # EngineCore.post_step: take_draft_token_ids() -> update_draft_token_ids().
-                # The V1 model runner's batch holds the requests scheduled in this step.
-                k = k_at(len(steps) - 1)
-                req_ids = list(out.num_scheduled_tokens)
-                drafts = [[_SAMPLED_TOKEN] * k for _ in req_ids]
-                scheduler.update_draft_token_ids(outputs_module.DraftTokenIds(req_ids, drafts))
-    else:
-        queue: deque[tuple[Any, Any]] = deque()
-        while True:
-            calls += 1
-            if calls > 2 * max_steps:
-                raise RuntimeError(f"vLLM oracle: not finished within {max_steps} steps")
-            if scheduler.has_requests():
-                out, model_output = schedule()
-                queue.appendleft((out, model_output))
-                executed = out.total_num_scheduled_tokens > 0
-                if len(queue) < 2 and (executed or scheduler.has_requests()):
-                    continue
-            elif not queue:
-                break
-            done, model_output = queue.pop()
-            scheduler.update_from_output(done, model_output)
-    if scheduler.get_num_unfinished_requests():
-        raise RuntimeError("vLLM oracle: requests left unfinished")
-    return VllmRun(
-        steps=steps,
-        num_output_tokens=[int(request.num_output_tokens) for request in vllm_requests],
-        num_preemptions=[int(request.num_preemptions) for request in vllm_requests],
-    )
+    def commit_step(self, plan: StepPlan, k: int | IntArray) -> ScheduledBatch:
+        if self._pending is None or plan is not self._pending[0]:
+            raise RuntimeError("commit_step needs the plan returned by the last plan_step")
+        _, out, prefill_before = self._pending
+        self._pending = None
+        cfg = self.config
+        num_decode = plan.num_decode_reqs
+        if isinstance(k, int | np.integer):
+            k_rows = np.full(num_decode, min(max(int(k), 0), cfg.k_max), dtype=np.int64)
+            k_default = min(max(int(k), 0), cfg.k_max)
+        else:
+            k_rows = np.clip(np.asarray(k, dtype=np.int64), 0, cfg.k_max)  # [D]
+            if k_rows.shape != (num_decode,):
+                raise ValueError(
+                    f"policy returned K of shape {k_rows.shape}, expected ({num_decode},)"
+                )
+            k_default = int(k_rows.max()) if num_decode else 0
+        # The drafter proposes after this step for every row that will decode next: decode
+        # rows their own K, rows that complete their prompt the step's K (vLLM's drafter).
+        next_drafts = {
+            str(int(r)): int(n) for r, n in zip(plan.decode_req_ids, k_rows, strict=True)
+        }
+        for req_id, done in zip(plan.prefill_req_ids, plan.prefill_completes, strict=True):
+            if done:
+                next_drafts[str(int(req_id))] = k_default
+                del self._prefill_end[int(req_id)]
+        if self._async and cfg.k_max:
+            for key, num in next_drafts.items():
+                self._vllm.requests[key].spec_token_ids = [-1] * num
+        ids = np.concatenate([plan.decode_req_ids, plan.prefill_req_ids])  # [B]
+        num_spec = plan.decode_draft_room  # [D] the drafts vLLM scheduled
+        num_prefill = plan.prefill_req_ids.shape[0]
+        num_scheduled = np.concatenate([num_spec + 1, plan.prefill_chunk_lens])  # [B]
+        completes = np.zeros(ids.shape[0], dtype=np.bool_)  # [B]
+        completes[num_decode:] = plan.prefill_completes
+        batch = ScheduledBatch(
+            step_index=plan.step_index,
+            req_ids=ids,
+            num_decode_reqs=num_decode,
+            num_scheduled_tokens=num_scheduled,
+            num_spec_tokens=np.concatenate([num_spec, np.zeros(num_prefill, dtype=np.int64)]),
+            num_computed_tokens=np.concatenate([plan.decode_context_lens, prefill_before]),
+            num_output_tokens=np.array(
+                [self._requests[int(r)].num_output_tokens for r in ids], dtype=np.int64
+            ),
+            completes_prompt=completes,
+            total_num_scheduled_tokens=int(out.total_num_scheduled_tokens),
+            new_req_ids=plan.new_req_ids,
+            finished_req_ids=plan.finished_req_ids,
+            preempted_req_ids=plan.preempted_req_ids,
+        )
+        self._inflight[plan.step_index] = _Committed(out, batch, next_drafts)
+        self._step_index += 1
+        return batch
+
+    def update(self, batch: ScheduledBatch, outcome: StepOutcome) -> StepResult:
+        committed = self._inflight.pop(batch.step_index, None)
+        if committed is None:
+            raise RuntimeError(f"step {batch.step_index} is not in flight")
+        if outcome.stop_index is not None and (np.asarray(outcome.stop_index) >= 0).any():
+            raise ValueError("scheduler vllm: stop tokens are not supported")
+        out = committed.output
+        num_decode = batch.num_decode_reqs
+        accepted = outcome_accepted(batch.step_index, outcome, num_decode)  # [D]
+        if ((accepted < 0) | (accepted > batch.num_spec_tokens[:num_decode])).any():
+            raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
+        sampled: dict[str, list[int]] = {}
+        for row, req_id in enumerate(batch.req_ids.tolist()):
+            if row < num_decode:
+                count = int(accepted[row]) + 1
+            else:
+                count = int(batch.completes_prompt[row])
+            sampled[str(req_id)] = [_SAMPLED_TOKEN] * count
+        keys = list(out.num_scheduled_tokens)
+        live_decode = np.array(
+            [int(r) not in self._finished for r in batch.req_ids[:num_decode].tolist()],
+            dtype=np.bool_,
+        )  # [D]
+        before = {key: self._requests[int(key)].num_output_tokens for key in keys}
+        self._vllm.update_from_output(
+            out,
+            self._outputs.ModelRunnerOutput(
+                req_ids=keys,
+                req_id_to_index={key: i for i, key in enumerate(keys)},
+                sampled_token_ids=[sampled[key] for key in keys],
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+            ),
+        )
+        drafted = batch.num_spec_tokens[:num_decode]
+        if outcome.num_drafted is not None:
+            drafted = np.asarray(outcome.num_drafted, dtype=np.int64)
+        self.spec_stats.observe(drafted[live_decode], accepted[live_decode])
+        if not self._async and self.config.k_max:
+            # EngineCore.post_step: the drafts proposed after this step
+            ids = list(committed.next_drafts)
+            drafts = [[_SAMPLED_TOKEN] * committed.next_drafts[key] for key in ids]
+            self._vllm.update_draft_token_ids(self._outputs.DraftTokenIds(ids, drafts))
+        emitted = np.array(
+            [self._requests[int(r)].num_output_tokens - before[str(r)] for r in batch.req_ids],
+            dtype=np.int64,
+        )  # [B]
+        finished = tuple(
+            int(r)
+            for r in batch.req_ids.tolist()
+            if int(r) not in self._finished and self._requests[int(r)].is_finished()
+        )
+        self._finished.update(finished)
+        self._finished_since_last.extend(finished)
+        return StepResult(
+            step_index=batch.step_index,
+            req_ids=batch.req_ids,
+            num_output_tokens=emitted,
+            finished_req_ids=finished,
+            num_accepted_tokens=int(accepted.sum()),
+        )

@@ -110,6 +110,19 @@ ENGINE: FlagGroup = {
         "When a step's K is verified: next-step (vLLM: drafted after the step, verified at the "
         "next) or same-step (sync only).",
     ),
+    "scheduler": option(
+        str,
+        "dsd",
+        "Whose scheduler plans the steps: dsd (fast) or vllm (vLLM 0.33's own, installed; "
+        "simulator only).",
+    ),
+    "speculative_method": option(
+        str,
+        "ngram",
+        "vLLM drafting method, for the KV lookahead and budget slots its scheduler reserves per "
+        "row: ngram (none), eagle, eagle3, mtp, draft_model, pard, p-eagle (a "
+        "--speculative-config's method sets it too).",
+    ),
     "max_num_seqs": option(int | None, None, "Running-set cap (default 256)."),
     "max_num_batched_tokens": option(int, 8192, "Token budget per step."),
     "max_model_len": option(

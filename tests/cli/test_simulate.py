@@ -283,6 +283,36 @@ def test_speculative_config_becomes_a_table_policy(
         ),
         (["--profile", str(H100), "--policy", "goodput", "--max-concurrency", "0"], ">= 1"),
         (["--profile", str(H100), "--speculative-config", "{oops"], "invalid JSON"),  # bad JSON
+        ([*GOODPUT, "--speculative-method", "medusa"], "speculative_method: choose"),
+        ([*GOODPUT, "--scheduler", "sglang"], "scheduler: choose"),
+        (
+            [*GOODPUT, "--scheduler", "vllm", "--k-timing", "same-step"],
+            "verifies a step's K at the next step",
+        ),
+        (
+            [*GOODPUT, "--speculative-method", "eagle", "--max-num-batched-tokens", "5"],
+            "lookahead",
+        ),  # vLLM refuses a budget within the lookahead too
+        (
+            [
+                "--profile",
+                str(H100),
+                "--speculative-config",
+                '{"method": "eagle", "num_speculative_tokens": 2}',
+                "--speculative-method",
+                "draft_model",
+            ],
+            "conflicts with the speculative config's method",
+        ),
+        (
+            [
+                "--profile",
+                str(H100),
+                "--speculative-config",
+                '{"method": "medusa", "num_speculative_tokens": 2}',
+            ],
+            "is not simulated",
+        ),
     ],
 )
 def test_bad_inputs_print_one_error_line_exit_2_and_create_no_folder(
@@ -320,3 +350,38 @@ def test_an_unwritable_out_is_one_line_naming_the_path(
     code, _, err = run_cli(["simulate", *GOODPUT, *SMALL, "--out", out], capsys)
     assert code == 2 and err.startswith(f"error: --out {out}: cannot write in /proc")
     assert err.count("\n") == 1
+
+
+def test_speculative_config_method_sets_the_drafters_reservations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A --speculative-config's method (and parallel_drafting) is the run's speculative_method;
+    a pool tight enough to preempt shows that EAGLE's lookahead slots are reserved."""
+    tight = [*SMALL, "--num-kv-blocks", "60", "--json"]
+    results = {}
+    for name, config in [
+        ("ngram", '{"method": "ngram", "num_speculative_tokens": 3}'),
+        ("p-eagle", '{"method": "eagle3", "parallel_drafting": true, "num_speculative_tokens": 3}'),
+    ]:
+        argv = ["simulate", "--profile", str(H100), "--speculative-config", config, *tight]
+        code, out, err = run_cli(argv, capsys)
+        assert (code, err) == (0, "")
+        results[name] = json.loads(out)
+    assert results["ngram"] != results["p-eagle"]
+
+
+def test_scheduler_vllm_without_vllm_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from importlib import metadata
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr("dsd.sim.build.importlib_metadata.version", missing)
+    code, out, err = run_cli(["simulate", *GOODPUT, *SMALL, "--scheduler", "vllm"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "error: scheduler vllm: vLLM is not installed (pip install --no-deps vllm==0.33.0, as "
+        "the README's setup does)"
+    )

@@ -13,7 +13,7 @@ from utils import create_requests, create_scheduler
 
 from dsd.common.errors import InputError
 from dsd.sim.fakes import ScriptedExecutor
-from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.scheduler import Scheduler, SchedulerConfig, drafter_reservations
 from dsd.sim.types import ScheduledBatch, StepOutcome
 
 
@@ -364,3 +364,74 @@ def test_admission_needs_room_for_the_whole_prompt(
     batch = scheduler.commit_step(scheduler.plan_step(), 0)
     scheduler.check_invariants()
     assert batch.num_scheduled_tokens.tolist() == first_step
+
+
+# vLLM 0.33's reservations per drafting method (SpeculativeConfig.max_num_new_slots_for_drafting,
+# VllmConfig.num_lookahead_tokens): (KV lookahead slots, extra budget slots) per scheduled row.
+@pytest.mark.parametrize(
+    ("method", "k_max", "lookahead", "draft_slots"),
+    [
+        ("ngram", 3, 0, 0),  # drafts from the tokens: writes no KV
+        ("eagle", 3, 3, 0),
+        ("eagle3", 3, 3, 0),
+        ("mtp", 3, 3, 0),
+        ("draft_model", 3, 3, 1),  # its input keeps one unsliced token
+        ("pard", 3, 3, 3),  # parallel draft model: K masked query rows
+        ("p-eagle", 3, 3, 2),  # parallel EAGLE: K - 1
+        ("draft_model", 0, 0, 0),  # K = 0: no speculative config at all
+    ],
+)
+def test_drafter_reservations_like_vllm(method, k_max, lookahead, draft_slots):
+    assert drafter_reservations(method, k_max) == (lookahead, draft_slots)
+    config = create_scheduler(k_max=k_max, speculative_method=method).config
+    assert (config.num_lookahead_tokens, config.num_draft_slots) == (lookahead, draft_slots)
+
+
+# KV lookahead: vLLM allocates num_lookahead_tokens slots past every scheduled row, admissions
+# included, so a drafter with weights fills a pool sooner. Two prompts of 8 tokens, blocks of
+# 4, a pool of 5 blocks: ngram covers 8 tokens (2 blocks) each; EAGLE at K = 3 covers 8 + 3 = 11
+# (3 blocks), so the second prompt no longer fits beside the first.
+@pytest.mark.parametrize(
+    ("method", "first_step_rows", "blocks_held"),
+    [("ngram", [0, 1], 4), ("eagle", [0], 3), ("draft_model", [0], 3)],
+)
+def test_lookahead_slots_are_allocated_with_every_row(method, first_step_rows, blocks_held):
+    scheduler = create_scheduler(
+        k_max=3, speculative_method=method, max_model_len=16, num_kv_blocks=5, block_size=4
+    )
+    for req_id, spec in enumerate(create_requests(2, prompt_len=8, output_len=4)):
+        scheduler.add_request(req_id, spec)
+    batch = scheduler.commit_step(scheduler.plan_step(), 3)
+    scheduler.check_invariants()
+    assert batch.req_ids.tolist() == first_step_rows
+    assert scheduler.kv.num_total_blocks - scheduler.kv.num_free_blocks == blocks_held
+
+
+# Draft slots: each scheduled row also takes max_num_new_slots_for_drafting of the token budget
+# (vLLM's input budget). Three 4-token prompts, budget 10, K = 2.
+@pytest.mark.parametrize(
+    ("method", "first_step_tokens"),
+    [
+        ("ngram", [4, 4, 2]),  # 4 + 4 + 2 = 10
+        ("eagle", [4, 4, 2]),  # lookahead only: the budget is the same
+        ("draft_model", [4, 4]),  # (4 + 1) + (4 + 1) = 10: nothing left for a third
+        ("pard", [4, 2]),  # (4 + 2) + (2 + 2) = 10
+        ("p-eagle", [4, 4]),  # (4 + 1) + (4 + 1)
+    ],
+)
+def test_draft_slots_take_budget_per_scheduled_row(method, first_step_tokens):
+    scheduler = create_scheduler(
+        k_max=2, speculative_method=method, max_num_batched_tokens=10, max_model_len=64
+    )
+    for req_id, spec in enumerate(create_requests(3, prompt_len=4, output_len=4)):
+        scheduler.add_request(req_id, spec)
+    batch = scheduler.commit_step(scheduler.plan_step(), 2)
+    assert batch.num_scheduled_tokens.tolist() == first_step_tokens
+
+
+def test_a_budget_within_the_lookahead_is_an_input_error():
+    # vLLM refuses max_num_batched_tokens <= num_lookahead_tokens: no row could be scheduled.
+    with pytest.raises(InputError, match="lookahead"):
+        create_scheduler(k_max=4, speculative_method="eagle", max_num_batched_tokens=4)
+    with pytest.raises(InputError, match="speculative_method"):
+        create_scheduler(speculative_method="medusa")
