@@ -1,0 +1,100 @@
+"""How well a latency model predicts ITL(B, K) between profiled batch sizes: leave one knot out.
+
+For every interior batch size B of a profile (neither the smallest nor the largest), all its
+points (every K, every context) are dropped, the model is fitted on the rest, and the dropped
+points are predicted: error % = predicted / measured - 1, per (B, K). The table model reads the
+remaining table with goodput's interpolation; the parametric model is refitted. The fit on all
+points is printed beside them (what the simulator uses today).
+
+    python benchmarks/latency_loko.py                      # the PR #32374 H100 profile
+    python benchmarks/latency_loko.py --profile P.json --json out.json
+
+Pure arithmetic on the profile's medians: the figures do not depend on the machine. The goal of
+the latency-model issue is max |error| <= 5% at every held-out interior knot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from dsd.common.errors import InputError
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile
+from dsd.sim.latency import fit_latency_model
+
+PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
+KINDS = ("table", "parametric")
+
+
+def held_out_errors(profile: Profile, kind: str, batch_size: int) -> dict[int, float]:
+    """{K: error %} at `batch_size` of the `kind` model fitted without that batch size."""
+    rest = dataclasses.replace(
+        profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
+    )
+    model = fit_latency_model(rest, kind=kind)  # type: ignore[arg-type]
+    return _errors(model, profile, batch_size)
+
+
+def fitted_errors(profile: Profile, kind: str, batch_size: int) -> dict[int, float]:
+    """{K: error %} at `batch_size` of the `kind` model fitted on every point."""
+    return _errors(fit_latency_model(profile, kind=kind), profile, batch_size)  # type: ignore[arg-type]
+
+
+def _errors(model: Any, profile: Profile, batch_size: int) -> dict[int, float]:
+    measured: dict[int, list[float]] = {}
+    for point in profile.latency:
+        if point.batch_size == batch_size:
+            measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
+    return {
+        k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(values) / len(values)) - 1.0)
+        for k, values in sorted(measured.items())
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default=PROFILE, help="profile file (ours or PR #32374's)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    try:
+        profile = load_profile(args.profile)
+    except InputError as exc:  # names the file itself
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"error: {args.profile}: {exc}", file=sys.stderr)
+        return 2
+    batch_sizes = profile.batch_sizes()
+    interior = batch_sizes[1:-1]
+    if not interior:
+        print(f"error: {args.profile}: needs >= 3 batch sizes to leave one out", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    print(f"{args.profile}: B = {batch_sizes}, K = {profile.spec_token_values()}")
+    print(f"{'model':<11} {'B':>5}  {'held out: error % per K':<36} {'fitted on all points':<30}")
+    for kind in KINDS:
+        for batch_size in interior:
+            out = held_out_errors(profile, kind, batch_size)
+            fit = fitted_errors(profile, kind, batch_size)
+            rows.append(
+                {"model": kind, "batch_size": batch_size, "held_out_pct": out, "fitted_pct": fit}
+            )
+            held = " ".join(f"K={k}:{v:+.1f}" for k, v in out.items())
+            full = " ".join(f"{v:+.1f}" for v in fit.values())
+            print(f"{kind:<11} {batch_size:>5}  {held:<36} {full:<30}")
+        worst = max(
+            abs(v) for row in rows if row["model"] == kind for v in row["held_out_pct"].values()
+        )
+        print(f"{kind:<11} worst held-out |error| {worst:.1f}% (goal <= 5%)")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out_file:
+            json.dump({"profile": args.profile, "rows": rows}, out_file, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
