@@ -162,10 +162,16 @@ class SchedulerConfig:
                 f"the {self.num_lookahead_tokens} lookahead slots of {self.speculative_method} "
                 f"at K={self.k_max}"
             )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+        if (
+            not self.enable_chunked_prefill
+            and self.max_num_batched_tokens < self.max_model_len + self.num_draft_slots
+        ):
+            # a whole prompt and its row's draft slots must fit one step, or it waits forever
+            slots = f" + {self.num_draft_slots} draft slots" if self.num_draft_slots else ""
             raise InputError(
                 "scheduler: without chunked prefill max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+                f"({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"({self.max_model_len}){slots}"
             )
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             # A capped prompt is a chunk: without chunking it would wait forever.

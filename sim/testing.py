@@ -119,8 +119,9 @@ def scheduler_configs(
     drafts = draw(st.integers(*k_max))
     # ngram (no reservations) half the time; ngram where the lookahead would not fit the budget
     method = draw(st.sampled_from(("ngram",) * len(SPECULATIVE_METHODS) + SPECULATIVE_METHODS))
-    if drafter_reservations(method, drafts)[0] >= budget:
-        method = "ngram"
+    lookahead, slots = drafter_reservations(method, drafts)
+    if lookahead >= budget or (not chunked and budget < model_len + slots):
+        method = "ngram"  # configs SchedulerConfig refuses
     return SchedulerConfig(
         max_model_len=model_len,
         num_kv_blocks=cdiv(model_len, block_size) + draw(st.integers(*pool_slack_blocks)),

@@ -435,3 +435,16 @@ def test_a_budget_within_the_lookahead_is_an_input_error():
         create_scheduler(k_max=4, speculative_method="eagle", max_num_batched_tokens=4)
     with pytest.raises(InputError, match="speculative_method"):
         create_scheduler(speculative_method="medusa")
+    # Found by the stateful machine: without chunked prefill a prompt and its row's draft
+    # slots must fit one step (PARD at K = 2 takes 2 of a 3-token budget: a 2-token prompt
+    # never fits and waits forever).
+    with pytest.raises(InputError, match="2 draft slots"):
+        create_scheduler(
+            max_model_len=3,
+            num_kv_blocks=3,
+            block_size=1,
+            k_max=2,
+            max_num_batched_tokens=3,
+            enable_chunked_prefill=False,
+            speculative_method="pard",
+        )

@@ -224,8 +224,9 @@ def _random_case(rng: random.Random) -> tuple[SchedulerConfig, list[RequestSpec]
     threshold = rng.choice([0, 0, rng.randint(1, max_model_len)]) if chunked else 0
     # ngram (no reservations) half the time, else a drafter with KV lookahead / draft slots
     method = rng.choice(["ngram"] * len(SPECULATIVE_METHODS) + list(SPECULATIVE_METHODS))
-    if drafter_reservations(method, k_max)[0] >= budget:  # vLLM refuses that config
-        method = "ngram"
+    lookahead, slots = drafter_reservations(method, k_max)
+    if lookahead >= budget or (not chunked and budget < max_model_len + slots):
+        method = "ngram"  # configs vLLM or SchedulerConfig refuse
     requests = [
         RequestSpec(rng.randint(2, max_model_len - 1), rng.randint(1, 40))
         for _ in range(rng.randint(1, 8))
