@@ -50,7 +50,7 @@ from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import torch_executor
 from dsd.backend.threads import thread_settings
-from dsd.common.arrays import IntArray
+from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.policies.profile import (
@@ -640,6 +640,8 @@ class HostOverheadSample:
     has_spec: bool  # some decode row drafted K > 0
     iteration_ms: float  # wall time of the whole loop iteration (what the wall clock advanced)
     forward_ms: float  # time inside the model forwards of the step (engine.step + prefill)
+    # wall time planning the step (admissions, plan, policy, commit; Engine.planning_ms)
+    planning_ms: float = 0.0
 
     @property
     def overhead_ms(self) -> float:
@@ -718,7 +720,8 @@ def loop_host_samples(
     `take_ms`); iteration time is the wall time the loop advanced for the step.
     """
     timed = _ForwardTimedExecutor(executor, take_forward_ms)
-    steps = build_engine(resolved, timed, LoopConfig(clock="wall")).run().steps
+    engine = build_engine(resolved, timed, LoopConfig(clock="wall", time_planning=True))
+    steps = engine.run().steps
     samples = []
     for step_index, duration_s in zip(
         steps["step_index"].tolist(), steps["duration_s"].tolist(), strict=True
@@ -730,6 +733,7 @@ def loop_host_samples(
                 has_spec=has_spec,
                 iteration_ms=float(duration_s) * 1000.0,
                 forward_ms=forward_ms,
+                planning_ms=engine.planning_ms.get(int(step_index), 0.0),
             )
         )
     return samples
@@ -793,30 +797,43 @@ def fit_host_overhead(samples: Sequence[HostOverheadSample]) -> HostOverhead:
     batch = np.array([s.batch_size for s in samples], dtype=np.int64)  # [S]
     spec = np.array([s.has_spec for s in samples], dtype=bool)  # [S]
     overhead = np.array([s.overhead_ms for s in samples], dtype=np.float64)  # [S]
-    if not np.all(np.isfinite(overhead)):
+    planning = np.array([s.planning_ms for s in samples], dtype=np.float64)  # [S]
+    if not (np.all(np.isfinite(overhead)) and np.all(np.isfinite(planning))):
         raise ValueError("host overhead: a sample is not finite")
+    (plain, drafting), residuals = _fit_class_lines(batch, spec, overhead)
+    (planning_plain, planning_spec), _ = _fit_class_lines(batch, spec, planning)
+    return HostOverhead(
+        plain=plain,
+        spec=drafting,
+        residual_ms=float(np.sqrt(np.mean(residuals**2))),
+        num_steps=len(samples),
+        max_batch_size=int(batch.max()),
+        planning_plain=planning_plain,
+        planning_spec=planning_spec,
+    )
+
+
+def _fit_class_lines(
+    batch: IntArray, spec: BoolArray, values: FloatArray
+) -> tuple[tuple[HostOverheadLine, HostOverheadLine], FloatArray]:
+    """((plain line, spec line), residuals per (class, B) group) of per-sample ms `values`:
+    each (class, B) group's median, lines fitted by weighted non-negative least squares; a
+    class with no samples takes the other's line."""
     lines: dict[bool, HostOverheadLine] = {}
-    residuals: list[np.ndarray] = []
+    residuals: list[FloatArray] = []
     for has_spec in (False, True):
         mask = spec == has_spec
         if not mask.any():
             continue
         group_b = np.unique(batch[mask])  # [G]
-        medians = np.array([np.median(overhead[mask & (batch == b)]) for b in group_b])  # [G]
+        medians = np.array([np.median(values[mask & (batch == b)]) for b in group_b])  # [G]
         counts = np.array([int((mask & (batch == b)).sum()) for b in group_b])  # [G]
         lines[has_spec], group_residuals = _fit_line(group_b, medians, counts)
         residuals.append(group_residuals)
     plain = lines.get(False, lines.get(True))
     drafting = lines.get(True, lines.get(False))
     assert plain is not None and drafting is not None  # samples is non-empty
-    all_residuals = np.concatenate(residuals)  # [groups]
-    return HostOverhead(
-        plain=plain,
-        spec=drafting,
-        residual_ms=float(np.sqrt(np.mean(all_residuals**2))),
-        num_steps=len(samples),
-        max_batch_size=int(batch.max()),
-    )
+    return (plain, drafting), np.concatenate(residuals)
 
 
 def measure_host_overhead(

@@ -555,6 +555,13 @@ def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-pro
             f"over {host.num_steps} loop steps"
             + ("" if file_format == "dsd-profile" else " (not kept by --format dsd-json)")
         )
+        if host.planning_plain is not None and host.planning_spec is not None:
+            text += (
+                "\nof which planning (overlapped by async scheduling): "
+                f"{host.planning_plain.intercept_ms:.3f} + {host.planning_plain.per_row_ms:.4f} "
+                f"x B ms (K = 0), {host.planning_spec.intercept_ms:.3f} + "
+                f"{host.planning_spec.per_row_ms:.4f} x B ms (K > 0)"
+            )
     return text
 
 

@@ -69,10 +69,21 @@ class HostOverhead:
     residual_ms: float  # RMS of the per-(class, B) medians about their line, ms; >= 0
     num_steps: int  # loop iterations behind the fit, >= 1
     max_batch_size: int  # largest B measured, >= 1 (beyond it the line extrapolates)
+    # The part of it spent planning the step (admissions, plan, policy, commit): what async
+    # scheduling overlaps with the previous step. None: not measured (older profiles).
+    planning_plain: HostOverheadLine | None = None
+    planning_spec: HostOverheadLine | None = None
 
     def overhead_ms(self, batch_size: int, has_spec: bool) -> float:
         """Host ms of one step of `batch_size` rows; `has_spec`: some row drafts K > 0."""
         return (self.spec if has_spec else self.plain).at(batch_size)
+
+    def planning_ms(self, batch_size: int, has_spec: bool) -> float:
+        """The planning part of `overhead_ms` (at most all of it); 0 when not measured."""
+        line = self.planning_spec if has_spec else self.planning_plain
+        if line is None:
+            return 0.0
+        return min(line.at(batch_size), self.overhead_ms(batch_size, has_spec))
 
 
 @dataclass(frozen=True, slots=True)

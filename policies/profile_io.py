@@ -448,17 +448,16 @@ def _parse_draft_outcomes(
 def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
     """The optional measured host-overhead model (see docs/formats.md)."""
     entry = reader.obj(raw, "host_overhead")
-    lines: dict[str, HostOverheadLine] = {}
-    for kind in ("plain", "spec"):
-        path = f"host_overhead.{kind}"
-        line = reader.obj(reader.require(entry, kind, "host_overhead"), path)
-        lines[kind] = HostOverheadLine(
-            intercept_ms=reader.nonnegative_ms(line, "intercept_ms", path),
-            per_row_ms=reader.nonnegative_ms(line, "per_row_ms", path),
-        )
+    lines = _host_overhead_lines(reader, entry, "host_overhead")
+    planning = None
+    if entry.get("planning") is not None:
+        path = "host_overhead.planning"
+        planning = _host_overhead_lines(reader, reader.obj(entry["planning"], path), path)
     return HostOverhead(
         plain=lines["plain"],
         spec=lines["spec"],
+        planning_plain=None if planning is None else planning["plain"],
+        planning_spec=None if planning is None else planning["spec"],
         residual_ms=reader.nonnegative_ms(entry, "residual_ms", "host_overhead"),
         num_steps=reader.integer(
             reader.require(entry, "num_steps", "host_overhead"), "host_overhead.num_steps", 1
@@ -471,15 +470,40 @@ def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
     )
 
 
+def _host_overhead_lines(
+    reader: _Reader, entry: Mapping[str, Any], where: str
+) -> dict[str, HostOverheadLine]:
+    """The "plain" and "spec" lines of a host-overhead object (or of its "planning" part)."""
+    lines: dict[str, HostOverheadLine] = {}
+    for kind in ("plain", "spec"):
+        path = f"{where}.{kind}"
+        line = reader.obj(reader.require(entry, kind, where), path)
+        lines[kind] = HostOverheadLine(
+            intercept_ms=reader.nonnegative_ms(line, "intercept_ms", path),
+            per_row_ms=reader.nonnegative_ms(line, "per_row_ms", path),
+        )
+    return lines
+
+
+def _line_to_native(line: HostOverheadLine) -> dict[str, float]:
+    return {"intercept_ms": line.intercept_ms, "per_row_ms": line.per_row_ms}
+
+
 def host_overhead_to_native(model: HostOverhead) -> dict[str, Any]:
     """The native JSON object of a host-overhead model (inverse of reading it)."""
-    return {
-        "plain": {"intercept_ms": model.plain.intercept_ms, "per_row_ms": model.plain.per_row_ms},
-        "spec": {"intercept_ms": model.spec.intercept_ms, "per_row_ms": model.spec.per_row_ms},
+    native: dict[str, Any] = {
+        "plain": _line_to_native(model.plain),
+        "spec": _line_to_native(model.spec),
         "residual_ms": model.residual_ms,
         "num_steps": model.num_steps,
         "max_batch_size": model.max_batch_size,
     }
+    if model.planning_plain is not None and model.planning_spec is not None:
+        native["planning"] = {
+            "plain": _line_to_native(model.planning_plain),
+            "spec": _line_to_native(model.planning_spec),
+        }
+    return native
 
 
 def _parse_counts(

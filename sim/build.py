@@ -104,6 +104,8 @@ def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:
         host_overhead_ms=resolved.host_overhead_ms,
         jitter=jitter,
         host_overhead_model=resolved.host_overhead_model,
+        host_planning_ms=resolved.host_planning_ms,
+        overlap_planning=config.scheduling == "async" and resolved.overlaps_planning,
     )
 
 

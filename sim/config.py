@@ -136,6 +136,10 @@ class RunConfig:
     # Host time per step that the profile's step timing did not see, ms, >= 0, added to every
     # step; None: the profile's measured host-overhead model if it has one, else 0.
     host_overhead_ms: float | None = None
+    # The part of host_overhead_ms spent planning the step (admissions, scheduler, policy),
+    # which async scheduling overlaps with the previous step; needs host_overhead_ms. None:
+    # 0 with host_overhead_ms; the measured model's own split without it.
+    host_planning_ms: float | None = None
     # Lognormal step-latency noise sigma (0: none); duration *= exp(sigma * Z).
     jitter_sigma: float = 0.0
     # Ablation: "profile" charges prompt tokens from the profile; "free" charges nothing for them.
@@ -203,6 +207,14 @@ class RunConfig:
                     f"got acceptance_model {self.acceptance_model!r}"
                 )
         require_number(self.host_overhead_ms, "host_overhead_ms", minimum=0.0, optional=True)
+        require_number(self.host_planning_ms, "host_planning_ms", minimum=0.0, optional=True)
+        if self.host_planning_ms is not None and (
+            self.host_overhead_ms is None or self.host_planning_ms > self.host_overhead_ms
+        ):
+            raise InputError(
+                f"host_planning_ms: {self.host_planning_ms} must be a part of host_overhead_ms "
+                f"({self.host_overhead_ms}): give both, planning <= overhead"
+            )
         require_number(self.jitter_sigma, "jitter_sigma", minimum=0.0)
         require_choice(self.prefill_cost, "prefill_cost", PREFILL_COST_MODES)
         require_int(self.fixed_batch_size, "fixed_batch_size", 1, optional=True)

@@ -81,6 +81,10 @@ class LoopConfig:
     # DataFrames in blocks (sim.metrics.STEP_BLOCK_ROWS) during the run and RunResult.steps is
     # empty, so long runs keep flat memory (e.g. a parquet writer, or `lambda rows: None`).
     step_sink: StepSink | None = None
+    # Record the wall time of planning each step (admitting sent requests, plan_step, the
+    # policy's choose_k, commit_step) in Engine.planning_ms: the host work that async
+    # scheduling overlaps with the previous step (the profiler's host-overhead split).
+    time_planning: bool = False
 
     def __post_init__(self) -> None:
         if self.clock not in ("model", "wall"):
@@ -188,6 +192,8 @@ class Engine:
         self._wake: simpy.Event | None = None
         self._wall_mark_s = 0.0
         self._ran = False
+        # step_index -> wall ms spent planning it (LoopConfig.time_planning)
+        self.planning_ms: dict[int, float] = {}
 
     # -- called by the client
     def send(self, req_id: int, spec: Any) -> None:
@@ -232,8 +238,10 @@ class Engine:
         is_async = scheduler.config.scheduling == "async"
         self._wall_mark_s = time.perf_counter()
         next_batch: ScheduledBatch | None = None
+        time_planning = self.config.time_planning
         while True:
             if next_batch is None:
+                planning_start_s = time.perf_counter() if time_planning else 0.0
                 client.pump(env.now)
                 plan = scheduler.plan_step()
                 self._check()
@@ -247,6 +255,8 @@ class Engine:
                     self._wall_mark_s = time.perf_counter()  # idle time is not step time
                     continue
                 next_batch = self._commit(plan)
+                if time_planning:
+                    self._record_planning(next_batch, planning_start_s)
             batch, next_batch = next_batch, None
             start_s = float(env.now)
             if self.config.record_events:
@@ -258,11 +268,14 @@ class Engine:
             outcome = self.executor.execute(batch)
             if is_async:
                 # Schedule step t+1 while step t runs, before its outcome is known.
+                planning_start_s = time.perf_counter() if time_planning else 0.0
                 client.pump(env.now)
                 plan = scheduler.plan_step()
                 self._check()
                 if plan is not None:
                     next_batch = self._commit(plan)
+                    if time_planning:
+                        self._record_planning(next_batch, planning_start_s)
             if wall:
                 mark_s = time.perf_counter()
                 duration_s = mark_s - self._wall_mark_s
@@ -273,6 +286,9 @@ class Engine:
                     raise ValueError(f"step {batch.step_index}: duration_s must be > 0")
             yield env.timeout(duration_s)
             self._apply(batch, outcome, start_s, duration_s)
+
+    def _record_planning(self, batch: ScheduledBatch, start_s: float) -> None:
+        self.planning_ms[batch.step_index] = (time.perf_counter() - start_s) * 1000.0
 
     def _commit(self, plan: StepPlan) -> ScheduledBatch:
         scheduler = self.scheduler

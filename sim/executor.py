@@ -13,11 +13,14 @@ row drafted" (d > 0). When the model reports d = K for every row (model drafts),
 priced as scheduled, with no copy.
 
 Duration = latency_model.step_ms(batch as run) + host overhead, times an optional multiplicative
-lognormal noise exp(sigma * Z) with its own generator (off by default). The noise has median 1,
-because profiles record median step latency. The host overhead is host time of the engine loop
-that the profiled step timing does not see (scheduler, policy, metrics, bookkeeping): either a
-constant `host_overhead_ms` or a measured `policies.profile.HostOverhead` model, which charges
-intercept + per_row x B by whether any decode row drafts (d > 0). Default: none (0).
+lognormal noise exp(sigma * Z) with its own generator (off by default). Under async scheduling
+on an engine that overlaps (vLLM), the host overhead's planning part runs while the previous
+step is on the device: duration = max(device, planning) + (host overhead - planning). The
+noise has median 1, because profiles record median step latency. The host overhead is host
+time of the engine loop that the profiled step timing does not see (scheduler, policy,
+metrics, bookkeeping): either a constant `host_overhead_ms` or a measured
+`policies.profile.HostOverhead` model, which charges intercept + per_row x B by whether any
+decode row drafts (d > 0). Default: none (0).
 
 What this does not do: decide anything about scheduling (the scheduler), stop early on EOS
 (simulated requests run to max_tokens; `stop_index` stays None), or touch torch.
@@ -67,17 +70,30 @@ class FittedExecutor:
         host_overhead_ms: float = 0.0,
         jitter: LatencyJitter | None = None,
         host_overhead_model: HostOverhead | None = None,
+        host_planning_ms: float = 0.0,
+        overlap_planning: bool = False,
     ) -> None:
         """`host_overhead_ms`: a constant added to every step; `host_overhead_model`: the
-        measured model instead (giving both is an error: which one applies would be a guess)."""
+        measured model instead (giving both is an error: which one applies would be a guess).
+        `host_planning_ms`: the part of the constant spent planning the step (the model has
+        its own); `overlap_planning`: that part runs while the previous step is on the device
+        (async scheduling), so a step costs max(device, planning) + the rest of the host time
+        instead of device + host."""
         if not (math.isfinite(host_overhead_ms) and host_overhead_ms >= 0):
             raise ValueError(f"host_overhead_ms must be finite and >= 0, got {host_overhead_ms}")
         if host_overhead_model is not None and host_overhead_ms != 0:
             raise ValueError("give host_overhead_ms or host_overhead_model, not both")
+        if not (math.isfinite(host_planning_ms) and 0 <= host_planning_ms <= host_overhead_ms):
+            raise ValueError(
+                f"host_planning_ms must be in [0, host_overhead_ms {host_overhead_ms}], "
+                f"got {host_planning_ms}"
+            )
         self.latency = latency
         self.acceptance = acceptance
         self.host_overhead_ms = float(host_overhead_ms)
         self.host_overhead_model = host_overhead_model
+        self.host_planning_ms = float(host_planning_ms)
+        self.overlap_planning = overlap_planning
         self.jitter_sigma = jitter.sigma if jitter is not None else 0.0
         self._jitter_rng = np.random.default_rng(jitter.seed) if jitter is not None else None
 
@@ -110,7 +126,7 @@ class FittedExecutor:
             self._check_outcomes(batch, decode_ks, num_drafted, num_accepted)
             ran = as_drafted(batch, num_drafted)
             reported_drafted = num_drafted.astype(np.int64, copy=False)
-        step_ms = self.latency.step_ms(ran) + self._host_ms(ran)
+        step_ms = self._step_ms(ran)
         if self._jitter_rng is not None and self.jitter_sigma > 0:
             step_ms *= math.exp(self.jitter_sigma * float(self._jitter_rng.standard_normal()))
         if not (math.isfinite(step_ms) and step_ms > 0):
@@ -143,11 +159,20 @@ class FittedExecutor:
                 f"{drafted.tolist()} for K {decode_ks.tolist()}"
             )
 
-    def _host_ms(self, batch: ScheduledBatch) -> float:
+    def _step_ms(self, batch: ScheduledBatch) -> float:
+        """Device time + host time; under `overlap_planning` the planning part of the host
+        time hides behind the device (docs/models.md 1.5)."""
+        device_ms = self.latency.step_ms(batch)
         model = self.host_overhead_model
         if model is None:
-            return self.host_overhead_ms
-        return model.overhead_ms(batch.batch_size, batch.has_drafts)
+            host_ms, planning_ms = self.host_overhead_ms, self.host_planning_ms
+        else:
+            has_drafts = batch.has_drafts
+            host_ms = model.overhead_ms(batch.batch_size, has_drafts)
+            planning_ms = model.planning_ms(batch.batch_size, has_drafts)
+        if self.overlap_planning:
+            return max(device_ms, planning_ms) + (host_ms - planning_ms)
+        return device_ms + host_ms
 
 
 def as_drafted(batch: ScheduledBatch, num_drafted: IntArray) -> ScheduledBatch:

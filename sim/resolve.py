@@ -141,11 +141,16 @@ class ResolvedRun:
     host_overhead_source: HostOverheadSource = "none"
     host_overhead_ms: float = 0.0  # the constant when the source is "flag", else 0
     host_overhead_model: HostOverhead | None = None  # the model when the source is "measured"
+    # The planning part of host_overhead_ms (source "flag"; the model has its own split)
+    host_planning_ms: float = 0.0
     # The recording config.replay_recording names (None: not named; replay reads the bundled one)
     replay_recording: ReplayRecording | None = None
     # How the simulated engine runs prefill chunks beside decode rows: "fused" in one forward
     # (vLLM), "separate" as a forward of their own (dsd's torch engine: `resolve_real`)
     prefill_forward: PrefillForward = "fused"
+    # Whether the simulated engine plans step t+1 while step t is on the device under async
+    # scheduling (vLLM does; dsd's torch engine runs the loop serially: `resolve_real`)
+    overlaps_planning: bool = True
 
     @property
     def max_running(self) -> int:
@@ -247,6 +252,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
         host_overhead_source=host_source,
         host_overhead_ms=host_ms,
         host_overhead_model=host_model,
+        host_planning_ms=0.0 if config.host_planning_ms is None else config.host_planning_ms,
         replay_recording=recording,
     )
     # A bad SPEC fails here, before anything runs (runs build their own: policies hold state).
@@ -332,6 +338,10 @@ def host_overhead_description(resolved: ResolvedRun) -> dict[str, Any]:
         info["model"] = host_overhead_to_native(model)
     else:
         info["ms"] = resolved.host_overhead_ms
+        info["planning_ms"] = resolved.host_planning_ms
+    # async scheduling on an engine that plans during the previous step (vLLM): the planning
+    # part of the host time hides behind the device
+    info["planning_overlaps"] = resolved.config.scheduling == "async" and resolved.overlaps_planning
     return info
 
 

@@ -148,6 +148,12 @@ SIMULATOR: FlagGroup = {
         None,
         "Extra host time per step, ms (default: the profile's measured model, if any).",
     ),
+    "host_planning_ms": option(
+        float | None,
+        None,
+        "The part of --host-overhead-ms spent planning the step, which async scheduling "
+        "overlaps with the previous step (default 0; the measured model has its own split).",
+    ),
     "jitter_sigma": option(
         float, 0.0, "Lognormal step-latency noise sigma (0: none).", "--latency-jitter"
     ),

@@ -217,6 +217,50 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
     assert model.max_batch_size == 6
 
 
+def test_loop_fit_splits_off_the_planning_part(monkeypatch) -> None:
+    """Planning (admissions, plan_step, the policy, commit_step) is timed on its own: with a
+    plan_step that costs 0.2 + 0.01 B ms on the fake clock, the planning lines recover it and
+    the total lines carry it on top of the executor's host time."""
+    import types
+
+    import dsd.sim.engine
+    from dsd.backend.profiler import fit_host_overhead, loop_host_samples
+    from dsd.sim.config import RunConfig
+    from dsd.sim.resolve import resolve
+    from dsd.sim.scheduler import Scheduler
+    from dsd.traces.workload import RequestSpec, Workload
+
+    clock = FakeClock()
+    monkeypatch.setattr(dsd.sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    plan_step = Scheduler.plan_step
+
+    def slow_plan_step(self):
+        plan = plan_step(self)
+        if plan is not None:
+            clock.advance_ms(0.2 + 0.01 * plan.batch_size)
+        return plan
+
+    monkeypatch.setattr(Scheduler, "plan_step", slow_plan_step)
+    samples = []
+    for batch_size in (1, 4):
+        for k in (0, 2):
+            executor = ClockedExecutor(clock)
+            workload = Workload(
+                name="w",
+                requests=tuple(RequestSpec(prompt_len=8, output_len=6) for _ in range(batch_size)),
+                max_concurrency=batch_size,
+            )
+            config = RunConfig(policy=f"static:{k}", max_model_len=32, k_max=2)
+            resolved = resolve(config, workload=workload)
+            samples += loop_host_samples(resolved, executor, executor.take_forward_ms)
+    model = fit_host_overhead(samples)
+    for line in (model.planning_plain, model.planning_spec):
+        assert line is not None
+        assert (line.intercept_ms, line.per_row_ms) == pytest.approx((0.2, 0.01))
+    assert (model.plain.intercept_ms, model.plain.per_row_ms) == pytest.approx((0.5, 0.06))
+    assert model.planning_ms(4, True) == pytest.approx(0.24)
+
+
 def _sample(batch_size: int, has_spec: bool, overhead_ms: float):
     from dsd.backend.profiler import HostOverheadSample
 

@@ -285,6 +285,7 @@ def test_speculative_config_becomes_a_table_policy(
         (["--profile", str(H100), "--speculative-config", "{oops"], "invalid JSON"),  # bad JSON
         ([*GOODPUT, "--speculative-method", "medusa"], "speculative_method: choose"),
         ([*GOODPUT, "--scheduler", "sglang"], "scheduler: choose"),
+        ([*GOODPUT, "--host-planning-ms", "0.5"], "must be a part of host_overhead_ms"),
         (
             [*GOODPUT, "--scheduler", "vllm", "--k-timing", "same-step"],
             "verifies a step's K at the next step",

@@ -124,3 +124,32 @@ def test_missing_keys_are_named(tmp_path: Path, section: str, missing: str, frag
     del holder[missing]
     with pytest.raises(InputError, match=fragment.replace(".", r"\.")):
         load_profile(_write(tmp_path, data))
+
+
+PLANNING = {
+    "plain": {"intercept_ms": 0.125, "per_row_ms": 0.0},
+    "spec": {"intercept_ms": 0.25, "per_row_ms": 0.0078125},
+}
+
+
+def test_planning_lines_round_trip_and_older_files_have_none(tmp_path: Path) -> None:
+    assert GOLDEN_MODEL.planning_plain is None  # the golden file predates the split
+    data = _golden_data()
+    data["host_overhead"]["planning"] = PLANNING
+    model = load_profile(_write(tmp_path, data)).host_overhead
+    assert model is not None
+    assert model.planning_plain == HostOverheadLine(0.125, 0.0)
+    assert model.planning_spec == HostOverheadLine(0.25, 0.0078125)
+    again = tmp_path / "again.json"
+    save_profile(load_profile(_write(tmp_path, data)), again)
+    assert json.loads(again.read_text())["host_overhead"]["planning"] == PLANNING
+    # the planning part of a step never exceeds its host overhead
+    assert model.planning_ms(8, has_spec=True) == pytest.approx(0.3125)
+
+
+def test_a_bad_planning_line_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
+    data = _golden_data()
+    data["host_overhead"]["planning"] = {"plain": PLANNING["plain"], "spec": {"per_row_ms": 0}}
+    path = _write(tmp_path, data)
+    with pytest.raises(InputError, match=r"host_overhead\.planning\.spec: missing field"):
+        load_profile(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pytest
 from test_executor import RecordingAcceptance, h100_profile, make_batch
 from test_runner import write_flat_profile, write_workload_file
 
+from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, HostOverheadLine
 from dsd.reports.run_outputs import bench_result, simulator_settings
 from dsd.sim.build import build_engine, fitted_executor
@@ -82,6 +84,24 @@ def write_measured_profile(path: Path, itl_ms: float) -> Path:
     return path
 
 
+def _one_at_a_time(tmp_path: Path, measured: bool, **fields: Any) -> RunConfig:
+    """static:0 at C = 1 over two requests on a flat 10 ms profile (with the measured MODEL's
+    host overhead when `measured`): every step is a plain B = 1 step, prefill included."""
+    profile = (
+        write_measured_profile(tmp_path / "p.json", itl_ms=10.0)
+        if measured
+        else write_flat_profile(tmp_path / "p.json", itl_ms=10.0)
+    )
+    workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
+    return RunConfig(
+        profile=str(profile),
+        policy="static:0",
+        dataset=str(workload),
+        max_concurrency=1,
+        **fields,
+    )
+
+
 @pytest.mark.parametrize(
     ("measured", "flag_ms", "source", "tpot_ms"),
     [
@@ -95,19 +115,7 @@ def write_measured_profile(path: Path, itl_ms: float) -> Path:
 def test_runner_resolves_the_host_overhead_source(
     tmp_path: Path, measured: bool, flag_ms: float | None, source: str, tpot_ms: float
 ) -> None:
-    profile = (
-        write_measured_profile(tmp_path / "p.json", itl_ms=10.0)
-        if measured
-        else write_flat_profile(tmp_path / "p.json", itl_ms=10.0)
-    )
-    workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
-    config = RunConfig(
-        profile=str(profile),
-        policy="static:0",
-        dataset=str(workload),
-        max_concurrency=1,
-        host_overhead_ms=flag_ms,
-    )
+    config = _one_at_a_time(tmp_path, measured, host_overhead_ms=flag_ms)
     resolved = resolve(config)
     assert resolved.host_overhead_source == source
     run = build_engine(resolved, fitted_executor(resolved)).run()
@@ -123,3 +131,78 @@ def test_runner_resolves_the_host_overhead_source(
     assert (
         bench_result(run, resolved, simulator_settings(resolved))["host_overhead_source"] == source
     )
+
+
+PLANNING_MODEL = dataclasses.replace(
+    MODEL,
+    planning_plain=HostOverheadLine(intercept_ms=0.5, per_row_ms=0.25),
+    planning_spec=HostOverheadLine(intercept_ms=1.5, per_row_ms=0.0),
+)
+
+
+@pytest.mark.parametrize(
+    ("host_ms", "planning_ms", "overlap", "expected_extra_ms"),
+    [
+        (3.0, 2.0, False, 3.0),  # sync: device + all the host time
+        (3.0, 2.0, True, 1.0),  # async: planning hides behind the device, the rest does not
+        (3.0, 0.0, True, 3.0),  # nothing overlappable: as sync
+        (30.0, 25.0, True, 25.0 + 5.0),  # planning longer than the device: it sets the pace
+    ],
+)
+def test_async_overlaps_the_planning_part_with_the_device(
+    host_ms: float, planning_ms: float, overlap: bool, expected_extra_ms: float
+) -> None:
+    latency = TableLatencyModel(h100_profile())
+    batch = make_batch(0, [0, 1, 2], [2, 2, 2])
+    device_ms = FittedExecutor(latency, RecordingAcceptance()).execute(batch).duration_s * 1000
+    executor = FittedExecutor(
+        latency,
+        RecordingAcceptance(),
+        host_overhead_ms=host_ms,
+        host_planning_ms=planning_ms,
+        overlap_planning=overlap,
+    )
+    step_ms = executor.execute(batch).duration_s * 1000.0
+    if planning_ms > device_ms and overlap:
+        assert step_ms == pytest.approx(expected_extra_ms)
+    else:
+        assert step_ms == pytest.approx(device_ms + expected_extra_ms)
+
+
+def test_the_measured_models_planning_lines_overlap_under_async() -> None:
+    latency = TableLatencyModel(h100_profile())
+    batch = make_batch(0, [0, 1], [0, 0])  # plain step, B = 2
+    device_ms = FittedExecutor(latency, RecordingAcceptance()).execute(batch).duration_s * 1000
+    overlapped = FittedExecutor(
+        latency, RecordingAcceptance(), host_overhead_model=PLANNING_MODEL, overlap_planning=True
+    )
+    # host 1 + 0.5 x 2 = 2 ms, of which planning 0.5 + 0.25 x 2 = 1 ms hides
+    assert overlapped.execute(batch).duration_s * 1000 == pytest.approx(device_ms + 1.0)
+    assert PLANNING_MODEL.planning_ms(2, True) == pytest.approx(1.5)
+    assert MODEL.planning_ms(2, True) == 0.0  # not measured: nothing overlaps
+
+
+@pytest.mark.parametrize(
+    ("overhead", "planning", "message"),
+    [(None, 0.5, "give both"), (1.0, 1.5, "planning <= overhead"), (1.0, -1.0, ">= 0")],
+)
+def test_host_planning_must_be_a_part_of_the_host_overhead(overhead, planning, message) -> None:
+    with pytest.raises(InputError, match=message):
+        RunConfig(policy="static:0", host_overhead_ms=overhead, host_planning_ms=planning)
+
+
+@pytest.mark.parametrize(("scheduling", "tpot_ms"), [("sync", 14.0), ("async", 11.0)])
+def test_async_hides_the_planning_host_time_in_a_run(
+    tmp_path: Path, scheduling: str, tpot_ms: float
+) -> None:
+    """Flat 10 ms steps, 4 ms of host time of which 3 ms planning, C = 1, K = 0: sync pays
+    10 + 4 per token, async max(10, 3) + 1 (vLLM's async scheduling)."""
+    config = _one_at_a_time(
+        tmp_path, False, host_overhead_ms=4.0, host_planning_ms=3.0, scheduling=scheduling
+    )
+    resolved = resolve(config)
+    run = build_engine(resolved, fitted_executor(resolved)).run()
+    assert run.metrics["mean_tpot_ms"] == pytest.approx(tpot_ms)
+    record = resolved_config_dict(config, resolved)["resolved"]["host_overhead"]
+    assert record["planning_ms"] == 3.0
+    assert record["planning_overlaps"] == (scheduling == "async")
