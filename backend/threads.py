@@ -12,6 +12,8 @@ from typing import Any
 import torch
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+# Most intra-op threads a command accepts (torch itself overflows on absurd counts)
+MAX_THREADS = 1024
 
 
 def set_threads(threads: int | None) -> None:

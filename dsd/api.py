@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dsd.common import invocation
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, require_int
 from dsd.common.progress import ProgressFactory, no_progress
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
@@ -275,10 +275,9 @@ def load_pair(
     `smollm2-135m`, .gguf files, checkpoint folders; drafts also `early-exit:N`, `ngram` and
     `none`). `threads`: torch's CPU threads for the whole process (None: torch's default)."""
     from dsd.backend.pair import load_pair as load
-    from dsd.backend.threads import set_threads
+    from dsd.backend.threads import MAX_THREADS, set_threads
 
-    if threads is not None and (isinstance(threads, bool) or threads < 1):
-        raise InputError(f"--threads: must be an integer >= 1, got {threads!r}")
+    require_int(threads, "--threads", 1, MAX_THREADS, optional=True)
     set_threads(threads)
 
     if target is None:

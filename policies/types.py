@@ -56,6 +56,9 @@ K_TIMINGS: tuple[KTiming, ...] = ("next-step", "same-step")
 # Largest running-set cap (max_num_seqs) any policy or the simulator accepts: per-B tables are
 # built for B = 1..max_num_seqs, so an absurd cap would be a huge allocation, not an answer.
 MAX_NUM_SEQS = 1 << 20
+# Largest num_speculative_tokens a run accepts: far past any useful K (acceptance of the 10th
+# draft is tiny), and small enough that KV caches sized by it stay allocatable.
+MAX_SPEC_TOKENS = 64
 
 
 @dataclass(frozen=True, slots=True)

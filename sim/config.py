@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dsd.common.errors import InputError, require_choice, require_int, require_number
-from dsd.policies.types import K_TIMINGS, MAX_NUM_SEQS, KTiming, SchedulingMode
+from dsd.policies.types import K_TIMINGS, MAX_NUM_SEQS, MAX_SPEC_TOKENS, KTiming, SchedulingMode
 from dsd.sim.latency import LatencyModelKind, MixedKCosting
 from dsd.sim.scheduler import SPECULATIVE_METHODS
 from dsd.traces.datasets import RandomLengths
@@ -193,7 +193,7 @@ class RunConfig:
         require_int(self.max_num_batched_tokens, "max_num_batched_tokens", 1)
         require_int(self.max_model_len, "max_model_len", 2, optional=True)
         require_int(self.num_kv_blocks, "num_kv_blocks", 1, optional=True)
-        require_int(self.k_max, "k_max", 0, optional=True)
+        require_int(self.k_max, "k_max", 0, MAX_SPEC_TOKENS, optional=True)
         require_choice(self.latency_model, "latency_model", LATENCY_MODEL_KINDS)
         require_choice(self.acceptance_model, "acceptance_model", ACCEPTANCE_MODEL_KINDS)
         if self.replay_recording is not None:

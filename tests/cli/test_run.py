@@ -14,6 +14,8 @@ CLI_ERRORS = [
     (["--target", "tiny", "--draft", "early-exit:5"], "early-exit:5"),  # deeper than the target
     (["--target", "no-such-model"], "no-such-model"),  # neither a shape nor a file
     (["--target", "tiny", "--device", "tpu"], "--device"),  # unknown device
+    # found by the CLI fuzz test: torch overflowed on it
+    (["--target", "tiny", "--threads", "99999999999999999999"], "--threads: must be an integer"),
 ]
 
 

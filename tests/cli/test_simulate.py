@@ -286,6 +286,8 @@ def test_speculative_config_becomes_a_table_policy(
         ([*GOODPUT, "--speculative-method", "medusa"], "speculative_method: choose"),
         ([*GOODPUT, "--scheduler", "sglang"], "scheduler: choose"),
         ([*GOODPUT, "--host-planning-ms", "0.5"], "must be a part of host_overhead_ms"),
+        # found by the CLI fuzz test: a KV cache sized by it overflowed torch
+        ([*GOODPUT, "--num-spec-tokens", "99999999999999999999"], "k_max: must be an integer"),
         (
             [*GOODPUT, "--scheduler", "vllm", "--k-timing", "same-step"],
             "verifies a step's K at the next step",

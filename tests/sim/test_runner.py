@@ -83,7 +83,7 @@ def _config(**overrides: Any) -> RunConfig:
         ("max_num_seqs", 0, r"max_num_seqs: must be an integer in \[1,"),  # empty running set
         ("max_num_batched_tokens", 0, "max_num_batched_tokens"),  # zero budget
         ("max_model_len", 1, "max_model_len: must be an integer >= 2"),  # no room to decode
-        ("k_max", -1, "k_max: must be an integer >= 0"),  # negative K
+        ("k_max", -1, r"k_max: must be an integer in \[0, 64\]"),  # negative K
         ("latency_model", "lut", "latency_model: choose from"),  # unknown model
         ("acceptance_model", "oracle", "acceptance_model: choose from"),  # unknown model
         ("host_overhead_ms", -0.5, "host_overhead_ms: must be >= 0"),  # negative time
