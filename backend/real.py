@@ -33,8 +33,7 @@ def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
     if pair.draft is None:
         config = dataclasses.replace(config, k_max=0)
     resolved = resolve(config, workload=pair.real_workload(config_workload(config)))
-    # dsd's torch engine runs a step's prefill as a forward of its own, and its loop serially
-    return dataclasses.replace(resolved, prefill_forward="separate", overlaps_planning=False)
+    return dataclasses.replace(resolved, prefill_forward="separate")
 
 
 def torch_executor(

@@ -22,6 +22,12 @@ measured perf_counter time of the whole iteration, host work included (schedulin
 bookkeeping of the previous step), which is what a real executor needs for an apples-to-apples
 comparison with the simulator.
 
+Real overlap (wall clock, async): step t runs on a worker thread (`executor.execute`; torch
+releases the GIL in its kernels) while this thread plans and commits step t+1; the loop then
+waits for step t's outcome. Requests sent meanwhile reach the executor (`add_request`) only
+after step t returns, before step t+1 runs, so the executor is never touched by two threads.
+`LoopConfig(overlap=False)` runs async steps serially (the executor on this thread).
+
 What this module deliberately does not do: compute latency (the executor does), choose K (the
 policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 """
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -85,6 +92,9 @@ class LoopConfig:
     # policy's choose_k, commit_step) in Engine.planning_ms: the host work that async
     # scheduling overlaps with the previous step (the profiler's host-overhead split).
     time_planning: bool = False
+    # Wall clock + async scheduling: execute step t on a worker thread while step t+1 is
+    # planned (the real engine's overlap; see the module docstring). False: serially.
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.clock not in ("model", "wall"):
@@ -194,12 +204,18 @@ class Engine:
         self._ran = False
         # step_index -> wall ms spent planning it (LoopConfig.time_planning)
         self.planning_ms: dict[int, float] = {}
+        # Requests sent while a step runs on the worker thread, for the executor afterwards
+        self._step_running = False
+        self._deferred_adds: list[tuple[int, Any]] = []
 
     # -- called by the client
     def send(self, req_id: int, spec: Any) -> None:
         now_s = float(self._env.now)
         self.scheduler.add_request(req_id, spec)
-        self.executor.add_request(req_id, spec)
+        if self._step_running:
+            self._deferred_adds.append((req_id, spec))
+        else:
+            self.executor.add_request(req_id, spec)
         self._metrics.record_send(req_id, now_s, spec.prompt_len)
         if self.config.record_events:
             self._events.append(EngineEvent(now_s, "send", req_id, -1, spec.prompt_len))
@@ -231,6 +247,21 @@ class Engine:
 
     # -- the engine process
     def _engine_process(self) -> Generator[simpy.Event, Any, None]:
+        overlapped = (
+            self.config.clock == "wall"
+            and self.scheduler.config.scheduling == "async"
+            and self.config.overlap
+        )
+        worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step") if overlapped else None
+        )
+        try:
+            yield from self._loop(worker)
+        finally:
+            if worker is not None:
+                worker.shutdown(wait=True)
+
+    def _loop(self, worker: ThreadPoolExecutor | None) -> Generator[simpy.Event, Any, None]:
         env = self._env
         scheduler = self.scheduler
         client = self._client
@@ -265,7 +296,11 @@ class Engine:
                 )
             if is_async:
                 batch = scheduler.running_positions(batch)
-            outcome = self.executor.execute(batch)
+            if worker is not None:
+                self._step_running = True
+                running = worker.submit(self.executor.execute, batch)
+            else:
+                outcome = self.executor.execute(batch)
             if is_async:
                 # Schedule step t+1 while step t runs, before its outcome is known.
                 planning_start_s = time.perf_counter() if time_planning else 0.0
@@ -276,6 +311,12 @@ class Engine:
                     next_batch = self._commit(plan)
                     if time_planning:
                         self._record_planning(next_batch, planning_start_s)
+            if worker is not None:
+                outcome = running.result()  # re-raises what the step raised
+                self._step_running = False
+                for req_id, spec in self._deferred_adds:
+                    self.executor.add_request(req_id, spec)
+                self._deferred_adds.clear()
             if wall:
                 mark_s = time.perf_counter()
                 duration_s = mark_s - self._wall_mark_s

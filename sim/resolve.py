@@ -148,9 +148,6 @@ class ResolvedRun:
     # How the simulated engine runs prefill chunks beside decode rows: "fused" in one forward
     # (vLLM), "separate" as a forward of their own (dsd's torch engine: `resolve_real`)
     prefill_forward: PrefillForward = "fused"
-    # Whether the simulated engine plans step t+1 while step t is on the device under async
-    # scheduling (vLLM does; dsd's torch engine runs the loop serially: `resolve_real`)
-    overlaps_planning: bool = True
 
     @property
     def max_running(self) -> int:
@@ -339,9 +336,9 @@ def host_overhead_description(resolved: ResolvedRun) -> dict[str, Any]:
     else:
         info["ms"] = resolved.host_overhead_ms
         info["planning_ms"] = resolved.host_planning_ms
-    # async scheduling on an engine that plans during the previous step (vLLM): the planning
-    # part of the host time hides behind the device
-    info["planning_overlaps"] = resolved.config.scheduling == "async" and resolved.overlaps_planning
+    # async scheduling plans step t+1 during step t (vLLM, and dsd's engine loop): the
+    # planning part of the host time hides behind the device
+    info["planning_overlaps"] = resolved.config.scheduling == "async"
     return info
 
 
