@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="tiny")
     parser.add_argument("--draft", default="tiny-draft")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--k", type=int, default=3, help="static K of every run")
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated C")
     parser.add_argument("--output-len", type=int, default=32)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",")]
-        pair = api.load_pair(args.target, args.draft, threads=args.threads)
+        pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
         load_before = load_average()
         profile_path = args.profile
         if profile_path is None:
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         "target": args.target,
         "draft": args.draft,
         "k": args.k,
+        "device": args.device,
         "repeats": args.repeats,
         "threads": thread_settings(),
         "cpu": cpu_model(),

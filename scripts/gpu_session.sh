@@ -479,10 +479,11 @@ phase_tests() {
 
 # -------------------------------------------------------------------------------------- bench
 phase_bench() {
+    local rc=0 engine_note overlap_note
     local -a args=(benchmarks/engine_gpu.py --out "$RESULTS/engine_gpu.json")
     if [[ $DRY_RUN == 1 ]]; then args+=(--dry-run); fi
-    run_timed "$PY" "${args[@]}"
-    note "$("$PY" - "$RESULTS/engine_gpu.json" <<'EOF' || true
+    run_timed "$PY" "${args[@]}" || rc=$?
+    engine_note="$("$PY" - "$RESULTS/engine_gpu.json" <<'EOF' || true
 import json
 import sys
 
@@ -497,6 +498,29 @@ if tax is not None:
 print("; ".join(parts))
 EOF
     )"
+    # Async scheduling with the step on a worker thread vs sync, measured and simulated
+    # (issue: real async >= sync where host time is >= 5% of the step). The tiny pair: its
+    # host time is a large share of a GPU step, and it needs no weights from a wheel.
+    args=(benchmarks/async_overlap.py --device cuda --repeats 3 --json "$RESULTS/async_overlap.json")
+    if [[ $DRY_RUN == 1 ]]; then
+        args=(benchmarks/async_overlap.py --device cpu --concurrency 1 --repeats 1 --output-len 4
+            --json "$RESULTS/async_overlap.json")
+    fi
+    local PHASE_LIMIT=240 # run_timed reads it: this part's own share of the phase
+    run_timed "$PY" "${args[@]}" || rc=$?
+    overlap_note="$("$PY" - "$RESULTS/async_overlap.json" <<'EOF' || true
+import json
+import statistics
+import sys
+
+rows = json.load(open(sys.argv[1]))["rows"]
+print("async/sync " + ", ".join(
+    f"C={r['concurrency']} {statistics.median(r['measured_async_over_sync']):.3f} "
+    f"(sim {r['simulated_async_over_sync']:.3f})" for r in rows))
+EOF
+    )"
+    note "$(join "; " ${engine_note:+"$engine_note"} ${overlap_note:+"$overlap_note"})"
+    return "$rc"
 }
 
 # ------------------------------------------------------------------------------------- report
