@@ -16,7 +16,6 @@ the latency-model issue is max |error| <= 5% at every held-out interior knot.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from typing import Any
@@ -24,27 +23,15 @@ from typing import Any
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import fit_latency_model
+from dsd.sim.latency import fit_latency_model, leave_one_knot_out
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 KINDS = ("table", "parametric")
 
 
-def held_out_errors(profile: Profile, kind: str, batch_size: int) -> dict[int, float]:
-    """{K: error %} at `batch_size` of the `kind` model fitted without that batch size."""
-    rest = dataclasses.replace(
-        profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
-    )
-    model = fit_latency_model(rest, kind=kind)  # type: ignore[arg-type]
-    return _errors(model, profile, batch_size)
-
-
 def fitted_errors(profile: Profile, kind: str, batch_size: int) -> dict[int, float]:
     """{K: error %} at `batch_size` of the `kind` model fitted on every point."""
-    return _errors(fit_latency_model(profile, kind=kind), profile, batch_size)  # type: ignore[arg-type]
-
-
-def _errors(model: Any, profile: Profile, batch_size: int) -> dict[int, float]:
+    model = fit_latency_model(profile, kind=kind)  # type: ignore[arg-type]
     measured: dict[int, list[float]] = {}
     for point in profile.latency:
         if point.batch_size == batch_size:
@@ -77,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.profile}: B = {batch_sizes}, K = {profile.spec_token_values()}")
     print(f"{'model':<11} {'B':>5}  {'held out: error % per K':<36} {'fitted on all points':<30}")
     for kind in KINDS:
-        for batch_size in interior:
-            out = held_out_errors(profile, kind, batch_size)
+        for knot in leave_one_knot_out(profile, kind):  # type: ignore[arg-type]
+            batch_size, out = knot.batch_size, knot.error_pct
             fit = fitted_errors(profile, kind, batch_size)
             rows.append(
                 {"model": kind, "batch_size": batch_size, "held_out_pct": out, "fitted_pct": fit}

@@ -58,6 +58,7 @@ from dsd.reports.sweep import sweep_cells, sweep_to_folder
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.latency import held_out_summary
 from dsd.sim.resolve import ResolvedRun, resolve, resolved_config_dict
 from dsd.traces.registry import WorkloadOptions, build_workload
 from dsd.traces.workload import Workload
@@ -539,7 +540,8 @@ def profile(
 
 
 def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-profile") -> str:
-    """What `dsd profile` prints: the points written and the fitted host overhead."""
+    """What `dsd profile` prints: the points written, the fitted host overhead, and how well
+    the latency models hold between the profiled batch sizes."""
     rates = ", ".join(f"{r:.3f}" for r in measured.acceptance_rates)
     text = (
         f"wrote {out}: {len(measured.latency)} latency points, {len(measured.prefill)} prefill "
@@ -561,6 +563,9 @@ def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-pro
                 f"x B ms (K = 0), {host.planning_spec.intercept_ms:.3f} + "
                 f"{host.planning_spec.per_row_ms:.4f} x B ms (K > 0)"
             )
+    held_out = held_out_summary(measured)
+    if held_out:
+        text += f"\n{held_out}"
     return text
 
 
@@ -985,6 +990,8 @@ class PolicyExplanation:
     frame: pd.DataFrame  # one row per B: B, K, AL, ITL ms, goodput tok/s/req, best K, note
     range_table: RangeTable  # the policy compiled to vLLM's range table
     k_max: int  # the profile's K_max
+    # each latency model's worst error at a profiled B it was fitted without ("" below 3 B)
+    held_out: str = ""
 
 
 def explain_policy(
@@ -1023,6 +1030,7 @@ def explain_policy(
         frame=frame,
         range_table=compile_range_table(chosen, loaded.k_max, max_num_seqs),
         k_max=loaded.k_max,
+        held_out=held_out_summary(loaded),
     )
 
 

@@ -37,6 +37,7 @@ table has no context axis), or model TP/PP communication.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -536,3 +537,56 @@ class SeparatePrefill:
 
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
+
+
+@dataclass(frozen=True)
+class HeldOutKnot:
+    """A latency model's error at one batch size it was fitted without (leave one knot out)."""
+
+    kind: str  # "table" or "parametric"
+    batch_size: int  # the interior B whose points were dropped before fitting
+    error_pct: dict[int, float]  # K -> (predicted / measured - 1) x 100 at that B
+
+    @property
+    def worst(self) -> tuple[int, float]:
+        """(K, error %) of the largest |error| at this B."""
+        k = max(self.error_pct, key=lambda key: abs(self.error_pct[key]))
+        return k, self.error_pct[k]
+
+
+def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOutKnot]:
+    """For every interior profiled B (neither the smallest nor the largest), the `kind` model
+    fitted on the other B's points, and its error on the dropped ones (the measured side is
+    the mean median over contexts at each K). Empty with fewer than 3 batch sizes.
+
+    How well the model holds between the points a profile measured (docs/models.md 1.2).
+    """
+    knots: list[HeldOutKnot] = []
+    for batch_size in profile.batch_sizes()[1:-1]:
+        rest = dataclasses.replace(
+            profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
+        )
+        model = fit_latency_model(rest, kind=kind)
+        measured: dict[int, list[float]] = {}
+        for point in profile.latency:
+            if point.batch_size == batch_size:
+                measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
+        errors = {
+            k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
+            for k, ms in sorted(measured.items())
+        }
+        knots.append(HeldOutKnot(str(kind), batch_size, errors))
+    return knots
+
+
+def held_out_summary(profile: Profile) -> str:
+    """One line: each model's worst leave-one-knot-out error and where ("" below 3 B)."""
+    parts = []
+    for kind in ("table", "parametric"):
+        knots = leave_one_knot_out(profile, kind)
+        if not knots:
+            return ""
+        worst = max(knots, key=lambda knot: abs(knot.worst[1]))
+        k, error = worst.worst
+        parts.append(f"{kind} worst {error:+.1f}% (B={worst.batch_size}, K={k})")
+    return "latency between profiled B (each interior B left out, predicted): " + ", ".join(parts)

@@ -95,6 +95,8 @@ def explain(
     console = Console(width=120)
     console.print(table)
     console.print(f"range table: {json.dumps(explained.range_table)}", soft_wrap=True)
+    if explained.held_out:
+        console.print(explained.held_out, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from functools import cache
@@ -20,6 +21,8 @@ from dsd.sim.latency import (
     SeparatePrefill,
     TableLatencyModel,
     fit_latency_model,
+    held_out_summary,
+    leave_one_knot_out,
 )
 from dsd.sim.types import ScheduledBatch
 
@@ -339,3 +342,35 @@ def test_fit_latency_model_picks_the_model(
 def test_fit_latency_model_rejects_unknown_kind() -> None:
     with pytest.raises(ValueError, match="unknown latency model kind"):
         fit_latency_model(h100_profile(), kind="magic")  # type: ignore[arg-type]
+
+
+def test_leave_one_knot_out_reproduces_the_issues_table_errors() -> None:
+    """Every point of B = 64 dropped, the table read with goodput's interpolation between
+    B = 16 and 256: the errors the latency-model issue measured (+8.3, +21.3, +18.4, +21.4)."""
+    knots = {knot.batch_size: knot for knot in leave_one_knot_out(h100_profile(), "table")}
+    assert sorted(knots) == [4, 16, 64]  # the interior knots; 1 and 256 are the ends
+    for k, expected in {0: 8.3, 1: 21.3, 3: 18.4, 5: 21.4}.items():
+        assert knots[64].error_pct[k] == pytest.approx(expected, abs=0.05)
+        predicted = lerp(H100[16][k], H100[256][k], 48 / 240)
+        assert knots[64].error_pct[k] == pytest.approx(100 * (predicted / H100[64][k] - 1))
+    assert knots[64].worst == (5, knots[64].error_pct[5])
+
+
+def test_leave_one_knot_out_is_exact_where_the_truth_is_linear_and_empty_below_3_b() -> None:
+    linear = Profile(
+        k_max=1,
+        latency=tuple(
+            LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=5.0 + 0.1 * b + k)
+            for b in (1, 2, 4, 8)
+            for k in (0, 1)
+        ),
+        acceptance_rates=(0.5,),
+    )
+    for knot in leave_one_knot_out(linear, "table"):
+        assert all(error == pytest.approx(0.0, abs=1e-9) for error in knot.error_pct.values())
+    two = dataclasses.replace(
+        linear, latency=tuple(p for p in linear.latency if p.batch_size in (1, 8))
+    )
+    assert leave_one_knot_out(two, "parametric") == []
+    assert held_out_summary(two) == ""
+    assert "table worst +0.0% (B=2" in held_out_summary(linear)
