@@ -255,6 +255,10 @@ class FitReport:
     median_abs_pct: float  # median |relative residual| * 100
     params: dict[str, float]  # fitted parameters by PARAM_NAMES
     context_aware: bool  # False: the profile recorded no context, KV term fixed at 0
+    # standard error of each parameter by PARAM_NAMES, from the fit's Jacobian (the linearised
+    # covariance s^2 (J^T J)^+ of the relative residuals); inf where the points do not pin it
+    # down, 0 for a parameter pinned by its bounds (kv without context)
+    param_std: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         return (
@@ -286,6 +290,22 @@ def _parametric_ms(
     memory_ms = weights + row * num_decode + kv * context_tokens  # [n]
     compute_ms = flop * verified_tokens  # [n]
     return host + draft_ms + _smooth_max(memory_ms, compute_ms)  # type: ignore[no-any-return]
+
+
+def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) -> dict[str, float]:
+    """Standard errors of the fitted parameters (see FitReport.param_std)."""
+    jac = np.asarray(jacobian, dtype=np.float64)  # [n, p]
+    dof = max(jac.shape[0] - jac.shape[1], 1)
+    variance = float(np.sum(residuals**2)) / dof
+    normal = jac.T @ jac  # [p, p]
+    covariance = np.linalg.pinv(normal) * variance  # [p, p]
+    std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))  # [p]
+    # a direction the points do not move (a zero column of J) has no information at all
+    std[np.abs(jac).max(axis=0) == 0] = np.inf
+    errors = {name: float(v) for name, v in zip(PARAM_NAMES, std, strict=True)}
+    if pinned:
+        errors["kv_read_ms_per_token"] = 0.0
+    return errors
 
 
 @dataclass(frozen=True)
@@ -379,6 +399,7 @@ class ParametricLatencyModel:
             median_abs_pct=float(np.median(np.abs(rel)) * 100.0),
             params={name: float(v) for name, v in zip(PARAM_NAMES, fitted, strict=True)},
             context_aware=context_aware,
+            param_std=_parameter_std(result.jac, rel, pinned=not context_aware),
         )
         return ParametricLatencyModel(
             params=tuple(float(v) for v in fitted),

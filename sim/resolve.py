@@ -322,6 +322,10 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
         info["fit_median_abs_pct"] = report.median_abs_pct
         info["fit_max_abs_pct"] = report.max_abs_pct
         info["fit_summary"] = report.summary()
+        info["fit_params"] = report.params
+        info["fit_param_std"] = {  # "inf": the points do not pin it down (JSON has no inf)
+            name: plain_config_value(std) for name, std in report.param_std.items()
+        }
     else:
         info["mixed_k"] = latency.mixed_k
     return info

@@ -374,3 +374,15 @@ def test_leave_one_knot_out_is_exact_where_the_truth_is_linear_and_empty_below_3
     assert leave_one_knot_out(two, "parametric") == []
     assert held_out_summary(two) == ""
     assert "table worst +0.0% (B=2" in held_out_summary(linear)
+
+
+def test_fit_reports_each_parameters_standard_error() -> None:
+    """The H100 points pin the draft pass cost down (std well under its value) but not the
+    split of the constant between host overhead and weight read (both constant in B and K:
+    they trade off, so each one's std is a large part of the constant)."""
+    report = h100_fit().fit_report
+    assert set(report.param_std) == set(PARAM_NAMES)
+    assert report.param_std["draft_pass_ms"] < 0.5 * report.params["draft_pass_ms"]
+    constant = report.params["host_ms"] + report.params["weight_read_ms"]
+    assert report.param_std["weight_read_ms"] > 0.1 * constant
+    assert report.param_std["kv_read_ms_per_token"] == 0.0  # pinned: no context recorded
