@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import functools
+import math
 import platform
 import sys
 import time
@@ -71,6 +72,7 @@ from dsd.policies.profile_quality import (
 from dsd.sim.build import build_engine
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, RunConfig
 from dsd.sim.engine import LoopConfig
+from dsd.sim.latency import leave_one_knot_out
 from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.registry import build_workload
@@ -104,6 +106,11 @@ class ProfileConfig:
     quality_limits: QualityLimits = field(default_factory=QualityLimits)
     max_remeasure: int = 2
     allow_noisy: bool = False
+    # Adaptive batch sizes: after the listed B, add B where the ITL table interpolates worst
+    # (`refine_batch_sizes`) until every interior B is predicted from its neighbours within
+    # this many percent, or `adaptive_budget_s` of timing is spent. None: the listed B only.
+    adaptive_target_pct: float | None = None
+    adaptive_budget_s: float = 600.0
 
     def __post_init__(self) -> None:
         def ints(name: str, values: tuple[int, ...], minimum: int) -> None:
@@ -154,6 +161,19 @@ class ProfileConfig:
             raise InputError(
                 "host_overhead_output_len: must be 0 (off) or an integer >= 2, got "
                 f"{self.host_overhead_output_len!r}"
+            )
+        if self.adaptive_target_pct is not None and not (
+            np.isfinite(self.adaptive_target_pct) and self.adaptive_target_pct > 0
+        ):
+            raise InputError(
+                f"adaptive_target_pct: must be a number > 0, got {self.adaptive_target_pct!r}"
+            )
+        if not (np.isfinite(self.adaptive_budget_s) and self.adaptive_budget_s > 0):
+            raise InputError(f"adaptive_budget_s: must be > 0, got {self.adaptive_budget_s!r}")
+        if self.adaptive_target_pct is not None and len(self.batch_sizes) < 3:
+            raise InputError(
+                "batch_sizes: adaptive profiling needs >= 3 to start from (it refines between "
+                f"them), got {self.batch_sizes}"
             )
         if self.fast_path != "off" and self.temperature != 0:
             raise InputError(
@@ -387,8 +407,10 @@ def measure_decode(
     avoid_ids: Sequence[int],
     on_progress: ProgressCallback | None = None,
     quality: dict[str, Any] | None = None,
+    batch_sizes: Sequence[int] | None = None,
 ) -> list[LatencyPoint]:
-    """ITL points for every (context, B, K) of the config (see the module docstring).
+    """ITL points for every (context, B, K) of the config (see the module docstring); at
+    `batch_sizes` instead of the config's when given (adaptive refinement).
 
     Per context length: after warm-up at the most expensive point, every round times each
     (B, K) once in a fresh random order, so drift on a shared machine spreads over all points
@@ -399,11 +421,12 @@ def measure_decode(
     record = quality if quality is not None else {}
     warmup_steps: list[int] = record.setdefault("warmup_steps", [])
     remeasured: list[str] = record.setdefault("remeasured", [])
-    keys = [(b, k) for b in sorted(config.batch_sizes) for k in sorted(config.spec_tokens)]
+    measured_bs = sorted(config.batch_sizes if batch_sizes is None else batch_sizes)
+    keys = [(b, k) for b in measured_bs for k in sorted(config.spec_tokens)]
     points: list[LatencyPoint] = []
     for context_len in sorted(config.context_lens):
         slots = _DecodeSlots(engine, config, rng, avoid_ids, context_len)
-        heaviest = (max(config.batch_sizes), config.k_max)
+        heaviest = (max(measured_bs), config.k_max)
         warmup_steps.append(
             warm_up(functools.partial(slots.time_step, heaviest), config.num_warmup)
         )
@@ -430,6 +453,67 @@ def measure_decode(
         points += found
         slots.free()
     return points
+
+
+# Most refinement rounds of adaptive profiling (each adds at most two batch sizes)
+MAX_REFINE_ROUNDS = 8
+
+
+def next_batch_sizes(
+    latency: Sequence[LatencyPoint], k_max: int, target_pct: float
+) -> tuple[tuple[int, ...], float]:
+    """(batch sizes to measure next, worst held-out |error| % now) for adaptive profiling.
+
+    Every interior profiled B is left out and predicted from the others by the ITL table
+    (`sim.latency.leave_one_knot_out`); if the worst |error| exceeds `target_pct`, the curve
+    bends there: the geometric midpoints between that B and its two neighbours are proposed
+    (those not yet measured; none once neighbours are adjacent integers). ((), error) when done.
+    """
+    profile = Profile(k_max=k_max, latency=tuple(latency), acceptance_rates=(0.0,) * k_max)
+    knots = leave_one_knot_out(profile, "table")
+    if not knots:
+        return (), 0.0
+    worst = max(knots, key=lambda knot: abs(knot.worst[1]))
+    error = abs(worst.worst[1])
+    if error <= target_pct:
+        return (), error
+    measured = profile.batch_sizes()
+    index = measured.index(worst.batch_size)
+    low, mid, high = measured[index - 1], measured[index], measured[index + 1]
+    candidates = {round(math.sqrt(low * mid)), round(math.sqrt(mid * high))}
+    return tuple(sorted(b for b in candidates if low < b < high and b not in measured)), error
+
+
+def refine_batch_sizes(
+    engine: SpecDecodeEngine,
+    config: ProfileConfig,
+    latency: list[LatencyPoint],
+    rng: np.random.Generator,
+    avoid_ids: Sequence[int],
+    on_progress: ProgressCallback | None,
+    quality: dict[str, Any],
+) -> list[LatencyPoint]:
+    """`latency` plus the points adaptive profiling adds (`next_batch_sizes` each round) until
+    the target holds, the budget is spent, no B is left to add, or MAX_REFINE_ROUNDS; what it
+    did goes to `quality["adaptive"]`."""
+    target = config.adaptive_target_pct
+    if target is None:
+        return latency
+    started = time.perf_counter()
+    rounds: list[dict[str, Any]] = []
+    record = {"target_pct": target, "budget_s": config.adaptive_budget_s, "rounds": rounds}
+    quality["adaptive"] = record
+    while len(rounds) < MAX_REFINE_ROUNDS:
+        added, worst = next_batch_sizes(latency, config.k_max, target)
+        spent = time.perf_counter() - started
+        rounds.append({"worst_held_out_pct": worst, "added": list(added), "elapsed_s": spent})
+        if not added or spent >= config.adaptive_budget_s:
+            break
+        latency = latency + measure_decode(
+            engine, config, rng, avoid_ids, on_progress, quality, batch_sizes=added
+        )
+    record["met"] = rounds[-1]["worst_held_out_pct"] <= target
+    return latency
 
 
 def special_ids(target: Transformer) -> list[int]:
@@ -938,6 +1022,7 @@ def profile_pair(
     avoid = special_ids(target)
     quality: dict[str, Any] = {"load_before": load_average()}
     latency = measure_decode(engine, config, rng, avoid, on_progress, quality)
+    latency = refine_batch_sizes(engine, config, latency, rng, avoid, on_progress, quality)
     prefill = measure_prefill(engine, config, rng, avoid, on_progress)
     problems = check_latency(latency, config.quality_limits) + check_prefill(
         prefill, config.quality_limits

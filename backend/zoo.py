@@ -25,6 +25,7 @@ This module does not decode text for users (backend.generate) or run SD steps (b
 from __future__ import annotations
 
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -106,6 +107,11 @@ def parse_shape(spec: str, vocab_size: int, where: str, max_len: int = 4096) -> 
         raise InputError(f"{where}: {exc}") from None
 
 
+# Most tokens in one training step (batch x window): beyond it a step's arrays do not fit a
+# machine, and it is far past what these small models are trained with.
+MAX_TOKENS_PER_STEP = 1 << 22
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Options shared by `dsd zoo train` and `dsd zoo distill-draft`. Validated on construction."""
@@ -142,6 +148,11 @@ class TrainConfig:
         for flag, ok in checks.items():
             if not ok:
                 raise InputError(f"{flag}: invalid value in {self.__class__.__name__}")
+        if self.batch_size * self.seq_len > MAX_TOKENS_PER_STEP:
+            raise InputError(
+                f"--batch-size x --seq-len: {self.batch_size} x {self.seq_len} tokens per step, "
+                f"more than {MAX_TOKENS_PER_STEP:,} (lower either)"
+            )
         check_device(self.device)
         if self.tokenizer not in TOKENIZER_NAMES:
             raise InputError(f"--tokenizer must be one of {', '.join(TOKENIZER_NAMES)}")
@@ -437,7 +448,24 @@ class PairResult:
     draft_record: TrainRecord  # its train.json (holds the acceptance against the target)
 
 
+def _check_trainable(config: ModelConfig, device: str) -> None:
+    """InputError when training `config` cannot fit the device's memory: fp32 weights,
+    gradients and two AdamW moments (16 bytes per parameter), activations not counted."""
+    if device == "cuda":
+        total = int(torch.cuda.get_device_properties(0).total_memory)
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    needed = 16 * config.num_params
+    if needed > total:
+        raise InputError(
+            f"model config{f' {config.name}' if config.name else ''}: {config.num_params:,} "
+            f"parameters need {needed / 2**30:,.1f} GiB to train, the {device} has "
+            f"{total / 2**30:,.1f} GiB"
+        )
+
+
 def _build(config: ModelConfig, seed: int, device: str) -> Transformer:
+    _check_trainable(config, device)
     torch.manual_seed(seed)
     model = init_random_(Transformer(config), seed=seed).to(device)
     model.train()

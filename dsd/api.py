@@ -480,6 +480,8 @@ def profile(
     iters: int = 10,
     max_remeasure: int = 2,
     allow_noisy: bool = False,
+    adaptive_target_pct: float | None = None,
+    adaptive_budget_s: float = 600.0,
     host_overhead_output_len: int = 32,
     temperature: float = 0.0,
     seed: int = 0,
@@ -491,7 +493,9 @@ def profile(
     into a profile written to `out` (`file_format` dsd-profile, or dsd-json for PR #32374's
     file); returns it. Points that fail the timing checks (`policies.profile_quality`) are
     measured again up to `max_remeasure` times; a profile that still fails is refused (an
-    InputError naming the points) unless `allow_noisy`."""
+    InputError naming the points) unless `allow_noisy`. `adaptive_target_pct`: add batch sizes
+    where the ITL table interpolates worst until each interior B is predicted from its
+    neighbours within that many percent, or `adaptive_budget_s` runs out."""
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.profiler import ProfileConfig, dataset_prompts, profile_pair
 
@@ -510,6 +514,8 @@ def profile(
         num_iters=iters,
         max_remeasure=max_remeasure,
         allow_noisy=allow_noisy,
+        adaptive_target_pct=adaptive_target_pct,
+        adaptive_budget_s=adaptive_budget_s,
         host_overhead_output_len=host_overhead_output_len,
         acceptance_output_len=output_len,
         temperature=temperature,
@@ -563,6 +569,15 @@ def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-pro
                 f"x B ms (K = 0), {host.planning_spec.intercept_ms:.3f} + "
                 f"{host.planning_spec.per_row_ms:.4f} x B ms (K > 0)"
             )
+    adaptive = measured.metadata.get("quality", {}).get("adaptive")
+    if adaptive:
+        added = sorted(b for row in adaptive["rounds"] for b in row["added"])
+        last = adaptive["rounds"][-1]["worst_held_out_pct"]
+        verdict = "met" if adaptive["met"] else "not met"
+        text += (
+            f"\nadaptive batch sizes: added {added or 'none'}; worst held-out ITL error "
+            f"{last:.1f}% (target {adaptive['target_pct']:g}%: {verdict})"
+        )
     held_out = held_out_summary(measured)
     if held_out:
         text += f"\n{held_out}"

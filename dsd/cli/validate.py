@@ -52,6 +52,16 @@ def register(app: typer.Typer) -> None:
         allow_noisy_profile: Annotated[
             bool, typer.Option(help="Keep a profile that fails the timing checks.")
         ] = False,
+        adaptive_target_pct: Annotated[
+            float | None,
+            typer.Option(
+                help="Add B where the ITL table interpolates worst until every interior B is "
+                "predicted from its neighbours within this %% (default: the listed B only)."
+            ),
+        ] = None,
+        adaptive_budget_s: Annotated[
+            float, typer.Option(help="Seconds adaptive profiling may spend adding B.")
+        ] = 600.0,
         host_overhead_output_len: Annotated[
             int, typer.Option(help="Output tokens per request of the loop runs (0: skip).")
         ] = 32,
@@ -80,6 +90,8 @@ def register(app: typer.Typer) -> None:
             iters=iters,
             max_remeasure=max_remeasure,
             allow_noisy=allow_noisy_profile,
+            adaptive_target_pct=adaptive_target_pct,
+            adaptive_budget_s=adaptive_budget_s,
             host_overhead_output_len=host_overhead_output_len,
             temperature=temperature,
             seed=seed,

@@ -481,3 +481,62 @@ def test_speed_probe_needs_a_recorded_context(target) -> None:
     point = LatencyPoint(batch_size=1, num_spec_tokens=0, median_ms=1.0)
     with pytest.raises(InputError, match="records no context"):
         SpeedProbe(target, point)
+
+
+def _points(itl: dict[int, float]) -> list:
+    from dsd.policies.profile import LatencyPoint
+
+    return [
+        LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=ms + k)
+        for b, ms in itl.items()
+        for k in (0, 1)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("itl", "target_pct", "expected_added"),
+    [
+        # flat to 16, then steep: B = 16 is predicted from 1 and 64 far too high, so the
+        # geometric midpoints around it are proposed: sqrt(1 x 16) = 4, sqrt(16 x 64) = 32
+        ({1: 10.0, 16: 10.5, 64: 30.0}, 5.0, (4, 32)),
+        ({1: 10.0, 16: 10.5, 64: 30.0}, 1000.0, ()),  # within the target: done
+        ({1: 10.0, 2: 20.0, 3: 10.0}, 1.0, ()),  # neighbours adjacent: nothing left to add
+        ({1: 10.0, 64: 30.0}, 1.0, ()),  # no interior B to leave out
+    ],
+)
+def test_next_batch_sizes_refines_around_the_worst_interpolated_b(
+    itl, target_pct, expected_added
+) -> None:
+    from dsd.backend.profiler import next_batch_sizes
+
+    added, worst = next_batch_sizes(_points(itl), k_max=1, target_pct=target_pct)
+    assert added == expected_added
+    if 16 in itl:  # B=16 read off the 1..64 line at K=0: (10 + 15/63 x 20) / 10.5 - 1
+        assert worst == pytest.approx(100 * ((10 + 15 / 63 * 20) / 10.5 - 1))
+
+
+def test_adaptive_profile_adds_batch_sizes_and_records_the_rounds(target) -> None:
+    """A target no real timing meets: rounds add B between the listed ones until none is
+    left to add (or the round limit), each recorded in metadata.quality.adaptive."""
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    config = small_config(
+        batch_sizes=(1, 4, 16),
+        context_lens=(8,),
+        adaptive_target_pct=1e-6,
+        adaptive_budget_s=120.0,
+        host_overhead_output_len=0,
+    )
+    profile = profile_pair(target, draft, config, prompts(2), [6] * 2)
+    measured = set(profile.batch_sizes())
+    assert {1, 4, 16} < measured and measured <= set(range(1, 17))
+    adaptive = profile.metadata["quality"]["adaptive"]
+    added = {b for row in adaptive["rounds"] for b in row["added"]}
+    assert added == measured - {1, 4, 16}
+    assert adaptive["met"] is False and adaptive["target_pct"] == 1e-6
+
+
+def test_adaptive_profiling_needs_three_batch_sizes_and_a_positive_target() -> None:
+    with pytest.raises(InputError, match="adaptive profiling needs >= 3"):
+        small_config(adaptive_target_pct=5.0)
+    with pytest.raises(InputError, match="adaptive_target_pct: must be a number > 0"):
+        small_config(batch_sizes=(1, 2, 4), adaptive_target_pct=0.0)

@@ -56,3 +56,23 @@ def test_cli_bad_corpus_exits_2_with_one_line(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --corpus: unknown corpus") and err.count("\n") == 1
+
+
+# Found by the CLI fuzz test: shapes and batches no machine holds ended in tracebacks.
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--target-config", "hidden=32,layers=1,heads=2,ffn=9999999999999"], "GiB to train"),
+        (["--batch-size", "99999999999999"], "tokens per step"),
+    ],
+)
+def test_cli_untrainable_sizes_exit_2_with_one_line_and_write_nothing(
+    extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "z"
+    with pytest.raises(SystemExit) as info:
+        main(["zoo", "train", "--out", str(out), "--steps", "1", "--seq-len", "16", *extra])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+    assert not out.exists()

@@ -78,8 +78,11 @@ _BASES: dict[tuple[str, ...], tuple[list[str], set[str], float]] = {
         {"--device"},
         0.02,
     ),
+    # --max-minutes (never fuzzed) bounds a case whose fuzzed --steps is huge: the command
+    # trains until then and still writes its pair (a hang guard timeout otherwise).
     ("zoo", "train"): (
         ["--out", "{folder_out}", "--steps", "1", "--batch-size", "2", "--seq-len", "16",
+         "--max-minutes", "0.05",
          "--max-corpus-chars", "20000", "--eval-windows", "2", "--eval-k", "2",
          "--target-config", "hidden=32,layers=1,heads=2,ffn=64",
          "--draft-config", "hidden=16,layers=1,heads=2,ffn=32"],
