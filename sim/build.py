@@ -40,17 +40,7 @@ def build_engine(
 ) -> Engine:
     """The engine of one run, ready to `run()`: every command builds its engine here."""
     config = resolved.config
-    scheduler_config = SchedulerConfig(
-        max_model_len=resolved.max_model_len,
-        num_kv_blocks=resolved.num_kv_blocks,
-        k_max=resolved.k_max,
-        max_num_seqs=resolved.max_num_seqs,
-        max_num_batched_tokens=int(config.max_num_batched_tokens),
-        block_size=resolved.block_size,
-        scheduling=config.scheduling,
-        k_timing=config.k_timing,
-        speculative_method=config.speculative_method,
-    )
+    scheduler_config = resolved.scheduler_config
     scheduler: StepScheduler
     if config.scheduler == "vllm":
         scheduler = _vllm_scheduler(scheduler_config)

@@ -45,6 +45,7 @@ from dsd.sim.latency import (
     table_covers,
 )
 from dsd.sim.replay import ReplayRecording, load_replay_recording
+from dsd.sim.scheduler import SchedulerConfig
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload
 
@@ -150,6 +151,22 @@ class ResolvedRun:
     prefill_forward: PrefillForward = "fused"
 
     @property
+    def scheduler_config(self) -> SchedulerConfig:
+        """The scheduler's limits of the run (`resolve` has checked that they build)."""
+        config = self.config
+        return SchedulerConfig(
+            max_model_len=self.max_model_len,
+            num_kv_blocks=self.num_kv_blocks,
+            k_max=self.k_max,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=int(config.max_num_batched_tokens),
+            block_size=self.block_size,
+            scheduling=config.scheduling,
+            k_timing=config.k_timing,
+            speculative_method=config.speculative_method,
+        )
+
+    @property
     def max_running(self) -> int:
         """Most requests that can run at once: min(max_num_seqs, requests, concurrency cap)."""
         cap = self.workload.max_concurrency
@@ -252,8 +269,10 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
         host_planning_ms=0.0 if config.host_planning_ms is None else config.host_planning_ms,
         replay_recording=recording,
     )
-    # A bad SPEC fails here, before anything runs (runs build their own: policies hold state).
+    # A bad SPEC or scheduler limit fails here, before anything runs (runs build their own:
+    # policies hold state).
     resolved.build_policy()
+    resolved.scheduler_config  # noqa: B018 (built for its checks)
     return resolved
 
 
