@@ -21,25 +21,16 @@ import sys
 from typing import Any
 
 from dsd.common.errors import InputError
-from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import fit_latency_model, leave_one_knot_out
+from dsd.sim.latency import (
+    LatencyModelKind,
+    fit_latency_model,
+    knot_error_pct,
+    leave_one_knot_out,
+)
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
-KINDS = ("table", "parametric")
-
-
-def fitted_errors(profile: Profile, kind: str, batch_size: int) -> dict[int, float]:
-    """{K: error %} at `batch_size` of the `kind` model fitted on every point."""
-    model = fit_latency_model(profile, kind=kind)  # type: ignore[arg-type]
-    measured: dict[int, list[float]] = {}
-    for point in profile.latency:
-        if point.batch_size == batch_size:
-            measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
-    return {
-        k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(values) / len(values)) - 1.0)
-        for k, values in sorted(measured.items())
-    }
+KINDS: tuple[LatencyModelKind, ...] = ("table", "parametric")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.profile}: B = {batch_sizes}, K = {profile.spec_token_values()}")
     print(f"{'model':<11} {'B':>5}  {'held out: error % per K':<36} {'fitted on all points':<30}")
     for kind in KINDS:
-        for knot in leave_one_knot_out(profile, kind):  # type: ignore[arg-type]
+        for knot in leave_one_knot_out(profile, kind):
             batch_size, out = knot.batch_size, knot.error_pct
-            fit = fitted_errors(profile, kind, batch_size)
+            fit = knot_error_pct(fit_latency_model(profile, kind=kind), profile, batch_size)
             rows.append(
                 {"model": kind, "batch_size": batch_size, "held_out_pct": out, "fitted_pct": fit}
             )

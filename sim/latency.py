@@ -588,16 +588,23 @@ def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOut
             profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
         )
         model = fit_latency_model(rest, kind=kind)
-        measured: dict[int, list[float]] = {}
-        for point in profile.latency:
-            if point.batch_size == batch_size:
-                measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
-        errors = {
-            k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
-            for k, ms in sorted(measured.items())
-        }
-        knots.append(HeldOutKnot(str(kind), batch_size, errors))
+        knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
     return knots
+
+
+def knot_error_pct(
+    model: TableLatencyModel | ParametricLatencyModel, profile: Profile, batch_size: int
+) -> dict[int, float]:
+    """K -> (model ITL / measured - 1) x 100 at a profiled `batch_size` (measured: the mean
+    median over the profile's contexts at that (B, K))."""
+    measured: dict[int, list[float]] = {}
+    for point in profile.latency:
+        if point.batch_size == batch_size:
+            measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
+    return {
+        k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
+        for k, ms in sorted(measured.items())
+    }
 
 
 def held_out_summary(profile: Profile) -> str:

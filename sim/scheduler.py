@@ -307,6 +307,18 @@ def _filled(size: int, value: int) -> IntArray:
     return array
 
 
+def split_k(k: int | IntArray, num_decode: int, k_max: int) -> tuple[IntArray | None, int]:
+    """A policy's answer for `num_decode` decode rows, clamped to [0, k_max]: (None, K) for one
+    K for every row, else (K per row, their largest: what prefill-completing rows draft)."""
+    if isinstance(k, int | np.integer):
+        return None, min(max(int(k), 0), k_max)
+    k_rows = np.asarray(k, dtype=np.int64)  # [D]
+    if k_rows.shape != (num_decode,):
+        raise ValueError(f"policy returned K of shape {k_rows.shape}, expected ({num_decode},)")
+    k_rows = np.clip(k_rows, 0, k_max)
+    return k_rows, int(k_rows.max()) if num_decode else 0
+
+
 def outcome_accepted(step_index: int, outcome: StepOutcome, num_decode: int) -> IntArray:
     """[D] an outcome's accepted drafts per decode row; ValueError unless one per decode row."""
     accepted = np.asarray(outcome.num_accepted, dtype=np.int64)  # [D]
@@ -664,17 +676,8 @@ class Scheduler:
             raise RuntimeError("commit_step needs the plan returned by the last plan_step")
         cfg = self.config
         num_decode = plan.num_decode_reqs
-        k_rows: IntArray | None = None  # [D] per-row K, None for one K for every row
-        if isinstance(k, int | np.integer):
-            k_default = min(max(int(k), 0), cfg.k_max)
-        else:
-            k_rows = np.asarray(k, dtype=np.int64)  # [D]
-            if k_rows.shape != (num_decode,):
-                raise ValueError(
-                    f"policy returned K of shape {k_rows.shape}, expected ({num_decode},)"
-                )
-            k_rows = np.clip(k_rows, 0, cfg.k_max)
-            k_default = int(k_rows.max()) if num_decode else 0
+        # [D] per-row K, None for one K for every row
+        k_rows, k_default = split_k(k, num_decode, cfg.k_max)
         self._pending_plan = None
         dslots = plan.decode_slots
         pslots = plan.prefill_slots

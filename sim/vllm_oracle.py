@@ -62,6 +62,7 @@ from dsd.sim.scheduler import (
     StepPlan,
     StepResult,
     outcome_accepted,
+    split_k,
 )
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
@@ -361,16 +362,8 @@ class VllmScheduler:
         self._pending = None
         cfg = self.config
         num_decode = plan.num_decode_reqs
-        if isinstance(k, int | np.integer):
-            k_rows = np.full(num_decode, min(max(int(k), 0), cfg.k_max), dtype=np.int64)
-            k_default = min(max(int(k), 0), cfg.k_max)
-        else:
-            k_rows = np.clip(np.asarray(k, dtype=np.int64), 0, cfg.k_max)  # [D]
-            if k_rows.shape != (num_decode,):
-                raise ValueError(
-                    f"policy returned K of shape {k_rows.shape}, expected ({num_decode},)"
-                )
-            k_default = int(k_rows.max()) if num_decode else 0
+        per_row, k_default = split_k(k, num_decode, cfg.k_max)
+        k_rows = np.full(num_decode, k_default, dtype=np.int64) if per_row is None else per_row
         # The drafter proposes after this step for every row that will decode next: decode
         # rows their own K, rows that complete their prompt the step's K (vLLM's drafter).
         next_drafts = {
