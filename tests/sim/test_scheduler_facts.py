@@ -13,7 +13,7 @@ from utils import create_requests, create_scheduler
 
 from dsd.common.errors import InputError
 from dsd.sim.fakes import ScriptedExecutor
-from dsd.sim.scheduler import Scheduler, SchedulerConfig, drafter_reservations
+from dsd.sim.scheduler import Scheduler, drafter_reservations
 from dsd.sim.types import ScheduledBatch, StepOutcome
 
 
@@ -203,18 +203,37 @@ def test_admission_under_the_token_budget(
     assert batch.num_scheduled_tokens.tolist() == first_step_tokens
 
 
-def test_prefill_cap_without_chunked_prefill_is_an_input_error():
-    # Found by the stateful machine: the cap made a 2-token prompt a 1-token chunk that
-    # chunking forbids, so the request waited forever (plan_step returned None for good).
-    with pytest.raises(InputError, match="long_prefill_token_threshold"):
-        SchedulerConfig(
-            max_model_len=3,
-            num_kv_blocks=3,
-            block_size=1,
-            max_num_batched_tokens=3,
-            enable_chunked_prefill=False,
-            long_prefill_token_threshold=1,
-        )
+# A 3-token model in a 3-token budget without chunked prefill: prompts of up to 2 tokens.
+_UNCHUNKED_TINY = {
+    "max_model_len": 3,
+    "num_kv_blocks": 3,
+    "block_size": 1,
+    "max_num_batched_tokens": 3,
+    "enable_chunked_prefill": False,
+}
+
+
+# Configs under which some request could never be scheduled, or that vLLM refuses: one error.
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        # Found by the stateful machine: the cap made a 2-token prompt a 1-token chunk that
+        # chunking forbids, so the request waited forever (plan_step returned None for good).
+        (
+            {**_UNCHUNKED_TINY, "k_max": 0, "long_prefill_token_threshold": 1},
+            "long_prefill_token_threshold",
+        ),
+        # Found by the stateful machine: a prompt and its row's draft slots must fit one step
+        # (PARD at K = 2 takes 2 of the 3-token budget: a 2-token prompt never fits).
+        ({**_UNCHUNKED_TINY, "k_max": 2, "speculative_method": "pard"}, "2 draft slots"),
+        # vLLM refuses max_num_batched_tokens <= num_lookahead_tokens: no row fits.
+        ({"k_max": 4, "speculative_method": "eagle", "max_num_batched_tokens": 4}, "lookahead"),
+        ({"speculative_method": "medusa"}, "speculative_method"),
+    ],
+)
+def test_configs_no_request_could_run_under_are_input_errors(params, message):
+    with pytest.raises(InputError, match=message):
+        create_scheduler(**params)
 
 
 # vLLM's async stop rule (v1/core/sched/scheduler.py, 0.33): with a step in flight, a request is
@@ -427,24 +446,3 @@ def test_draft_slots_take_budget_per_scheduled_row(method, first_step_tokens):
         scheduler.add_request(req_id, spec)
     batch = scheduler.commit_step(scheduler.plan_step(), 2)
     assert batch.num_scheduled_tokens.tolist() == first_step_tokens
-
-
-def test_a_budget_within_the_lookahead_is_an_input_error():
-    # vLLM refuses max_num_batched_tokens <= num_lookahead_tokens: no row could be scheduled.
-    with pytest.raises(InputError, match="lookahead"):
-        create_scheduler(k_max=4, speculative_method="eagle", max_num_batched_tokens=4)
-    with pytest.raises(InputError, match="speculative_method"):
-        create_scheduler(speculative_method="medusa")
-    # Found by the stateful machine: without chunked prefill a prompt and its row's draft
-    # slots must fit one step (PARD at K = 2 takes 2 of a 3-token budget: a 2-token prompt
-    # never fits and waits forever).
-    with pytest.raises(InputError, match="2 draft slots"):
-        create_scheduler(
-            max_model_len=3,
-            num_kv_blocks=3,
-            block_size=1,
-            k_max=2,
-            max_num_batched_tokens=3,
-            enable_chunked_prefill=False,
-            speculative_method="pard",
-        )

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from utils import drive
+from utils import create_scheduler, drive
 
 from dsd.sim.scheduler import SPECULATIVE_METHODS, Scheduler, SchedulerConfig, drafter_reservations
 from dsd.sim.types import ScheduledBatch, StepOutcome
@@ -40,12 +40,10 @@ def _config(**overrides: Any) -> SchedulerConfig:
         "max_model_len": 256,
         "num_kv_blocks": 64,
         "k_max": 3,
-        "block_size": 16,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 512,
     }
-    params.update(overrides)
-    return SchedulerConfig(**params)
+    return create_scheduler(**{**params, **overrides}).config
 
 
 def _all(step: int, req: int, drafted: int) -> int:
