@@ -581,9 +581,7 @@ class Scheduler:
             covered = computed + got  # [R]
             if self._lookahead:
                 # vLLM's allocate_slots: lookahead slots past a scheduled row, within the model
-                covered = np.where(
-                    got > 0, np.minimum(covered + self._lookahead, cfg.max_model_len), covered
-                )
+                covered = np.where(got > 0, self._with_lookahead(covered), covered)
             if not self.kv.try_cover_many(run, covered):
                 run, got, preempted = self._cover_with_preemption(run, got, covered)
                 computed = self._num_computed[run]
@@ -732,7 +730,7 @@ class Scheduler:
             kept = self._held_before_plan[dslots] * cfg.block_size  # [D] tokens
             needed = computed_after
             if self._lookahead:
-                needed = np.minimum(computed_after + self._lookahead, cfg.max_model_len)
+                needed = self._with_lookahead(computed_after)
             self.kv.shrink_to(dslots, np.maximum(needed, kept))
 
         if num_prefill:
@@ -974,7 +972,7 @@ class Scheduler:
             covered[plan.decode_slots] += 1 + plan.decode_draft_room
             covered[plan.prefill_slots] += plan.prefill_chunk_lens
         # and the lookahead slots past them (a rollback of rejected drafts keeps its blocks)
-        covered = np.minimum(covered + self._lookahead, self.config.max_model_len)
+        covered = self._with_lookahead(covered)
         self.kv.check_invariants(running, covered[running])
 
     # ------------------------------------------------------------------ internals
@@ -1004,7 +1002,7 @@ class Scheduler:
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             full = min(target, cfg.max_model_len)
-            covered = min(chunk + self._lookahead, cfg.max_model_len)
+            covered = int(self._with_lookahead(chunk))
             if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
                 slot, covered
             ):
@@ -1021,6 +1019,12 @@ class Scheduler:
         if skipped:
             waiting.extendleft(reversed(skipped))
         return budget
+
+    def _with_lookahead(self, num_tokens: IntArray | int) -> IntArray:
+        """Tokens a scheduled row's KV must cover: its own plus the drafter's lookahead slots
+        (vLLM's allocate_slots), never past max_model_len."""
+        covered: IntArray = np.minimum(num_tokens + self._lookahead, self.config.max_model_len)
+        return covered
 
     def _cover_with_preemption(
         self, run: IntArray, got: IntArray, covered: IntArray
