@@ -32,6 +32,7 @@ from typing import Any
 from dsd import api
 from dsd.backend.real import resolve_real, torch_executor
 from dsd.backend.threads import thread_settings
+from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.policies.profile import Profile
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args(argv)
     try:
-        concurrencies = [int(c) for c in args.concurrency.split(",")]
+        concurrencies = list(int_list("--concurrency", args.concurrency, 1))
         pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
         load_before = load_average()
         profile_path = args.profile

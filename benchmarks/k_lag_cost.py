@@ -22,6 +22,8 @@ import json
 import sys
 from typing import Any
 
+from dsd.cli.flags import int_list
+from dsd.common.errors import InputError
 from dsd.reports.paired import paired_gap
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
@@ -43,6 +45,24 @@ def _tpot(policy: str, concurrency: int, seed: int, k_timing: str) -> float:
     return float(run_simulation(config).metrics["mean_tpot_ms"])
 
 
+def _lag_gap(policy: str, concurrency: int, seeds: int) -> dict[str, Any]:
+    """One row: the paired gap of next-step over same-step mean TPOT, printed as it comes."""
+    lagged = [_tpot(policy, concurrency, seed, "next-step") for seed in range(seeds)]
+    same = [_tpot(policy, concurrency, seed, "same-step") for seed in range(seeds)]
+    gap = paired_gap(lagged, same)
+    print(
+        f"{policy:<24} {concurrency:>4}  {100 * gap.mean:+.2f}% (+-{100 * gap.half_width:.2f})",
+        flush=True,
+    )
+    return {
+        "policy": policy,
+        "concurrency": concurrency,
+        "gap_pct": 100 * gap.mean,
+        "half_width_pct": 100 * gap.half_width,
+        "seeds": seeds,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=4)
@@ -53,30 +73,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 2:
         print("error: --seeds: need >= 2 for an interval", file=sys.stderr)
         return 2
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
     rows: list[dict[str, Any]] = []
-    print(f"{'policy':<24} {'C':>4}  next-step vs same-step mean TPOT (95% CI)")
-    for policy in args.policy or POLICIES:
-        for concurrency in concurrencies:
-            lagged, same = [], []
-            for seed in range(args.seeds):
-                lagged.append(_tpot(policy, concurrency, seed, "next-step"))
-                same.append(_tpot(policy, concurrency, seed, "same-step"))
-            gap = paired_gap(lagged, same)
-            rows.append(
-                {
-                    "policy": policy,
-                    "concurrency": concurrency,
-                    "gap_pct": 100 * gap.mean,
-                    "half_width_pct": 100 * gap.half_width,
-                    "seeds": args.seeds,
-                }
-            )
-            print(
-                f"{policy:<24} {concurrency:>4}  {100 * gap.mean:+.2f}% "
-                f"(+-{100 * gap.half_width:.2f})",
-                flush=True,
-            )
+    try:
+        concurrencies = int_list("--concurrency", args.concurrency, 1)
+        print(f"{'policy':<24} {'C':>4}  next-step vs same-step mean TPOT (95% CI)")
+        for policy in args.policy or POLICIES:
+            for concurrency in concurrencies:
+                rows.append(_lag_gap(policy, concurrency, args.seeds))
+    except InputError as exc:  # a bad SPEC or value: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"profile": PROFILE, "rows": rows}, out, indent=1)
