@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int
@@ -53,21 +53,23 @@ from dsd.reports.run_outputs import (
     step_parquet_sink,
     write_run_outputs,
 )
-from dsd.reports.sweep import SweepOutcome as SweepOutcome
-from dsd.reports.sweep import sweep_cells, sweep_to_folder
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import DEFAULT_MAX_NUM_SEQS, RunConfig
-from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.latency import held_out_summary
+from dsd.sim.metrics import discard_steps
 from dsd.sim.resolve import ResolvedRun, resolve, resolved_config_dict
 from dsd.traces.registry import WorkloadOptions, build_workload
 from dsd.traces.workload import Workload
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dsd.backend.generate import GenerationReport
     from dsd.backend.pair import ModelPair
     from dsd.backend.validate import CellResult
     from dsd.backend.zoo import DistillResult, PairResult
+    from dsd.reports.sweep import SweepOutcome as SweepOutcome
 
 _RUN_CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(RunConfig))
 _WORKLOAD_FIELDS = frozenset(field.name for field in dataclasses.fields(WorkloadOptions))
@@ -142,15 +144,25 @@ def _config(config: RunConfig | None, fields: dict[str, Any]) -> RunConfig:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What `simulate` and `run` return."""
+    """What `simulate` and `run` return. `requests` and `steps` are DataFrames built when first
+    read (so a run printed as JSON never loads pandas)."""
 
     metrics: dict[str, Any]  # result.json: vLLM bench keys, ours, the run's settings
-    requests: pd.DataFrame  # one row per request (requests.csv: asked and measured)
-    steps: pd.DataFrame  # one row per step; empty when `keep_steps` is off or steps streamed
+    run: RunResult  # what the engine measured (its tables as numpy columns)
     resolved: ResolvedRun  # the config with every default chosen
     learned_profile: Profile | None  # the profile a learning policy (bandit) built, else None
     out: Path | None  # the folder written (result.json, requests.csv, steps.parquet, ...)
     output_ids: dict[int, list[int]] | None = None  # real runs: req_id -> generated token ids
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (requests.csv: asked and measured)."""
+        return request_frame(self.run, self.resolved)
+
+    @functools.cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step; empty when `keep_steps` is off or steps streamed."""
+        return self.run.steps
 
 
 def _execute(
@@ -171,7 +183,7 @@ def _execute(
         sink: StepParquetSink | None = None
         if out is not None:
             sink = stack.enter_context(step_parquet_sink(out))
-        engine = engine_for(sink if sink is not None else (None if keep_steps else _discard))
+        engine = engine_for(sink if sink is not None else (None if keep_steps else discard_steps))
         result = engine.run()
         metrics = bench_result(result, resolved, executor_settings)
         learned = learned_profile(engine.policy)
@@ -199,8 +211,7 @@ def _execute(
             )
     return RunOutcome(
         metrics=metrics,
-        requests=request_frame(result, resolved),
-        steps=result.steps,
+        run=result,
         resolved=resolved,
         learned_profile=learned,
         out=None if out is None else Path(out),
@@ -229,10 +240,6 @@ def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
             f"\nwrote {outcome.out}/ (result.json, requests.csv, steps.parquet, config.json{extra})"
         )
     return text
-
-
-def _discard(steps: pd.DataFrame) -> None:
-    """The step sink of a run whose step rows nobody reads (flat memory on long runs)."""
 
 
 def simulate(
@@ -370,6 +377,7 @@ def sweep(
     loops over one config (`fields`, with `profile`), `num_prompts = per_concurrency x C`
     (default 20 x C) or a fixed `num_prompts`."""
     from dsd.reports.grid import expand_grid, load_grid
+    from dsd.reports.sweep import sweep_cells, sweep_to_folder
 
     if grid is not None:
         given = [
@@ -1019,6 +1027,8 @@ def explain_policy(
     evaluated = evaluate_policy(chosen, loaded, max_num_seqs)
     profiled = set(loaded.batch_sizes())
     changes = np.concatenate([[False], evaluated.k_star[1:] != evaluated.k_star[:-1]])  # [N]
+    import pandas as pd
+
     frame = pd.DataFrame(
         {
             "B": evaluated.batch_sizes,

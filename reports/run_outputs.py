@@ -34,19 +34,21 @@ import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dsd.common.atomic import atomic_write_bytes
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
 from dsd.sim.engine import RunResult
+from dsd.sim.metrics import Columns
 from dsd.sim.resolve import ResolvedRun
+
+if TYPE_CHECKING:  # pandas and pyarrow load only when files are written (~0.5 s)
+    import pandas as pd
+    import pyarrow.parquet as pq
 
 RESULT_FILE = "result.json"
 REQUESTS_FILE = "requests.csv"
@@ -137,13 +139,17 @@ class StepParquetSink:
         self.path = path
         self._writer: pq.ParquetWriter | None = None
 
-    def __call__(self, steps: pd.DataFrame) -> None:
-        table = pa.Table.from_pandas(step_frame(steps), preserve_index=False)
+    def __call__(self, steps: Columns) -> None:
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.Table.from_pandas(step_frame(pd.DataFrame(steps)), preserve_index=False)
         if self._writer is None:
             self._writer = pq.ParquetWriter(self.path, table.schema)
         self._writer.write_table(table)
 
-    def finish(self, empty_steps: pd.DataFrame) -> Path:
+    def finish(self, empty_steps: Columns) -> Path:
         """Close the file (with `empty_steps`' columns if no step came) and return its path."""
         if self._writer is None:
             self(empty_steps)
@@ -257,7 +263,7 @@ def write_run_outputs(
     `streamed_steps`: the sink the run wrote its steps to (then `run.steps` is empty).
     `learned`: the profile a learning policy built (`sim.build.learned_profile`), written as
     learned_profile.json (native profile format). `outputs`: `outputs_jsonl` of a real run."""
-    steps = run.steps if streamed_steps is None else streamed_steps.finish(run.steps)
+    steps = run.steps if streamed_steps is None else streamed_steps.finish(run.step_columns)
     files = serialise_run(result, request_frame(run, resolved), steps, config)
     if learned is not None:
         files[LEARNED_PROFILE_FILE] = profile_json_text(learned).encode()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dsd.common.errors import InputError
 from dsd.common.machine import load_average
 from dsd.sim.config import RunConfig
+from dsd.sim.metrics import discard_steps
 
 if TYPE_CHECKING:
     from dsd.backend.pair import ModelPair
@@ -111,13 +112,9 @@ def _run(
 
     arm_pair = pair.with_draft(arm.draft, seed=config.seed)
     arm_config = dataclasses.replace(config, policy=arm.policy, k_max=arm.k_max)
-    engine = real_engine(resolve_real(arm_config, arm_pair), arm_pair, step_sink=_discard)
+    engine = real_engine(resolve_real(arm_config, arm_pair), arm_pair, step_sink=discard_steps)
     result = engine.run()
     return dict(result.metrics), run_output_ids(engine, result)
-
-
-def _discard(steps: Any) -> None:
-    """Step rows nobody reads."""
 
 
 def measure_arms(

@@ -34,22 +34,25 @@ policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from dsd.common.arrays import IntArray
 from dsd.policies.types import KPolicy, StepFeedback
-from dsd.sim.metrics import MetricsRecorder, StepSink
+from dsd.sim.metrics import Columns, MetricsRecorder, StepSink
 from dsd.sim.scheduler import SchedulerConfig, SpecDecodeStats, StepPlan, StepResult
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class StepScheduler(Protocol):
@@ -85,7 +88,7 @@ class LoopConfig:
     # Percentiles reported as pNN_*_ms, like `--metric-percentiles`.
     percentiles: tuple[float, ...] = (99.0,)
     # None: keep every step row on RunResult.steps. A callable: receives the step rows as
-    # DataFrames in blocks (sim.metrics.STEP_BLOCK_ROWS) during the run and RunResult.steps is
+    # columns in blocks (sim.metrics.STEP_BLOCK_ROWS) during the run and RunResult.steps is
     # empty, so long runs keep flat memory (e.g. a parquet writer, or `lambda rows: None`).
     step_sink: StepSink | None = None
     # Record the wall time of planning each step (admitting sent requests, plan_step, the
@@ -116,14 +119,31 @@ class EngineEvent:
 
 @dataclass(frozen=True)
 class RunResult:
-    """Everything a run measured. Nothing is written to disk here."""
+    """Everything a run measured. Nothing is written to disk here.
+
+    The per-request and per-step tables are kept as numpy columns and become DataFrames when
+    first read (`requests`, `steps`): a run whose tables nobody reads never imports pandas."""
 
     metrics: dict[str, Any]  # `vllm bench serve` keys plus ours (see sim.metrics)
-    requests: pd.DataFrame  # one row per request
-    steps: pd.DataFrame  # one row per step (empty when LoopConfig.step_sink took them)
+    request_columns: Columns  # one row per request
+    step_columns: Columns  # one row per step (empty when LoopConfig.step_sink took them)
     spec_stats: SpecDecodeStats  # spec-decode counters of the run
     events: tuple[EngineEvent, ...]  # empty unless LoopConfig.record_events
     num_preemptions: int  # preemptions by recompute during the run
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (sim.metrics.MetricsRecorder.request_columns)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.request_columns)
+
+    @functools.cached_property
+    def steps(self) -> pd.DataFrame:
+        """One row per step (sim.metrics.MetricsRecorder.step_columns)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.step_columns)
 
 
 class _Client:
@@ -235,8 +255,8 @@ class Engine:
         metrics = self._metrics
         result = RunResult(
             metrics=metrics.bench_metrics(scheduler.spec_stats, self.config.percentiles),
-            requests=metrics.request_table(),
-            steps=metrics.step_table(),
+            request_columns=metrics.request_columns(),
+            step_columns=metrics.step_columns(),
             spec_stats=scheduler.spec_stats,
             events=tuple(self._events),
             num_preemptions=scheduler.num_preemptions,

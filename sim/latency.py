@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.policies.context_aware import ContextLatencyFn
@@ -373,6 +372,8 @@ class ParametricLatencyModel:
             predicted = _parametric_ms(params, num_decode, ks, verified, context)
             relative: FloatArray = (predicted - measured) / measured
             return relative
+
+        from scipy.optimize import least_squares  # ~0.3 s to import: only when fitting
 
         result = least_squares(
             residuals,

@@ -3,7 +3,8 @@
 `MetricsRecorder` is fed by the engine loop: one `record_send` per request, one `record_step`
 per step. It streams into numpy buffers (one row per step; per step one reference to the
 emitting request ids, no Python object per token or per row). At the end `bench_metrics` turns
-them into the result dict, `request_table` / `step_table` into DataFrames for the CLI to write.
+them into the result dict, `request_columns` / `step_columns` into tables (named numpy
+columns; `sim.engine.RunResult` makes DataFrames of them on demand: no pandas on the hot path).
 
 Memory grows with the number of requests (a few numbers each), not with tokens or steps: the
 chunks of finished requests are folded into a pooled ITL multiset (`sim.pooled.PooledValues`:
@@ -41,14 +42,19 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-import pandas as pd
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.sim.pooled import DEFAULT_MAX_IN_MEMORY, PooledValues
 from dsd.sim.scheduler import SpecDecodeStats, StepResult
 from dsd.sim.types import ScheduledBatch
 
-StepSink = Callable[[pd.DataFrame], None]
+Columns = dict[str, npt.NDArray[Any]]  # a table as named columns of equal length
+StepSink = Callable[[Columns], None]  # receives blocks of step rows
+
+
+def discard_steps(steps: Columns) -> None:
+    """The step sink of a run whose step rows nobody reads (flat memory on long runs)."""
+
 
 # The TPOT and TTFT summary keys that comparisons and tables show first (vLLM bench names).
 TPOT_TTFT_KEYS: tuple[str, ...] = (
@@ -247,7 +253,7 @@ class MetricsRecorder:
         """Free the pooled ITLs' spill files (after the last `bench_metrics`)."""
         self._itl_ms.close()
 
-    def request_table(self) -> pd.DataFrame:
+    def request_columns(self) -> Columns:
         """One row per request (NaN times for requests that were not sent or did not finish)."""
         ttft_s = self.first_token_s - self.send_s
         e2el_s = self.finish_s - self.send_s
@@ -257,20 +263,18 @@ class MetricsRecorder:
                 (e2el_s - ttft_s) / (self.num_output_tokens - 1),
                 np.nan,
             )
-        return pd.DataFrame(
-            {
-                "req_id": np.arange(self.prompt_len.shape[0]),
-                "prompt_len": self.prompt_len,
-                "num_output_tokens": self.num_output_tokens,
-                "num_chunks": self.num_chunks.copy(),
-                "send_s": self.send_s,
-                "first_token_s": self.first_token_s,
-                "finish_s": self.finish_s,
-                "ttft_ms": ttft_s * 1000.0,
-                "tpot_ms": tpot_s * 1000.0,
-                "e2el_ms": e2el_s * 1000.0,
-            }
-        )
+        return {
+            "req_id": np.arange(self.prompt_len.shape[0]),
+            "prompt_len": self.prompt_len.copy(),
+            "num_output_tokens": self.num_output_tokens.copy(),
+            "num_chunks": self.num_chunks.copy(),
+            "send_s": self.send_s.copy(),
+            "first_token_s": self.first_token_s.copy(),
+            "finish_s": self.finish_s.copy(),
+            "ttft_ms": ttft_s * 1000.0,
+            "tpot_ms": tpot_s * 1000.0,
+            "e2el_ms": e2el_s * 1000.0,
+        }
 
     def _grow_or_close_block(self) -> None:
         rows = self._step_ints.shape[0]
@@ -288,7 +292,7 @@ class MetricsRecorder:
         if rows == 0:
             return
         if self._step_sink is not None:
-            self._step_sink(self._step_frame(self._step_ints[:rows], self._step_floats[:rows]))
+            self._step_sink(self._step_columns(self._step_ints[:rows], self._step_floats[:rows]))
         else:
             self._kept_blocks.append((self._step_ints[:rows], self._step_floats[:rows]))
             self._step_ints = np.zeros_like(self._step_ints)
@@ -300,16 +304,16 @@ class MetricsRecorder:
         if self._step_sink is not None:
             self._close_block()
 
-    def step_table(self) -> pd.DataFrame:
+    def step_columns(self) -> Columns:
         """One row per step; empty when a step sink took the rows (see `flush_steps`)."""
         rows = 0 if self._step_sink is not None else self._block_rows
         blocks = [*self._kept_blocks, (self._step_ints[:rows], self._step_floats[:rows])]
         ints = np.concatenate([block[0] for block in blocks])  # [steps, fields]
         floats = np.concatenate([block[1] for block in blocks])  # [steps, fields]
-        return self._step_frame(ints, floats)
+        return self._step_columns(ints, floats)
 
     @classmethod
-    def _step_frame(cls, ints: IntArray, floats: FloatArray) -> pd.DataFrame:
+    def _step_columns(cls, ints: IntArray, floats: FloatArray) -> Columns:
         int_column = {name: i for i, name in enumerate(cls._STEP_INT_FIELDS)}
         float_column = {name: i for i, name in enumerate(cls._STEP_FLOAT_FIELDS)}
         columns: dict[str, npt.NDArray[Any]] = {
@@ -320,7 +324,7 @@ class MetricsRecorder:
         for name in cls._STEP_INT_FIELDS[1:]:
             columns[name] = ints[:, int_column[name]].copy()
         columns["mean_k"] = floats[:, float_column["mean_k"]].copy()
-        return pd.DataFrame(columns)
+        return columns
 
     def bench_metrics(
         self, spec_stats: SpecDecodeStats, percentiles: tuple[float, ...] = (99.0,)

@@ -24,9 +24,12 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from dsd.common.errors import InputError
 from dsd.common.user_files import decode_user_text
@@ -134,6 +137,8 @@ def _int_column(
     path: Path, values: pd.Series, column: str, minimum: int, line_of: np.ndarray
 ) -> np.ndarray:
     """Column as int64, every value an integer >= minimum, else InputError at its line."""
+    import pandas as pd  # only trace files need it (~0.3 s to import)
+
     numbers = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)  # [N]
     with np.errstate(invalid="ignore"):
         bad = ~np.isfinite(numbers) | (numbers != np.round(numbers)) | (numbers < minimum)
@@ -148,6 +153,8 @@ def _int_column(
 
 
 def _read_azure(path: Path) -> _Columns:
+    import pandas as pd  # only trace files need it (~0.3 s to import)
+
     try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False, skip_blank_lines=False)
     except pd.errors.ParserError as exc:
@@ -268,6 +275,8 @@ def _token_counts(path: Path, texts: list[str]) -> list[int]:
 
 
 def _read_schema_table(path: Path) -> _Columns:
+    import pandas as pd  # only trace files need it (~0.3 s to import)
+
     if path.suffix == ".parquet":
         try:
             frame = pd.read_parquet(path)
@@ -335,15 +344,19 @@ def _csv_row_lines(path: Path, num_rows: int) -> np.ndarray:
 
 
 def _optional_text(frame: pd.DataFrame, column: str) -> list[str | None]:
+    """The column as text, None where the cell is empty: None, "", pandas NA or a float NaN
+    (parquet and CSV spell it differently)."""
+    import pandas as pd  # only trace files need it (~0.3 s to import)
+
     if column not in frame.columns:
         return [None] * len(frame)
-    return [None if _is_missing(value) else str(value) for value in frame[column].tolist()]
+    return [
+        None if value is None or value is pd.NA or value == "" or _is_nan(value) else str(value)
+        for value in frame[column].tolist()
+    ]
 
 
-def _is_missing(value: object) -> bool:
-    """Empty cell: None, "", pandas NA or a float NaN (parquet and CSV spell it differently)."""
-    if value is None or value is pd.NA or value == "":
-        return True
+def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 

@@ -388,3 +388,23 @@ def test_scheduler_vllm_without_vllm_is_one_line(
         "error: scheduler vllm: vLLM is not installed (pip install --no-deps vllm==0.33.0, as "
         "the README's setup does)"
     )
+
+
+def test_simulate_json_leaves_the_heavy_libraries_unloaded() -> None:
+    """Start-up is most of a short simulate: pandas, pyarrow and scipy.optimize load only where
+    a table is read or written or a model is fitted (issue "simulator speed")."""
+    script = (
+        "import sys\n"
+        "from dsd.cli import main\n"
+        f"sys.argv = ['dsd', 'simulate', *{GOODPUT + SMALL!r}, '--json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "heavy = ('pandas', 'pyarrow', 'scipy.optimize', 'matplotlib', 'torch')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert done.stdout.strip().splitlines()[-1] == "[]"

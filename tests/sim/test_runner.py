@@ -294,7 +294,7 @@ def test_streamed_metrics_equal_kept_metrics(monkeypatch):
     monkeypatch.setattr(metrics_module, "COMPACT_MAX_STEPS", 3)
     monkeypatch.setattr(metrics_module, "DEFAULT_MAX_IN_MEMORY", 7)
     monkeypatch.setattr(metrics_module, "STEP_BLOCK_ROWS", 512)
-    blocks: list[pd.DataFrame] = []
+    blocks: list[dict[str, Any]] = []
     resolved = resolve(config)
     streamed = build_engine(
         resolved, fitted_executor(resolved), LoopConfig(step_sink=blocks.append)
@@ -302,7 +302,8 @@ def test_streamed_metrics_equal_kept_metrics(monkeypatch):
 
     assert streamed.steps.empty and list(streamed.steps.columns) == list(kept.steps.columns)
     assert len(blocks) > 1 and all(len(block) <= 512 for block in blocks)
-    pd.testing.assert_frame_equal(pd.concat(blocks, ignore_index=True), kept.steps)
+    frames = [pd.DataFrame(block) for block in blocks]
+    pd.testing.assert_frame_equal(pd.concat(frames, ignore_index=True), kept.steps)
     pd.testing.assert_frame_equal(streamed.requests, kept.requests)
     approximate = {"mean_itl_ms", "std_itl_ms"}  # summed in another order once spilled
     for key in approximate:
