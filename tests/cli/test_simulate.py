@@ -392,7 +392,8 @@ def test_scheduler_vllm_without_vllm_is_one_line(
 
 def test_simulate_json_leaves_the_heavy_libraries_unloaded() -> None:
     """Start-up is most of a short simulate: pandas, pyarrow and scipy.optimize load only where
-    a table is read or written or a model is fitted (issue "simulator speed")."""
+    a table is read or written or a model is fitted, and the command line parses without
+    pydantic (issue "simulator speed")."""
     script = (
         "import sys\n"
         "from dsd.cli import main\n"
@@ -401,7 +402,7 @@ def test_simulate_json_leaves_the_heavy_libraries_unloaded() -> None:
         "    main()\n"
         "except SystemExit as exc:\n"
         "    assert not exc.code, exc.code\n"
-        "heavy = ('pandas', 'pyarrow', 'scipy.optimize', 'matplotlib', 'torch')\n"
+        "heavy = ('pandas', 'pyarrow', 'scipy.optimize', 'matplotlib', 'torch', 'pydantic')\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"
     )
     done = subprocess.run(
