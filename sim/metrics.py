@@ -73,9 +73,10 @@ COMPACT_MAX_STEPS = 1 << 13  # ... or pending steps (each holds a small array ob
 class MetricsRecorder:
     """Collects per-request token times and per-step records of one run, in bounded memory.
 
-    Hot path: `record_step` runs every step, so it writes one row of a 2-D int array and one
-    of a float array per step, and keeps the emitting rows' request ids as a reference (the
-    batch's arrays are read-only by contract) instead of copying them.
+    Hot path: `record_step` runs every step, so it appends the step's scalars as one tuple and
+    its K histogram as one row of a small array (sums, extremes and means of K are taken per
+    block of steps), and keeps the emitting rows' request ids as a reference (the batch's
+    arrays are read-only by contract) instead of copying them.
 
     Memory: what grows with the run is per request (a few numbers each), not per token or per
     step. Chunks are turned into ITLs in batches ("compaction") once their request finished;
@@ -126,15 +127,16 @@ class MetricsRecorder:
         self._itl_ms = PooledValues(
             DEFAULT_MAX_IN_MEMORY if max_itl_in_memory is None else max_itl_in_memory
         )
-        # Step rows: the current block [rows, len(_STEP_INT_FIELDS)] / [rows, len(_FLOAT_)],
-        # grown by doubling up to STEP_BLOCK_ROWS; full blocks are kept or go to the sink.
+        # Step rows of the current block: per step (step, B, D, tokens, accepted, output
+        # tokens, start_s, duration_s) and its decode rows per K [rows, k_max+1] (grown by
+        # doubling); at STEP_BLOCK_ROWS rows the block is closed into int and float arrays,
+        # kept or handed to the sink.
         self._step_sink = step_sink
-        self._step_ints = np.zeros((256, len(self._STEP_INT_FIELDS)), dtype=np.int64)
-        self._step_floats = np.zeros((256, len(self._STEP_FLOAT_FIELDS)), dtype=np.float64)
-        self._block_rows = 0
+        self._block_rows: list[tuple[int, int, int, int, int, int, float, float]] = []
+        self._block_k_counts = np.zeros((256, k_max + 1), dtype=np.int64)
         self._kept_blocks: list[tuple[IntArray, FloatArray]] = []
         self._num_steps = 0
-        self.k_histogram = np.zeros(k_max + 1, dtype=np.int64)  # [k_max+1] decode rows per K
+        self._closed_k_histogram = np.zeros(k_max + 1, dtype=np.int64)  # [k_max+1]
 
     def record_send(self, req_id: int, time_s: float, prompt_len: int) -> None:
         self.send_s[req_id] = time_s
@@ -153,34 +155,29 @@ class MetricsRecorder:
         end_s = start_s + duration_s
         num_decode = batch.num_decode_reqs
         emitted = result.num_output_tokens  # [B]
-        index = self._block_rows
-        if index == self._step_ints.shape[0]:
+        rows = self._block_rows
+        index = len(rows)
+        if index == self._block_k_counts.shape[0]:
             self._grow_or_close_block()
-            index = self._block_rows
+            index = len(rows)
         if num_decode:
-            # The K histogram of the step gives its sum, min and max too (K is small).
-            k_counts = np.bincount(batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1)
-            self.k_histogram += k_counts
-            counts = k_counts.tolist()
-            num_spec = sum(k * count for k, count in enumerate(counts))
-            present = [k for k, count in enumerate(counts) if count]
-            k_min, k_max, mean_k = present[0], present[-1], num_spec / num_decode
-        else:
-            num_spec, k_min, k_max, mean_k = 0, -1, -1, np.nan
+            # The step's K histogram gives its K sum, min, max and mean (at block close).
+            self._block_k_counts[index] = np.bincount(
+                batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1
+            )
         num_emitted = int(np.add.reduce(emitted))
-        self._step_ints[index] = (
-            batch.step_index,
-            batch.batch_size,
-            num_decode,
-            batch.total_num_scheduled_tokens,
-            num_spec,
-            result.num_accepted_tokens,
-            num_emitted,
-            k_min,
-            k_max,
+        rows.append(
+            (
+                batch.step_index,
+                emitted.shape[0],
+                num_decode,
+                batch.total_num_scheduled_tokens,
+                result.num_accepted_tokens,
+                num_emitted,
+                start_s,
+                duration_s,
+            )
         )
-        self._step_floats[index] = (start_s, duration_s, mean_k)
-        self._block_rows = index + 1
         self._num_steps += 1
 
         num_chunks = int(np.count_nonzero(emitted))
@@ -195,9 +192,12 @@ class MetricsRecorder:
             self._chunk_count_parts.append(num_chunks)
             self._num_pending_chunks += num_chunks
             self.num_output_tokens[req_ids] += chunk_tokens
-            first = np.isnan(self.first_token_s[req_ids])  # [E]
-            if np.count_nonzero(first):
-                self.first_token_s[req_ids[first]] = end_s
+            if num_decode < emitted.shape[0]:
+                # Only a prefill row can emit a request's first token: a decode row's request
+                # emitted it in the step that completed its prompt, an earlier step.
+                prefill_req = batch.req_ids[num_decode:][emitted[num_decode:] > 0]  # [P]
+                first = np.isnan(self.first_token_s[prefill_req])  # [P]
+                self.first_token_s[prefill_req[first]] = end_s
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s
         if (
@@ -276,28 +276,58 @@ class MetricsRecorder:
             "e2el_ms": e2el_s * 1000.0,
         }
 
+    @property
+    def k_histogram(self) -> IntArray:
+        """[k_max+1] decode rows per K over the steps so far."""
+        rows = len(self._block_rows)
+        open_block: IntArray = self._block_k_counts[:rows].sum(axis=0)
+        return self._closed_k_histogram + open_block
+
     def _grow_or_close_block(self) -> None:
-        rows = self._step_ints.shape[0]
-        if rows < STEP_BLOCK_ROWS:
-            self._step_ints = np.concatenate([self._step_ints, np.zeros_like(self._step_ints)])
-            self._step_floats = np.concatenate(
-                [self._step_floats, np.zeros_like(self._step_floats)]
-            )
+        capacity = self._block_k_counts.shape[0]
+        if capacity < STEP_BLOCK_ROWS:
+            grown = np.zeros((2 * capacity, self.k_max + 1), dtype=np.int64)
+            grown[:capacity] = self._block_k_counts
+            self._block_k_counts = grown
             return
         self._close_block()
 
+    def _block_arrays(self) -> tuple[IntArray, FloatArray]:
+        """The current block's step rows as int [rows, len(_STEP_INT_FIELDS)] and float
+        [rows, len(_STEP_FLOAT_FIELDS)] arrays."""
+        rows = len(self._block_rows)
+        if rows == 0:
+            return self._no_rows()
+        scalars = np.array(self._block_rows, dtype=np.float64)  # [rows, 8] ints < 2**53 exact
+        given = scalars[:, :6].astype(np.int64)  # step, B, D, tokens, accepted, output
+        counts = self._block_k_counts[:rows]  # [rows, k_max+1]
+        num_decode = given[:, 2]  # [rows]
+        num_spec = counts @ np.arange(self.k_max + 1)  # [rows]
+        present = counts > 0  # [rows, k_max+1]
+        decoding = num_decode > 0  # [rows]
+        k_min = np.where(decoding, present.argmax(axis=1), -1)  # [rows]
+        k_max = np.where(decoding, self.k_max - present[:, ::-1].argmax(axis=1), -1)  # [rows]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean_k = np.where(decoding, num_spec / num_decode, np.nan)  # [rows]
+        step, batch_size, tokens, accepted, output = given[:, [0, 1, 3, 4, 5]].T  # [rows] each
+        columns = [step, batch_size, num_decode, tokens, num_spec, accepted, output, k_min, k_max]
+        ints = np.stack(columns, axis=1)  # [rows, len(_STEP_INT_FIELDS)]
+        floats = np.stack([scalars[:, 6], scalars[:, 7], mean_k], axis=1)  # [rows, 3]
+        return ints, floats
+
     def _close_block(self) -> None:
         """Hand the current block's rows to the sink, or keep them; start an empty block."""
-        rows = self._block_rows
+        rows = len(self._block_rows)
         if rows == 0:
             return
+        ints, floats = self._block_arrays()
         if self._step_sink is not None:
-            self._step_sink(self._step_columns(self._step_ints[:rows], self._step_floats[:rows]))
+            self._step_sink(self._step_columns(ints, floats))
         else:
-            self._kept_blocks.append((self._step_ints[:rows], self._step_floats[:rows]))
-            self._step_ints = np.zeros_like(self._step_ints)
-            self._step_floats = np.zeros_like(self._step_floats)
-        self._block_rows = 0
+            self._kept_blocks.append((ints, floats))
+        self._closed_k_histogram += self._block_k_counts[:rows].sum(axis=0)
+        self._block_k_counts[:rows] = 0
+        self._block_rows.clear()
 
     def flush_steps(self) -> None:
         """With a step sink: hand it the rows not yet handed over (call once, at the end)."""
@@ -306,11 +336,19 @@ class MetricsRecorder:
 
     def step_columns(self) -> Columns:
         """One row per step; empty when a step sink took the rows (see `flush_steps`)."""
-        rows = 0 if self._step_sink is not None else self._block_rows
-        blocks = [*self._kept_blocks, (self._step_ints[:rows], self._step_floats[:rows])]
+        if self._step_sink is not None:
+            return self._step_columns(*self._no_rows())
+        blocks = [*self._kept_blocks, self._block_arrays()]
         ints = np.concatenate([block[0] for block in blocks])  # [steps, fields]
         floats = np.concatenate([block[1] for block in blocks])  # [steps, fields]
         return self._step_columns(ints, floats)
+
+    @classmethod
+    def _no_rows(cls) -> tuple[IntArray, FloatArray]:
+        return (
+            np.zeros((0, len(cls._STEP_INT_FIELDS)), dtype=np.int64),
+            np.zeros((0, len(cls._STEP_FLOAT_FIELDS)), dtype=np.float64),
+        )
 
     @classmethod
     def _step_columns(cls, ints: IntArray, floats: FloatArray) -> Columns:
