@@ -17,6 +17,11 @@
   client to send everything due before it plans). When there is nothing to run the engine sleeps
   on an event until the client sends a request.
 
+When every request arrives at time 0 (a closed loop), nothing but the engine's steps moves the
+clock and the client only ever sends when asked (before a plan, when a slot frees): the loop
+then runs without SimPy, advancing the clock by each step's duration with the same arithmetic
+(`now + duration`), so results are identical and a step costs no event.
+
 Clock modes: "model" advances by `outcome.duration_s` (the simulator); "wall" advances by the
 measured perf_counter time of the whole iteration, host work included (scheduling, policy,
 bookkeeping of the previous step), which is what a real executor needs for an apples-to-apples
@@ -34,9 +39,10 @@ policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -189,6 +195,7 @@ class _Client:
             arrival_s = self._arrivals[self.next_index]
             if arrival_s > env.now:
                 yield env.timeout(arrival_s - env.now)
+                self._engine.now_s = float(env.now)
                 # The head's time has come (float rounding aside): send it if the cap allows.
                 self.pump(max(env.now, arrival_s))
             else:
@@ -214,6 +221,7 @@ class Engine:
         self.workload = workload
         self.config = config or LoopConfig()
         self._env = simpy.Environment()
+        self.now_s = 0.0  # the run's clock (SimPy's when SimPy drives the loop)
         self._client = _Client(self, workload)
         self._metrics = MetricsRecorder(
             len(workload.requests), scheduler.config.k_max, step_sink=self.config.step_sink
@@ -230,7 +238,7 @@ class Engine:
 
     # -- called by the client
     def send(self, req_id: int, spec: Any) -> None:
-        now_s = float(self._env.now)
+        now_s = self.now_s
         self.scheduler.add_request(req_id, spec)
         if self._step_running:
             self._deferred_adds.append((req_id, spec))
@@ -247,10 +255,10 @@ class Engine:
         if self._ran:
             raise RuntimeError("Engine.run() may be called once")
         self._ran = True
-        env = self._env
-        env.process(self._client.process(env))
-        engine = env.process(self._engine_process())
-        env.run(until=engine)
+        if all(request.arrival_s == 0 for request in self.workload.requests):
+            self._run_without_simpy()
+        else:
+            self._run_with_simpy()
         scheduler = self.scheduler
         metrics = self._metrics
         result = RunResult(
@@ -265,24 +273,52 @@ class Engine:
         metrics.close()
         return result
 
-    # -- the engine process
-    def _engine_process(self) -> Generator[simpy.Event, Any, None]:
+    # -- the engine loop and its two drivers
+    def _run_with_simpy(self) -> None:
+        env = self._env
+        env.process(self._client.process(env))
+        env.run(until=env.process(self._simpy_process()))
+
+    def _simpy_process(self) -> Generator[simpy.Event, Any, None]:
+        """The loop as a SimPy process beside the client's (requests arrive over time)."""
+        env = self._env
+        with self._step_worker() as worker:
+            for delay_s in self._loop(worker):
+                if delay_s is None:
+                    self._wake = env.event()
+                    yield self._wake
+                else:
+                    yield env.timeout(delay_s)
+                self.now_s = float(env.now)
+
+    def _run_without_simpy(self) -> None:
+        """The loop alone (every request arrives at 0): the clock moves only by steps."""
+        with self._step_worker() as worker:
+            for delay_s in self._loop(worker):
+                if delay_s is None:
+                    raise RuntimeError("nothing to run and no request left to arrive")
+                self.now_s = self.now_s + delay_s  # as SimPy's clock: now + delay
+
+    @contextlib.contextmanager
+    def _step_worker(self) -> Iterator[ThreadPoolExecutor | None]:
+        """The thread that runs steps under real overlap (wall clock, async), else None."""
         overlapped = (
             self.config.clock == "wall"
             and self.scheduler.config.scheduling == "async"
             and self.config.overlap
         )
-        worker = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step") if overlapped else None
-        )
+        if not overlapped:
+            yield None
+            return
+        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step")
         try:
-            yield from self._loop(worker)
+            yield worker
         finally:
-            if worker is not None:
-                worker.shutdown(wait=True)
+            worker.shutdown(wait=True)
 
-    def _loop(self, worker: ThreadPoolExecutor | None) -> Generator[simpy.Event, Any, None]:
-        env = self._env
+    def _loop(self, worker: ThreadPoolExecutor | None) -> Generator[float | None, None, None]:
+        """The steps; yields each step's duration (the clock advances by it) or None (wait for
+        a request to be sent)."""
         scheduler = self.scheduler
         client = self._client
         wall = self.config.clock == "wall"
@@ -293,7 +329,7 @@ class Engine:
         while True:
             if next_batch is None:
                 planning_start_s = time.perf_counter() if time_planning else 0.0
-                client.pump(env.now)
+                client.pump(self.now_s)
                 plan = scheduler.plan_step()
                 self._check()
                 if plan is None:
@@ -301,15 +337,14 @@ class Engine:
                         return
                     if scheduler.has_unfinished():
                         raise RuntimeError("scheduler has requests but planned nothing")
-                    self._wake = env.event()
-                    yield self._wake
+                    yield None
                     self._wall_mark_s = time.perf_counter()  # idle time is not step time
                     continue
                 next_batch = self._commit(plan)
                 if time_planning:
                     self._record_planning(next_batch, planning_start_s)
             batch, next_batch = next_batch, None
-            start_s = float(env.now)
+            start_s = self.now_s
             if self.config.record_events:
                 self._events.append(
                     EngineEvent(start_s, "step", -1, batch.step_index, batch.batch_size)
@@ -324,7 +359,7 @@ class Engine:
             if is_async:
                 # Schedule step t+1 while step t runs, before its outcome is known.
                 planning_start_s = time.perf_counter() if time_planning else 0.0
-                client.pump(env.now)
+                client.pump(self.now_s)
                 plan = scheduler.plan_step()
                 self._check()
                 if plan is not None:
@@ -345,7 +380,7 @@ class Engine:
                 duration_s = outcome.duration_s
                 if not duration_s > 0:
                     raise ValueError(f"step {batch.step_index}: duration_s must be > 0")
-            yield env.timeout(duration_s)
+            yield duration_s
             self._apply(batch, outcome, start_s, duration_s)
 
     def _record_planning(self, batch: ScheduledBatch, start_s: float) -> None:
@@ -354,7 +389,7 @@ class Engine:
     def _commit(self, plan: StepPlan) -> ScheduledBatch:
         scheduler = self.scheduler
         cfg = scheduler.config
-        view = plan.view(float(self._env.now), cfg)
+        view = plan.view(self.now_s, cfg)
         batch = scheduler.commit_step(plan, self.policy.choose_k(view))
         self._check()
         return batch
@@ -362,7 +397,7 @@ class Engine:
     def _apply(
         self, batch: ScheduledBatch, outcome: StepOutcome, start_s: float, duration_s: float
     ) -> None:
-        now_s = float(self._env.now)
+        now_s = self.now_s
         result = self.scheduler.update(batch, outcome)
         self._check()
         num_output_tokens = self._metrics.record_step(batch, result, start_s, duration_s)

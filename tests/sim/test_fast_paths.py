@@ -1,9 +1,9 @@
 """The simulator's speed paths agree with their plain definitions.
 
 Each fast path in the per-step hot loop (bincount spec-decode counters, shift-based KV block
-rounding, live-decode commit/update, radix-ordered ITLs, the goodput K tuple) is checked against
-the plain computation it replaces; whole runs with the fast paths forced off must give the same
-results bit for bit.
+rounding, live-decode commit/update, radix-ordered ITLs, the goodput K tuple, the closed loop
+run without SimPy) is checked against the plain computation it replaces; whole runs with the
+fast paths forced off must give the same results bit for bit.
 """
 
 from __future__ import annotations
@@ -219,6 +219,46 @@ def test_runs_with_fast_paths_off_give_identical_results(
     assert fast.events == general.events
     assert fast.num_preemptions == general.num_preemptions
     assert fast.metrics["completed"] == 120
+
+
+@pytest.mark.parametrize(
+    ("scheduling", "policy_name", "num_kv_blocks", "budget"),
+    [
+        ("sync", "goodput", 4096, 8192),  # roomy
+        ("async", "per-row", 300, 256),  # async, mixed K, preemption, trimmed drafts
+    ],
+)
+def test_a_closed_loop_runs_the_same_with_and_without_simpy(
+    scheduling, policy_name, num_kv_blocks, budget, monkeypatch
+):
+    """Every request arrives at 0: the loop runs without SimPy; forced through SimPy (the
+    open-loop driver) the run is identical, times to the last bit."""
+    config = SchedulerConfig(
+        max_model_len=1024,
+        num_kv_blocks=num_kv_blocks,
+        k_max=5,
+        max_num_seqs=32,
+        max_num_batched_tokens=budget,
+        scheduling=scheduling,
+    )
+    drivers: list[str] = []
+    run_direct, run_simpy = Engine._run_without_simpy, Engine._run_with_simpy
+    monkeypatch.setattr(
+        Engine, "_run_without_simpy", lambda self: (drivers.append("direct"), run_direct(self))
+    )
+    direct, _ = _run(_CountingScheduler, config, policy_name)
+    monkeypatch.setattr(
+        Engine, "_run_without_simpy", lambda self: (drivers.append("simpy"), run_simpy(self))
+    )
+    simpy_run, _ = _run(_CountingScheduler, config, policy_name)
+    assert drivers == ["direct", "simpy"]
+    assert json.dumps(direct.metrics, sort_keys=True) == json.dumps(
+        simpy_run.metrics, sort_keys=True
+    )
+    assert direct.requests.equals(simpy_run.requests)
+    assert direct.steps.equals(simpy_run.steps)
+    assert direct.events == simpy_run.events
+    assert direct.metrics["completed"] == 120
 
 
 @pytest.mark.parametrize("shared_rates", [True, False])  # one [k] row, or [n, k] per request
