@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -140,6 +140,8 @@ def nearest_concurrency(concurrencies: IntArray, max_num_seqs: int) -> IntArray:
 
 class EnvelopePolicy:
     """Best static K per concurrency, applied by batch size (nearest swept C on a log scale)."""
+
+    BATCH_SIZE_ONLY: ClassVar[bool] = True  # K = f(B, k_max); observe learns nothing
 
     def __init__(self, sweep: StaticSweep, max_num_seqs: int, tie_tolerance: float = 0.0) -> None:
         require_int(max_num_seqs, "envelope: max_num_seqs", 1, MAX_NUM_SEQS)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -265,6 +266,8 @@ def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> in
 class GoodputPolicy:
     """K* = argmax_k AL(k) / ITL(B, k) from the profile, precomputed for B = 1..max_num_seqs
     (ITL in expectation over drafted counts when the profile's draft rates are below 1)."""
+
+    BATCH_SIZE_ONLY: ClassVar[bool] = True  # K = f(B, k_max); observe learns nothing
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -135,6 +135,8 @@ def expand_ranges(ranges: RangeTable, k_max: int, max_num_seqs: int) -> IntArray
 
 class RangeTablePolicy:
     """K from a vLLM range table, looked up by B."""
+
+    BATCH_SIZE_ONLY: ClassVar[bool] = True  # K = f(B, k_max); observe learns nothing
 
     def __init__(self, ranges: Sequence[Sequence[int]], k_max: int, max_num_seqs: int) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:

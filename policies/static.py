@@ -6,12 +6,16 @@ It does not look at the batch and does not learn; a K above the engine's k_max i
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from dsd.common.errors import InputError
 from dsd.policies.types import StepFeedback, StepView
 
 
 class StaticPolicy:
     """K = k for every step (K = 0 is plain decoding)."""
+
+    BATCH_SIZE_ONLY: ClassVar[bool] = True  # K = f(B, k_max); observe learns nothing
 
     def __init__(self, k: int) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 0:

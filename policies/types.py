@@ -95,7 +95,12 @@ class StepFeedback:
 
 @runtime_checkable
 class KPolicy(Protocol):
-    """Chooses K before each step and may learn from each step's outcome."""
+    """Chooses K before each step and may learn from each step's outcome.
+
+    A policy whose K is a function of the view's batch size and k_max alone, and whose
+    `observe` does nothing, may say so with a class attribute `BATCH_SIZE_ONLY = True`: the
+    simulator then runs stretches of identical steps without asking it again
+    (`batch_size_only`)."""
 
     def choose_k(self, view: StepView) -> int | IntArray:
         """One K for every decode request, or an array of K per decode request."""
@@ -104,6 +109,12 @@ class KPolicy(Protocol):
     def observe(self, feedback: StepFeedback) -> None:
         """Take the drafted/accepted counts of a finished step."""
         ...
+
+
+def batch_size_only(policy: object) -> bool:
+    """Whether `policy` declares K = f(batch size, k_max) and an `observe` that does nothing
+    (class attribute `BATCH_SIZE_ONLY = True`)."""
+    return getattr(policy, "BATCH_SIZE_ONLY", False) is True
 
 
 def position_counts(

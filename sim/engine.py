@@ -20,7 +20,12 @@
 When every request arrives at time 0 (a closed loop), nothing but the engine's steps moves the
 clock and the client only ever sends when asked (before a plan, when a slot frees): the loop
 then runs without SimPy, advancing the clock by each step's duration with the same arithmetic
-(`now + duration`), so results are identical and a step costs no event.
+(`now + duration`), so results are identical and a step costs no event. There, under sync
+scheduling and the model clock, a stretch of plain decode steps (every running row at K = 0,
+nothing to admit, no finish, preemption or shortage: `Scheduler.plain_decode_steps_ahead`) is
+applied at once when the policy's K depends on the batch size alone and the executor's step
+cost on the batch's shape alone (`batch_size_only`, `FittedExecutor.repeats_plain_steps`): the
+same rows, times and counters as step by step (tests/sim/test_fast_paths.py).
 
 Clock modes: "model" advances by `outcome.duration_s` (the simulator); "wall" advances by the
 measured perf_counter time of the whole iteration, host work included (scheduling, policy,
@@ -51,7 +56,7 @@ import numpy as np
 import simpy
 
 from dsd.common.arrays import IntArray
-from dsd.policies.types import KPolicy, StepFeedback
+from dsd.policies.types import KPolicy, StepFeedback, batch_size_only
 from dsd.sim.metrics import Columns, MetricsRecorder, StepSink
 from dsd.sim.scheduler import SchedulerConfig, SpecDecodeStats, StepPlan, StepResult
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
@@ -168,6 +173,11 @@ class _Client:
     def done(self) -> bool:
         return self.next_index == len(self._requests)
 
+    @property
+    def sends_nothing_until_release(self) -> bool:
+        """Every request arrives at 0: nothing is sent until a slot frees (or ever again)."""
+        return self.done or (self._cap is not None and self.num_in_flight >= self._cap)
+
     def pump(self, due_s: float) -> None:
         """Send, in order, every request whose arrival is <= due_s while the cap allows."""
         sent = False
@@ -222,6 +232,7 @@ class Engine:
         self.config = config or LoopConfig()
         self._env = simpy.Environment()
         self.now_s = 0.0  # the run's clock (SimPy's when SimPy drives the loop)
+        self._fast_forward = False  # run stretches of plain decode steps at once (see run())
         self._client = _Client(self, workload)
         self._metrics = MetricsRecorder(
             len(workload.requests), scheduler.config.k_max, step_sink=self.config.step_sink
@@ -256,6 +267,15 @@ class Engine:
             raise RuntimeError("Engine.run() may be called once")
         self._ran = True
         if all(request.arrival_s == 0 for request in self.workload.requests):
+            config = self.config
+            self._fast_forward = (
+                self.scheduler.config.scheduling == "sync"
+                and config.clock == "model"
+                and not (config.record_events or config.check_invariants or config.time_planning)
+                and batch_size_only(self.policy)
+                and getattr(self.executor, "repeats_plain_steps", False) is True
+                and hasattr(self.scheduler, "plain_decode_steps_ahead")
+            )
             self._run_without_simpy()
         else:
             self._run_with_simpy()
@@ -381,7 +401,14 @@ class Engine:
                 if not duration_s > 0:
                     raise ValueError(f"step {batch.step_index}: duration_s must be > 0")
             yield duration_s
-            self._apply(batch, outcome, start_s, duration_s)
+            result = self._apply(batch, outcome, start_s, duration_s)
+            if (
+                self._fast_forward
+                and batch.total_num_scheduled_tokens == batch.batch_size == batch.num_decode_reqs
+                and not result.finished_req_ids
+                and client.sends_nothing_until_release
+            ):
+                self._run_plain_decode_steps(duration_s)
 
     def _record_planning(self, batch: ScheduledBatch, start_s: float) -> None:
         self.planning_ms[batch.step_index] = (time.perf_counter() - start_s) * 1000.0
@@ -394,9 +421,27 @@ class Engine:
         self._check()
         return batch
 
+    def _run_plain_decode_steps(self, duration_s: float) -> None:
+        """After a plain decode step (every row at K = 0, no finish, nothing to send): the steps
+        that would repeat it exactly, at once. The policy would answer the same K at the same
+        B, the executor charge the same `duration_s` and draw nothing; the scheduler says how
+        many such steps come (`plain_decode_steps_ahead`)."""
+        scheduler = self.scheduler
+        num_steps = scheduler.plain_decode_steps_ahead()  # type: ignore[attr-defined]
+        if num_steps < 1:
+            return
+        starts_s = []
+        now_s = self.now_s
+        for _ in range(num_steps):
+            starts_s.append(now_s)
+            now_s = now_s + duration_s  # the clock's own arithmetic, step by step
+        req_ids, first_step = scheduler.advance_plain_decode(num_steps)  # type: ignore[attr-defined]
+        self._metrics.record_plain_decode_steps(req_ids, first_step, starts_s, duration_s)
+        self.now_s = now_s
+
     def _apply(
         self, batch: ScheduledBatch, outcome: StepOutcome, start_s: float, duration_s: float
-    ) -> None:
+    ) -> StepResult:
         now_s = self.now_s
         result = self.scheduler.update(batch, outcome)
         self._check()
@@ -430,6 +475,7 @@ class Engine:
                 num_output_tokens=num_output_tokens,
             )
         )
+        return result
 
     def _check(self) -> None:
         if self.config.check_invariants:

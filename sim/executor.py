@@ -97,6 +97,15 @@ class FittedExecutor:
         self.jitter_sigma = jitter.sigma if jitter is not None else 0.0
         self._jitter_rng = np.random.default_rng(jitter.seed) if jitter is not None else None
 
+    @property
+    def repeats_plain_steps(self) -> bool:
+        """Whether plain decode steps (every row at K = 0, no prefill) of one batch size all
+        cost the same and change nothing here: no latency noise and a latency model that
+        ignores contexts (`CONTEXT_FREE`). Acceptance draws at K = 0 touch no state (their
+        streams are counter-based). The engine then runs such stretches at once."""
+        no_noise = self._jitter_rng is None or self.jitter_sigma == 0
+        return no_noise and getattr(self.latency, "CONTEXT_FREE", False) is True
+
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         self.acceptance.add_request(req_id, spec)
 

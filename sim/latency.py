@@ -41,7 +41,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -172,6 +172,9 @@ class TableLatencyModel:
     largest profiled K therefore reads the last profiled K: use the parametric model (or
     `fit_latency_model(kind="auto", k_max=...)`) to run K beyond the profile.
     """
+
+    # step_ms reads each decode row's K and the prefill tokens, never the contexts
+    CONTEXT_FREE: ClassVar[bool] = True
 
     profile: Profile  # the measured profile (its K=0 points are required)
     mixed_k: MixedKCosting = "padded"  # how a step with different K per row is charged

@@ -155,18 +155,14 @@ class MetricsRecorder:
         end_s = start_s + duration_s
         num_decode = batch.num_decode_reqs
         emitted = result.num_output_tokens  # [B]
-        rows = self._block_rows
-        index = len(rows)
-        if index == self._block_k_counts.shape[0]:
-            self._grow_or_close_block()
-            index = len(rows)
+        index = self._next_row_index()
         if num_decode:
             # The step's K histogram gives its K sum, min, max and mean (at block close).
             self._block_k_counts[index] = np.bincount(
                 batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1
             )
         num_emitted = int(np.add.reduce(emitted))
-        rows.append(
+        self._block_rows.append(
             (
                 batch.step_index,
                 emitted.shape[0],
@@ -187,10 +183,6 @@ class MetricsRecorder:
             else:
                 emitting = emitted > 0  # [B]
                 req_ids, chunk_tokens = batch.req_ids[emitting], emitted[emitting]  # [E]
-            self._chunk_req_parts.append(req_ids)
-            self._chunk_time_parts.append(end_s)
-            self._chunk_count_parts.append(num_chunks)
-            self._num_pending_chunks += num_chunks
             self.num_output_tokens[req_ids] += chunk_tokens
             if num_decode < emitted.shape[0]:
                 # Only a prefill row can emit a request's first token: a decode row's request
@@ -200,12 +192,49 @@ class MetricsRecorder:
                 self.first_token_s[prefill_req[first]] = end_s
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s
+        if num_chunks:
+            self._add_chunks(req_ids, end_s, num_chunks)
+        return num_emitted
+
+    def record_plain_decode_steps(
+        self, req_ids: IntArray, first_step_index: int, starts_s: list[float], duration_s: float
+    ) -> None:
+        """Steps `first_step_index`, ... that started at `starts_s` [W] and lasted `duration_s`
+        each, in which every row of `req_ids` [B] decoded with K = 0 and emitted one token and
+        nothing else happened: the rows and chunks `record_step` would record for them."""
+        num_rows = int(req_ids.shape[0])
+        k_counts = np.zeros(self.k_max + 1, dtype=np.int64)  # [k_max+1] every row at K = 0
+        k_counts[0] = num_rows
+        self.num_output_tokens[req_ids] += len(starts_s)
+        for offset, start_s in enumerate(starts_s):
+            self._block_k_counts[self._next_row_index()] = k_counts
+            step = first_step_index + offset
+            # step, B, D, tokens (1 per row), accepted, output tokens (1 per row), start, duration
+            row = (step, num_rows, num_rows, num_rows, 0, num_rows, start_s, duration_s)
+            self._block_rows.append(row)
+            self._num_steps += 1
+            self._add_chunks(req_ids, start_s + duration_s, num_rows)
+
+    def _next_row_index(self) -> int:
+        """Index of the next step row in the current block (closing or growing it if full)."""
+        index = len(self._block_rows)
+        if index == self._block_k_counts.shape[0]:
+            self._grow_or_close_block()
+            index = len(self._block_rows)
+        return index
+
+    def _add_chunks(self, req_ids: IntArray, end_s: float, num_chunks: int) -> None:
+        """The chunks of one step (its emitting rows' request ids [E]); compact when due (the
+        same steps whatever path recorded them, so pooled ITLs sum in the same order)."""
+        self._chunk_req_parts.append(req_ids)
+        self._chunk_time_parts.append(end_s)
+        self._chunk_count_parts.append(num_chunks)
+        self._num_pending_chunks += num_chunks
         if (
             self._num_pending_chunks >= self._compact_at_chunks
             or len(self._chunk_req_parts) >= COMPACT_MAX_STEPS
         ):
             self._compact()
-        return num_emitted
 
     @property
     def num_steps(self) -> int:

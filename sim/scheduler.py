@@ -484,6 +484,75 @@ class Scheduler:
         positions = self._num_output[self._inflight[batch.step_index].slots]  # [B]
         return replace(batch, num_output_tokens=positions)
 
+    # ------------------------------------------------------------------ steady decode
+
+    def plain_decode_steps_ahead(self) -> int:
+        """Steps the running set can take next, each exactly as `plan_step`, a K = 0
+        `commit_step` and an `update` with nothing accepted would run them, in which nothing
+        happens but one output token per row: no admission, finish, preemption, budget, room
+        or KV shortage. 0 where that cannot be guaranteed (then run steps one by one).
+
+        Sync scheduling without drafter reservations only; the caller guarantees that the
+        policy answers K = 0 at every one of these steps (under next-step K timing every row
+        must also hold K = 0 already) and that no request is sent meanwhile.
+        `advance_plain_decode` then applies them."""
+        cfg = self.config
+        if (
+            self._async
+            or (self._lagged and self._uniform_pending_k != 0)
+            or self._lookahead
+            or self._draft_slots
+            or not self._running
+            or self._waiting
+            or self._inflight
+            or self._pending_plan is not None
+            or self._draining
+            or self._finished_since_last
+            or self._preempted_since_last
+        ):
+            return 0
+        run = self._running_array
+        if run is None:
+            run = self._running_array = np.array(self._running, dtype=np.int64)  # [R]
+        if np.count_nonzero(self._in_prefill[run]):
+            return 0
+        # What plan_step reserves per row: 1 + K (next-step K: the K = 0 the rows hold), or
+        # 1 + k_max (same-step K; commit releases the drafts' part). All rows must fit the
+        # budget with it, so none is dropped. (A row near max_model_len or the threshold gets
+        # less, never nothing, and K = 0 leaves the same state: no check needed for those.)
+        drafts = 0 if self._lagged else cfg.k_max
+        if run.shape[0] * (1 + drafts) > cfg.max_num_batched_tokens:
+            return 0
+        computed = self._num_computed[run]  # [R]
+        # No row reaches max_tokens (nor so max_model_len): the step where one does runs the
+        # usual way.
+        steps = int(np.minimum.reduce(self._max_output[run] - self._num_output[run])) - 1
+        if steps <= 0:
+            return 0
+        # KV: each step reserves 1 + drafts tokens past the row, the last step the most.
+        reserved = self.kv.blocks_for(computed + (steps + drafts))  # [R]
+        held = self.kv.num_held[run]  # [R]
+        shortfall = int(np.add.reduce(np.maximum(reserved - held, 0)))
+        return steps if shortfall <= self.kv.num_free_blocks else 0
+
+    def advance_plain_decode(self, num_steps: int) -> tuple[IntArray, int]:
+        """Apply `num_steps` <= `plain_decode_steps_ahead()` plain decode steps at once:
+        every running row computes and emits one token per step; a row's blocks end as the
+        steps leave them (the blocks of the last step's reserve beyond its tokens released, but
+        none held before). Returns the rows' request ids [R] and the first step's index."""
+        run = self._running_array
+        assert run is not None and num_steps >= 1, "plain_decode_steps_ahead() first"
+        computed = self._num_computed[run] + num_steps  # [R]
+        self._num_computed[run] = computed
+        self._num_output[run] += num_steps
+        held = self.kv.num_held[run]  # [R]
+        target = np.maximum(self.kv.blocks_for(computed), held)  # [R]
+        self.kv.num_free_blocks -= int(np.add.reduce(target)) - int(np.add.reduce(held))
+        self.kv.num_held[run] = target
+        first_step = self._step_index
+        self._step_index += num_steps
+        return self._req_id[run], first_step
+
     # ------------------------------------------------------------------ one step
 
     def plan_step(self) -> StepPlan | None:

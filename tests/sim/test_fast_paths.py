@@ -8,12 +8,13 @@ fast paths forced off must give the same results bit for bit.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from dsd.policies.goodput import GoodputPolicy, lookup_batch_k
@@ -24,7 +25,8 @@ from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.executor import build_fitted_executor
 from dsd.sim.kv import KVBlockPool
 from dsd.sim.metrics import _stable_order, request_gaps
-from dsd.sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats
+from dsd.sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats, StepResult
+from dsd.sim.types import StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -261,6 +263,58 @@ def test_a_closed_loop_runs_the_same_with_and_without_simpy(
     assert direct.metrics["completed"] == 120
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"policy": "static:0"},  # long stretches of plain decode
+        {"policy": "goodput", "max_concurrency": 256},  # K = 0 at large B, > 0 as B drains
+        {"policy": "static:0", "k_timing": "same-step"},  # plan reserves 1 + k_max per row
+        {"policy": "static:0", "num_kv_blocks": 700},  # short pool: preemptions
+        {"policy": "static:0", "max_model_len": 1400},  # rows near max_model_len
+        {"policy": "static:0", "max_num_batched_tokens": 300},  # budget < B x (1 + K) at times
+        {"policy": "static:0", "acceptance_model": "replay"},
+        {"policy": "table:[[1,8,3],[9,256,0]]"},  # vLLM's range table
+        {"policy": "static:0", "jitter_sigma": 0.1},  # noise: no stretch may be skipped
+    ],
+)
+def test_stretches_of_plain_decode_run_at_once_with_identical_results(fields, monkeypatch):
+    """A closed loop under sync scheduling runs stretches of plain decode steps at once
+    (`Scheduler.plain_decode_steps_ahead`); with that off, step by step, the run is identical."""
+    from dsd.sim.build import run_simulation
+    from dsd.sim.config import RunConfig
+
+    config = RunConfig(
+        profile=str(PROFILE_PATH),
+        dataset="mt-bench",
+        num_prompts=300,
+        max_concurrency=fields.pop("max_concurrency", 200),
+        seed=5,
+        **fields,
+    )
+    stretches: list[int] = []
+    ahead = Scheduler.plain_decode_steps_ahead
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        steps = ahead(self)
+        stretches.append(steps)
+        return steps
+
+    monkeypatch.setattr(Scheduler, "plain_decode_steps_ahead", counted)
+    at_once = run_simulation(config)
+    monkeypatch.setattr(Scheduler, "plain_decode_steps_ahead", lambda self: 0)
+    one_by_one = run_simulation(config)
+    if "jitter_sigma" in fields:
+        assert stretches == []  # the executor's noise rules it out
+    else:
+        assert sum(stretches) >= 100  # steps that ran at once
+    assert json.dumps(at_once.metrics, sort_keys=True) == json.dumps(
+        one_by_one.metrics, sort_keys=True
+    )
+    assert at_once.requests.equals(one_by_one.requests)
+    assert at_once.steps.equals(one_by_one.steps)
+    assert at_once.num_preemptions == one_by_one.num_preemptions
+
+
 @pytest.mark.parametrize("shared_rates", [True, False])  # one [k] row, or [n, k] per request
 def test_sampled_accepted_counts_equal_leading_successes_of_the_same_uniforms(shared_rates):
     shape_rng = np.random.default_rng(6)
@@ -275,3 +329,69 @@ def test_sampled_accepted_counts_equal_leading_successes_of_the_same_uniforms(sh
         expected = count_leading(uniforms < _widen(cond, width), num_spec)
         assert got.dtype == np.int64
         assert got.tolist() == expected.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    block_size=st.sampled_from([1, 4, 12, 16]),
+    k_max=st.integers(0, 4),
+    k_timing=st.sampled_from(["next-step", "same-step"]),
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 60)), min_size=1, max_size=32),
+    budget=st.integers(2, 160),
+    num_kv_blocks=st.integers(8, 200),
+    max_model_len=st.integers(48, 140),
+    warmup=st.integers(0, 40),
+    last_k=st.integers(0, 4),
+)
+def test_plain_decode_steps_ahead_equal_the_same_steps_one_by_one(
+    block_size, k_max, k_timing, lengths, budget, num_kv_blocks, max_model_len, warmup, last_k
+):
+    """`advance_plain_decode(W)` leaves the scheduler exactly as W steps of plan, commit at
+    K = 0 and update with nothing accepted do, and each of those W steps is a plain decode
+    step of every running row (no admission, finish, preemption or trimmed row)."""
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_model_len=max_model_len,
+            num_kv_blocks=max(num_kv_blocks, -(-max_model_len // block_size)),
+            block_size=block_size,
+            k_max=k_max,
+            max_num_seqs=32,
+            max_num_batched_tokens=budget,
+            k_timing=k_timing,
+        ),
+        capacity=4,
+    )
+    for req_id, (prompt, output) in enumerate(lengths):
+        scheduler.add_request(req_id, RequestSpec(prompt_len=prompt, output_len=output))
+
+    def step(target: Scheduler, k: int = 0) -> StepResult | None:
+        plan = target.plan_step()
+        if plan is None:
+            return None
+        batch = target.commit_step(plan, k)
+        zeros = np.zeros(batch.num_decode_reqs, dtype=np.int64)
+        return target.update(batch, StepOutcome(duration_s=1.0, num_accepted=zeros))
+
+    for index in range(warmup):  # the last one chooses `last_k` (next-step: verified later)
+        if step(scheduler, last_k if index == warmup - 1 else 0) is None:
+            break
+    ahead = scheduler.plain_decode_steps_ahead()
+    event(f"steps ahead: {'0' if ahead == 0 else '1-9' if ahead < 10 else '10+'}")
+    if ahead == 0:
+        return
+    twin = copy.deepcopy(scheduler)
+    req_ids, first_step = scheduler.advance_plain_decode(ahead)
+    assert first_step == twin._step_index
+    preemptions = twin.num_preemptions
+    for _ in range(ahead):
+        result = step(twin)
+        assert result is not None and not result.finished_req_ids
+        assert result.req_ids.tolist() == req_ids.tolist()  # every running row, in order
+        assert result.num_output_tokens.tolist() == [1] * req_ids.shape[0]
+    assert twin.num_preemptions == preemptions
+    for name in ("_num_computed", "_num_output", "_num_placeholders", "_in_prefill"):
+        assert getattr(scheduler, name).tolist() == getattr(twin, name).tolist(), name
+    assert scheduler.kv.num_held.tolist() == twin.kv.num_held.tolist()
+    assert scheduler.kv.num_free_blocks == twin.kv.num_free_blocks
+    assert scheduler._step_index == twin._step_index
+    scheduler.check_invariants()
