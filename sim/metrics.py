@@ -207,7 +207,8 @@ class MetricsRecorder:
         k_counts[0] = num_rows
         self.num_output_tokens[req_ids] += len(starts_s)
         for offset, start_s in enumerate(starts_s):
-            self._block_k_counts[self._next_row_index()] = k_counts
+            index = self._next_row_index()  # may grow or replace the block's arrays
+            self._block_k_counts[index] = k_counts
             step = first_step_index + offset
             # step, B, D, tokens (1 per row), accepted, output tokens (1 per row), start, duration
             row = (step, num_rows, num_rows, num_rows, 0, num_rows, start_s, duration_s)

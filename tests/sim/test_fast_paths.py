@@ -202,7 +202,17 @@ def _run(scheduler_class, config: SchedulerConfig, policy_name: str) -> tuple[Ru
 def test_runs_with_fast_paths_off_give_identical_results(
     scheduling, policy_name, num_kv_blocks, budget
 ):
-    config = SchedulerConfig(
+    config = _scheduler_config(scheduling, num_kv_blocks, budget)
+    fast, num_fast = _run(_CountingScheduler, config, policy_name)
+    general, num_fast_when_off = _run(_GeneralPathScheduler, config, policy_name)
+    assert num_fast >= 10  # the fast path ran (the rest: steps with finishes or prefills)
+    assert num_fast_when_off == 0
+    _assert_identical(fast, general)
+    assert fast.metrics["completed"] == 120
+
+
+def _scheduler_config(scheduling: str, num_kv_blocks: int, budget: int) -> SchedulerConfig:
+    return SchedulerConfig(
         max_model_len=1024,
         num_kv_blocks=num_kv_blocks,
         k_max=5,
@@ -210,17 +220,16 @@ def test_runs_with_fast_paths_off_give_identical_results(
         max_num_batched_tokens=budget,
         scheduling=scheduling,
     )
-    fast, num_fast = _run(_CountingScheduler, config, policy_name)
-    general, num_fast_when_off = _run(_GeneralPathScheduler, config, policy_name)
-    assert num_fast >= 10  # the fast path ran (the rest: steps with finishes or prefills)
-    assert num_fast_when_off == 0
-    # JSON text: NaN rates (positions never drafted) compare equal as text
-    assert json.dumps(fast.metrics, sort_keys=True) == json.dumps(general.metrics, sort_keys=True)
-    assert fast.requests.equals(general.requests)
-    assert fast.steps.equals(general.steps)
-    assert fast.events == general.events
-    assert fast.num_preemptions == general.num_preemptions
-    assert fast.metrics["completed"] == 120
+
+
+def _assert_identical(one: RunResult, other: RunResult) -> None:
+    """Metrics (as JSON text: NaN rates of positions never drafted compare equal), tables,
+    event logs and preemptions, to the last bit."""
+    assert json.dumps(one.metrics, sort_keys=True) == json.dumps(other.metrics, sort_keys=True)
+    assert one.requests.equals(other.requests)
+    assert one.steps.equals(other.steps)
+    assert one.events == other.events
+    assert one.num_preemptions == other.num_preemptions
 
 
 @pytest.mark.parametrize(
@@ -235,14 +244,7 @@ def test_a_closed_loop_runs_the_same_with_and_without_simpy(
 ):
     """Every request arrives at 0: the loop runs without SimPy; forced through SimPy (the
     open-loop driver) the run is identical, times to the last bit."""
-    config = SchedulerConfig(
-        max_model_len=1024,
-        num_kv_blocks=num_kv_blocks,
-        k_max=5,
-        max_num_seqs=32,
-        max_num_batched_tokens=budget,
-        scheduling=scheduling,
-    )
+    config = _scheduler_config(scheduling, num_kv_blocks, budget)
     drivers: list[str] = []
     run_direct, run_simpy = Engine._run_without_simpy, Engine._run_with_simpy
     monkeypatch.setattr(
@@ -254,12 +256,7 @@ def test_a_closed_loop_runs_the_same_with_and_without_simpy(
     )
     simpy_run, _ = _run(_CountingScheduler, config, policy_name)
     assert drivers == ["direct", "simpy"]
-    assert json.dumps(direct.metrics, sort_keys=True) == json.dumps(
-        simpy_run.metrics, sort_keys=True
-    )
-    assert direct.requests.equals(simpy_run.requests)
-    assert direct.steps.equals(simpy_run.steps)
-    assert direct.events == simpy_run.events
+    _assert_identical(direct, simpy_run)
     assert direct.metrics["completed"] == 120
 
 
@@ -307,12 +304,7 @@ def test_stretches_of_plain_decode_run_at_once_with_identical_results(fields, mo
         assert stretches == []  # the executor's noise rules it out
     else:
         assert sum(stretches) >= 100  # steps that ran at once
-    assert json.dumps(at_once.metrics, sort_keys=True) == json.dumps(
-        one_by_one.metrics, sort_keys=True
-    )
-    assert at_once.requests.equals(one_by_one.requests)
-    assert at_once.steps.equals(one_by_one.steps)
-    assert at_once.num_preemptions == one_by_one.num_preemptions
+    _assert_identical(at_once, one_by_one)
 
 
 @pytest.mark.parametrize("shared_rates", [True, False])  # one [k] row, or [n, k] per request

@@ -103,3 +103,62 @@ def test_spec_decode_keys():
     assert m["spec_decode_num_drafts"] == 3
     assert m["spec_decode_draft_tokens"] == 5
     assert m["k_histogram"] == {0: 4, 2: 2}
+
+
+@pytest.mark.parametrize(
+    ("block_rows", "compact_steps"),
+    [
+        (1 << 16, 1 << 13),  # the defaults: blocks grow past 256 rows
+        (100, 7),  # blocks close and compactions fall inside a stretch
+    ],
+)
+def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
+    block_rows: int, compact_steps: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`record_plain_decode_steps` records what `record_step` does for the same steps (every
+    row at K = 0 emitting one token, nothing finishing), rows, chunks, ITLs and K counts."""
+    import dsd.sim.metrics as metrics_module
+    from dsd.sim.metrics import MetricsRecorder
+    from dsd.sim.scheduler import StepResult
+    from dsd.sim.types import ScheduledBatch
+
+    monkeypatch.setattr(metrics_module, "STEP_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(metrics_module, "COMPACT_MAX_STEPS", compact_steps)
+    req_ids = np.array([3, 0, 2], dtype=np.int64)  # running rows, in batch order
+    duration_s, num_steps = 0.0123, 700
+    starts_s = [0.5]
+    for _ in range(num_steps - 1):
+        starts_s.append(starts_s[-1] + duration_s)
+
+    def recorder() -> MetricsRecorder:
+        metrics = MetricsRecorder(5, k_max=3)
+        for req_id in range(5):
+            metrics.record_send(req_id, 0.0, prompt_len=4)
+        return metrics
+
+    one_by_one, at_once = recorder(), recorder()
+    ones = np.ones(3, dtype=np.int64)
+    for offset, start_s in enumerate(starts_s):
+        batch = ScheduledBatch(
+            step_index=10 + offset,
+            req_ids=req_ids,
+            num_decode_reqs=3,
+            num_scheduled_tokens=ones,
+            num_spec_tokens=np.zeros(3, dtype=np.int64),
+            num_computed_tokens=ones,
+            num_output_tokens=ones,
+            completes_prompt=np.zeros(3, dtype=np.bool_),
+            total_num_scheduled_tokens=3,
+        )
+        result = StepResult(10 + offset, req_ids, ones.copy(), (), 0)
+        assert one_by_one.record_step(batch, result, start_s, duration_s) == 3
+    at_once.record_plain_decode_steps(req_ids, 10, starts_s, duration_s)
+    for metrics in (one_by_one, at_once):  # requests 0, 2, 3 finish where the steps end
+        metrics.finish_s[[0, 2, 3]] = starts_s[-1] + duration_s
+    assert one_by_one.num_steps == at_once.num_steps == num_steps
+    for name, column in one_by_one.step_columns().items():
+        assert column.tolist() == at_once.step_columns()[name].tolist(), name
+    for name, column in one_by_one.request_columns().items():
+        np.testing.assert_array_equal(column, at_once.request_columns()[name], err_msg=name)
+    assert one_by_one.k_histogram.tolist() == at_once.k_histogram.tolist() == [2100, 0, 0, 0]
+    assert one_by_one.itl_ms().summary((99.0,)) == at_once.itl_ms().summary((99.0,))
