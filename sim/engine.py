@@ -81,6 +81,9 @@ class StepScheduler(Protocol):
     def update(self, batch: ScheduledBatch, outcome: StepOutcome) -> StepResult: ...
     def running_positions(self, batch: ScheduledBatch) -> ScheduledBatch: ...
     def check_invariants(self) -> None: ...
+    # stretches of plain decode steps at once (`Scheduler`'s; a scheduler may answer 0)
+    def plain_decode_steps_ahead(self) -> int: ...
+    def advance_plain_decode(self, num_steps: int) -> tuple[IntArray, int]: ...
 
 
 ClockMode = Literal["model", "wall"]
@@ -274,7 +277,6 @@ class Engine:
                 and not (config.record_events or config.check_invariants or config.time_planning)
                 and batch_size_only(self.policy)
                 and getattr(self.executor, "repeats_plain_steps", False) is True
-                and hasattr(self.scheduler, "plain_decode_steps_ahead")
             )
             self._run_without_simpy()
         else:
@@ -427,7 +429,7 @@ class Engine:
         B, the executor charge the same `duration_s` and draw nothing; the scheduler says how
         many such steps come (`plain_decode_steps_ahead`)."""
         scheduler = self.scheduler
-        num_steps = scheduler.plain_decode_steps_ahead()  # type: ignore[attr-defined]
+        num_steps = scheduler.plain_decode_steps_ahead()
         if num_steps < 1:
             return
         starts_s = []
@@ -435,7 +437,7 @@ class Engine:
         for _ in range(num_steps):
             starts_s.append(now_s)
             now_s = now_s + duration_s  # the clock's own arithmetic, step by step
-        req_ids, first_step = scheduler.advance_plain_decode(num_steps)  # type: ignore[attr-defined]
+        req_ids, first_step = scheduler.advance_plain_decode(num_steps)
         self._metrics.record_plain_decode_steps(req_ids, first_step, starts_s, duration_s)
         self.now_s = now_s
 

@@ -302,6 +302,13 @@ class VllmScheduler:
     def check_invariants(self) -> None:
         """Nothing of ours to check: vLLM keeps the accounting (and asserts its own)."""
 
+    def plain_decode_steps_ahead(self) -> int:
+        """vLLM's scheduler runs every step itself: never a stretch at once."""
+        return 0
+
+    def advance_plain_decode(self, num_steps: int) -> tuple[IntArray, int]:
+        raise RuntimeError("VllmScheduler runs every step (plain_decode_steps_ahead is 0)")
+
     def plan_step(self) -> StepPlan | None:
         if self._pending is not None:
             raise RuntimeError("plan_step called twice without commit_step")
