@@ -424,7 +424,9 @@ def per_request_rates(rates: FloatArray, concentration: float, strength: FloatAr
 
 
 class HeterogeneousAcceptance:
-    """Each request has its own per-position rates, drawn at add_request (see module doc).
+    """Each request has its own per-position rates (see module doc), drawn when it first drafts:
+    they depend on its id alone, so when makes no difference, and a run that never drafts never
+    computes a Beta quantile (nor loads scipy.special for it).
 
     The concentration kappa comes from, in order: `concentration` if given; else the variance of
     the profile's per-request r_1 samples (method of moments; it includes each sample's own
@@ -469,7 +471,9 @@ class HeterogeneousAcceptance:
             raise ValueError(f"concentration must be finite and > 0, got {concentration}")
         self.concentration = float(concentration)
         self.streams = ModelStreams(seed)
-        self._cond = DenseRows(len(self.rates), 0.0, np.float64)  # [req, k_max] conditional
+        # [req, k_max] conditional rates of the requests added; NaN until the request drafts
+        self._cond = DenseRows(len(self.rates), 0.0, np.float64)
+        self._undrawn = np.full(len(self.rates), np.nan)  # [k_max] the row of an added request
         self._block_first = -1  # first req_id of the block whose conditional rates are drawn
         self._block_cond = np.zeros((0, len(self.rates)))  # [block, k_max]
 
@@ -500,7 +504,7 @@ class HeterogeneousAcceptance:
     def request_rates(self, req_id: int) -> FloatArray:
         """The rates drawn for one request [k_max] (for tests and reports): unconditional, or
         given drafted when the model has draft rates below 1."""
-        cond = self._cond.gather(np.array([req_id], dtype=np.int64))[0]  # [k_max]
+        cond = self._drawn_rows(np.array([req_id], dtype=np.int64))[0]  # [k_max]
         rates: FloatArray = np.cumprod(cond)
         return rates
 
@@ -511,14 +515,26 @@ class HeterogeneousAcceptance:
         return per_request_rates(self.rates, self.concentration, strength)
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
-        # A request's rates depend on its id only, so they are drawn for a block of ids at
-        # once (requests arrive in id order); one block is kept, so memory stays flat.
-        first = req_id - req_id % _RATE_BLOCK
-        if first != self._block_first:
-            ids = np.arange(first, first + _RATE_BLOCK, dtype=np.int64)  # [block]
-            self._block_cond = conditional_rates(self.draw_rates(ids))  # [block, k_max]
-            self._block_first = first
-        self._cond.set(req_id, self._block_cond[req_id - first])
+        self._cond.set(req_id, self._undrawn)
+
+    def _drawn_rows(self, req_ids: IntArray) -> FloatArray:
+        """[n, k_max] conditional rates of added requests, drawing the ones not drawn yet. A
+        request's rates depend on its id only, so they are drawn for a block of ids at once
+        (requests arrive, and first draft, in about id order); one block is kept, so memory
+        stays flat."""
+        cond = self._cond.gather(req_ids)  # [n, k_max]
+        undrawn = np.isnan(cond[:, 0])  # [n]
+        if not undrawn.any():
+            return cond
+        for req_id in req_ids[undrawn].tolist():
+            first = req_id - req_id % _RATE_BLOCK
+            if first != self._block_first:
+                ids = np.arange(first, first + _RATE_BLOCK, dtype=np.int64)  # [block]
+                self._block_cond = conditional_rates(self.draw_rates(ids))  # [block, k_max]
+                self._block_first = first
+            self._cond.values[req_id] = self._block_cond[req_id - first]
+        drawn: FloatArray = self._cond.values[req_ids]
+        return drawn
 
     def remove_request(self, req_id: int) -> None:
         self._cond.remove(req_id)
@@ -526,7 +542,10 @@ class HeterogeneousAcceptance:
     def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
-        cond = self._cond.gather(req_ids)  # [n, k_max]
+        if num_spec_tokens.shape[0] and int(np.maximum.reduce(num_spec_tokens)) > 0:
+            cond = self._drawn_rows(req_ids)  # [n, k_max]
+        else:
+            cond = self._cond.gather(req_ids)  # nothing drafted: rows only checked, not used
         accepted = _leading_successes(
             self.streams.accept, req_ids, num_output_tokens, cond, num_spec_tokens
         )  # [n]

@@ -390,20 +390,30 @@ def test_scheduler_vllm_without_vllm_is_one_line(
     )
 
 
-def test_simulate_json_leaves_the_heavy_libraries_unloaded() -> None:
+@pytest.mark.parametrize(
+    ("policy", "unloaded"),
+    [
+        ("goodput", ()),  # drafts: the heterogeneous model's Beta quantiles need scipy.special
+        ("static:0", ("scipy.special",)),  # never drafts: no request's rates are ever drawn
+    ],
+)
+def test_simulate_json_leaves_the_heavy_libraries_unloaded(
+    policy: str, unloaded: tuple[str, ...]
+) -> None:
     """Start-up is most of a short simulate: pandas, pyarrow and scipy.optimize load only where
     a table is read or written or a model is fitted, and the command line parses without
     pydantic (issue "simulator speed")."""
+    heavy = ("pandas", "pyarrow", "scipy.optimize", "matplotlib", "torch", "pydantic", *unloaded)
+    argv = ["--profile", str(H100), "--policy", policy, *SMALL]
     script = (
         "import sys\n"
         "from dsd.cli import main\n"
-        f"sys.argv = ['dsd', 'simulate', *{GOODPUT + SMALL!r}, '--json']\n"
+        f"sys.argv = ['dsd', 'simulate', *{argv!r}, '--json']\n"
         "try:\n"
         "    main()\n"
         "except SystemExit as exc:\n"
         "    assert not exc.code, exc.code\n"
-        "heavy = ('pandas', 'pyarrow', 'scipy.optimize', 'matplotlib', 'torch', 'pydantic')\n"
-        "print(sorted(name for name in heavy if name in sys.modules))\n"
+        f"print(sorted(name for name in {heavy!r} if name in sys.modules))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO

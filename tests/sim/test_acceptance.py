@@ -400,3 +400,22 @@ def test_empirical_gives_a_profiled_prompt_its_own_outcomes() -> None:
     assert drafted.tolist() == [2, 2] and accepted.tolist() == [2, 0]
     with pytest.raises(ValueError, match="2 prompt keys for 3 recorded"):
         EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys[:2])
+
+
+def test_heterogeneous_rates_drawn_when_first_needed_equal_a_block_drawn_at_once() -> None:
+    """Rates are drawn when a request first drafts (in any order, across blocks of ids); they
+    are each id's own draw, and a step that drafts nothing draws none."""
+    from dsd.sim.acceptance import conditional_rates
+
+    model = HeterogeneousAcceptance(H100_RATES, seed(9))
+    ids = [3, 1500, 4, 2100, 1501]  # three blocks of 1,024 ids, visited out of order
+    for req_id in ids:
+        model.add_request(req_id, RequestSpec(prompt_len=8, output_len=8))
+    none_drafted = np.zeros(len(ids), dtype=np.int64)
+    model.sample_outcomes(np.array(ids), none_drafted, none_drafted)
+    assert model._block_first == -1  # nothing drawn yet
+    for req_id in (2100, 3, 1501, 4, 1500):
+        model.sample_outcomes(np.array([req_id]), np.array([0]), np.array([2]))
+    expected = conditional_rates(model.draw_rates(np.array(ids, dtype=np.int64)))  # [5, k]
+    for row, req_id in enumerate(ids):
+        np.testing.assert_array_equal(model._cond.values[req_id], expected[row])
