@@ -117,10 +117,13 @@ class MetricsRecorder:
         # Chunks (request, step that emitted tokens for it) not yet turned into ITLs: per
         # pending step the emitting request ids [E], the step's end time and E; plus the
         # chunks of requests that were unfinished at the last compaction, in time order.
-        self._chunk_req_parts: list[IntArray] = []
-        self._chunk_time_parts: list[float] = []
-        self._chunk_count_parts: list[int] = []
+        # Pending chunks in parts: every request of a part's ids [E] emitted at each of its
+        # times (one step's end, or a plain decode stretch's W step ends): ids, and where its
+        # times start in `_pending_ends` and how many.
+        self._chunk_parts: list[tuple[IntArray, int, int]] = []
+        self._pending_ends: list[float] = []  # step end times of the pending parts, in order
         self._num_pending_chunks = 0
+        self._num_pending_chunk_steps = 0  # steps that emitted chunks (a stretch counts W)
         self._retained_req = np.zeros(0, dtype=np.int64)  # [R]
         self._retained_time_s = np.zeros(0, dtype=np.float64)  # [R]
         self._compact_at_chunks = COMPACT_MIN_CHUNKS
@@ -193,7 +196,7 @@ class MetricsRecorder:
         if result.finished_req_ids:
             self.finish_s[list(result.finished_req_ids)] = end_s
         if num_chunks:
-            self._add_chunks(req_ids, end_s, num_chunks)
+            self._add_chunks(req_ids, [end_s], num_chunks)
         return num_emitted
 
     def record_plain_decode_steps(
@@ -214,7 +217,16 @@ class MetricsRecorder:
             row = (step, num_rows, num_rows, num_rows, 0, num_rows, start_s, duration_s)
             self._block_rows.append(row)
             self._num_steps += 1
-            self._add_chunks(req_ids, start_s + duration_s, num_rows)
+        ends_s = [start_s + duration_s for start_s in starts_s]  # [W] as record_step's sums
+        done = 0
+        while done < len(ends_s):
+            # As many steps as fit before a compaction is due, exactly where step by step
+            # recording would compact (ceil: the step that reaches the chunk threshold).
+            to_threshold = -(-(self._compact_at_chunks - self._num_pending_chunks) // num_rows)
+            to_cap = COMPACT_MAX_STEPS - self._num_pending_chunk_steps
+            steps = max(1, min(len(ends_s) - done, to_threshold, to_cap))
+            self._add_chunks(req_ids, ends_s[done : done + steps], num_rows)
+            done += steps
 
     def _next_row_index(self) -> int:
         """Index of the next step row in the current block (closing or growing it if full)."""
@@ -224,16 +236,18 @@ class MetricsRecorder:
             index = len(self._block_rows)
         return index
 
-    def _add_chunks(self, req_ids: IntArray, end_s: float, num_chunks: int) -> None:
-        """The chunks of one step (its emitting rows' request ids [E]); compact when due (the
-        same steps whatever path recorded them, so pooled ITLs sum in the same order)."""
-        self._chunk_req_parts.append(req_ids)
-        self._chunk_time_parts.append(end_s)
-        self._chunk_count_parts.append(num_chunks)
-        self._num_pending_chunks += num_chunks
+    def _add_chunks(self, req_ids: IntArray, ends_s: list[float], num_rows: int) -> None:
+        """The chunks of consecutive steps in which the same rows (request ids [E]) emitted
+        (one step, or a plain decode stretch's steps ending at `ends_s`); compact when due
+        (after the same steps whatever path recorded them, so pooled ITLs sum in the same
+        order)."""
+        self._chunk_parts.append((req_ids, len(self._pending_ends), len(ends_s)))
+        self._pending_ends.extend(ends_s)
+        self._num_pending_chunks += num_rows * len(ends_s)
+        self._num_pending_chunk_steps += len(ends_s)
         if (
             self._num_pending_chunks >= self._compact_at_chunks
-            or len(self._chunk_req_parts) >= COMPACT_MAX_STEPS
+            or self._num_pending_chunk_steps >= COMPACT_MAX_STEPS
         ):
             self._compact()
 
@@ -248,28 +262,61 @@ class MetricsRecorder:
         return self._num_chunks
 
     def _compact(self) -> None:
-        """Count pending chunks; pool the ITLs of finished requests; keep the others' chunks."""
-        if self._chunk_req_parts:
-            new_times = np.repeat(
-                np.asarray(self._chunk_time_parts, dtype=np.float64),
-                np.asarray(self._chunk_count_parts, dtype=np.int64),
-            )  # [P]
-            new_req = np.concatenate(self._chunk_req_parts)  # [P]
-            self._chunk_req_parts.clear()
-            self._chunk_time_parts.clear()
-            self._chunk_count_parts.clear()
-            self._num_pending_chunks = 0
-            self._num_chunks += np.bincount(new_req, minlength=self._num_chunks.shape[0])
-            req = np.concatenate([self._retained_req, new_req])  # [R+P] time order per request
-            times = np.concatenate([self._retained_time_s, new_times])  # [R+P]
+        """Count pending chunks; pool the ITLs of finished requests; keep the others' chunks.
+
+        Works on items (a request's chunks within one part: 1 for a step, W for a stretch)
+        rather than chunks, so a stretch's B x W chunks are sorted as B items; the pooled gaps
+        are the same values in the same order as `request_gaps` over the chunks."""
+        num_requests = self._num_chunks.shape[0]
+        # Times: the retained chunks' own, then the pending parts' step ends.
+        times_s = np.concatenate(
+            [self._retained_time_s, np.asarray(self._pending_ends, dtype=np.float64)]
+        )  # [R + T]
+        num_retained = self._retained_req.shape[0]
+        parts = self._chunk_parts
+        if parts:
+            part_req = [part[0] for part in parts]
+            rows = np.array([ids.shape[0] for ids in part_req], dtype=np.int64)  # [Q]
+            item_req = np.concatenate([self._retained_req, *part_req])  # [I]
+            item_start = np.concatenate(
+                [
+                    np.arange(num_retained, dtype=np.int64),
+                    np.repeat(np.array([part[1] for part in parts]) + num_retained, rows),
+                ]
+            )  # [I] index of the item's first time in times_s
+            lengths = np.repeat(np.array([part[2] for part in parts], dtype=np.int64), rows)
+            item_len = np.concatenate([np.ones(num_retained, dtype=np.int64), lengths])  # [I]
+            new = slice(num_retained, None)
+            self._num_chunks += np.bincount(
+                item_req[new], weights=item_len[new], minlength=num_requests
+            ).astype(np.int64)
+            parts.clear()
+            self._pending_ends.clear()
+            self._num_pending_chunks = self._num_pending_chunk_steps = 0
         else:
-            req, times = self._retained_req, self._retained_time_s
-        finished = ~np.isnan(self.finish_s[req])  # [R+P]
+            item_req = self._retained_req
+            item_start = np.arange(num_retained, dtype=np.int64)
+            item_len = np.ones(num_retained, dtype=np.int64)
+        finished = ~np.isnan(self.finish_s[item_req])  # [I]
         if finished.any():
-            gaps_s = request_gaps(req[finished], times[finished], self._num_chunks.shape[0])
-            self._itl_ms.add(gaps_s * 1000.0)
+            done_req, done_len = item_req[finished], item_len[finished]  # [F]
+            # Items grouped by request (stable: time order kept), then their chunks: the
+            # order request_gaps sorts the chunks into, with a sort of items only.
+            order = _stable_order(done_req, num_requests)  # [F]
+            _, times_grouped = _expand_items(
+                done_req[order], item_start[finished][order], done_len[order], times_s
+            )
+            chunks_per_request = np.bincount(
+                done_req, weights=done_len, minlength=num_requests
+            ).astype(np.int64)  # [N]
+            self._itl_ms.add(_gaps_within_groups(times_grouped, chunks_per_request) * 1000.0)
             unfinished = ~finished
-            req, times = req[unfinished], times[unfinished]
+            item_req, item_start, item_len = (
+                item_req[unfinished],
+                item_start[unfinished],
+                item_len[unfinished],
+            )
+        req, times = _expand_items(item_req, item_start, item_len, times_s)
         self._retained_req, self._retained_time_s = req, times
         # Re-compact after new chunks at least as many as kept ones: linear total cost.
         self._compact_at_chunks = max(COMPACT_MIN_CHUNKS, req.shape[0])
@@ -419,17 +466,36 @@ class MetricsRecorder:
         )
 
 
+def _expand_items(
+    item_req: IntArray, item_start: IntArray, item_len: IntArray, times_s: FloatArray
+) -> tuple[IntArray, FloatArray]:
+    """Chunks (request id, time) [C] of items [I]: item i is `item_len[i]` chunks of request
+    `item_req[i]` at times_s[item_start[i] : item_start[i] + item_len[i]], items in order."""
+    total = int(item_len.sum())
+    if total == item_len.shape[0]:  # one chunk per item (no stretch among them)
+        return item_req, times_s[item_start]
+    first = np.cumsum(item_len) - item_len  # [I] where each item's chunks begin
+    index = np.arange(total) + np.repeat(item_start - first, item_len)  # [C]
+    chunk_req: IntArray = np.repeat(item_req, item_len)
+    return chunk_req, times_s[index]
+
+
 def request_gaps(req: IntArray, times_s: FloatArray, num_requests: int) -> FloatArray:
     """Gaps between successive chunks of each request, requests in id order.
 
     `req` [C] and `times_s` [C] are chunks in time order within each request."""
-    if req.shape[0] < 2:
-        return np.zeros(0, dtype=np.float64)
     # Chunks grouped by request, time order kept within a request (a stable sort).
-    times_sorted = times_s[_stable_order(req, num_requests)]  # [C]
-    gaps: FloatArray = times_sorted[1:] - times_sorted[:-1]  # [C-1]
+    times_grouped = times_s[_stable_order(req, num_requests)]  # [C]
+    return _gaps_within_groups(times_grouped, np.bincount(req, minlength=num_requests))
+
+
+def _gaps_within_groups(times_grouped: FloatArray, chunks_per_request: IntArray) -> FloatArray:
+    """Gaps between successive chunk times [C] grouped by request in id order, with
+    `chunks_per_request` [N] chunks each; not the gaps that span two requests."""
+    if times_grouped.shape[0] < 2:
+        return np.zeros(0, dtype=np.float64)
+    gaps: FloatArray = times_grouped[1:] - times_grouped[:-1]  # [C-1]
     # Drop the gaps that span two requests: they end where a request's chunks end.
-    chunks_per_request = np.bincount(req, minlength=num_requests)  # [N]
     group_ends = np.cumsum(chunks_per_request[chunks_per_request > 0])[:-1] - 1  # [G-1]
     within = np.ones(gaps.shape[0], dtype=np.bool_)  # [C-1]
     within[group_ends] = False

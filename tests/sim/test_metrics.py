@@ -106,17 +106,19 @@ def test_spec_decode_keys():
 
 
 @pytest.mark.parametrize(
-    ("block_rows", "compact_steps"),
+    ("block_rows", "compact_steps", "compact_chunks"),
     [
-        (1 << 16, 1 << 13),  # the defaults: blocks grow past 256 rows
-        (100, 7),  # blocks close and compactions fall inside a stretch
+        (1 << 16, 1 << 13, 1 << 18),  # the defaults: blocks grow past 256 rows
+        (100, 7, 1 << 18),  # blocks close, compactions every 7 steps inside the stretch
+        (1 << 16, 1 << 13, 10),  # compactions at 10 pending chunks (4 steps of 3 rows)
     ],
 )
 def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
-    block_rows: int, compact_steps: int, monkeypatch: pytest.MonkeyPatch
+    block_rows: int, compact_steps: int, compact_chunks: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`record_plain_decode_steps` records what `record_step` does for the same steps (every
-    row at K = 0 emitting one token, nothing finishing), rows, chunks, ITLs and K counts."""
+    row at K = 0 emitting one token, nothing finishing): rows, chunks, ITLs and K counts, and
+    it compacts after the same steps."""
     import dsd.sim.metrics as metrics_module
     from dsd.sim.metrics import MetricsRecorder
     from dsd.sim.scheduler import StepResult
@@ -124,6 +126,16 @@ def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
 
     monkeypatch.setattr(metrics_module, "STEP_BLOCK_ROWS", block_rows)
     monkeypatch.setattr(metrics_module, "COMPACT_MAX_STEPS", compact_steps)
+    monkeypatch.setattr(metrics_module, "COMPACT_MIN_CHUNKS", compact_chunks)
+    compactions: dict[int, list[int]] = {}  # recorder id -> chunks so far at each compaction
+    compact = MetricsRecorder._compact
+
+    def counted(self: MetricsRecorder) -> None:
+        seen = int(self._num_chunks.sum()) + self._num_pending_chunks
+        compactions.setdefault(id(self), []).append(seen)
+        compact(self)
+
+    monkeypatch.setattr(MetricsRecorder, "_compact", counted)
     req_ids = np.array([3, 0, 2], dtype=np.int64)  # running rows, in batch order
     duration_s, num_steps = 0.0123, 700
     starts_s = [0.5]
@@ -153,6 +165,8 @@ def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
         result = StepResult(10 + offset, req_ids, ones.copy(), (), 0)
         assert one_by_one.record_step(batch, result, start_s, duration_s) == 3
     at_once.record_plain_decode_steps(req_ids, 10, starts_s, duration_s)
+    # compactions while recording (reading the tables below compacts again)
+    while_recording = [list(compactions.get(id(m), [])) for m in (one_by_one, at_once)]
     for metrics in (one_by_one, at_once):  # requests 0, 2, 3 finish where the steps end
         metrics.finish_s[[0, 2, 3]] = starts_s[-1] + duration_s
     assert one_by_one.num_steps == at_once.num_steps == num_steps
@@ -162,3 +176,6 @@ def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
         np.testing.assert_array_equal(column, at_once.request_columns()[name], err_msg=name)
     assert one_by_one.k_histogram.tolist() == at_once.k_histogram.tolist() == [2100, 0, 0, 0]
     assert one_by_one.itl_ms().summary((99.0,)) == at_once.itl_ms().summary((99.0,))
+    assert while_recording[0] == while_recording[1]
+    defaults = (compact_steps, compact_chunks) == (1 << 13, 1 << 18)
+    assert len(while_recording[1]) >= (0 if defaults else 5)  # inside the stretch
