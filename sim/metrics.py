@@ -266,7 +266,7 @@ class MetricsRecorder:
 
         Works on items (a request's chunks within one part: 1 for a step, W for a stretch)
         rather than chunks, so a stretch's B x W chunks are sorted as B items; the pooled gaps
-        are the same values in the same order as `request_gaps` over the chunks."""
+        are the values and the order of gaps computed chunk by chunk (`item_gaps`)."""
         num_requests = self._num_chunks.shape[0]
         # Times: the retained chunks' own, then the pending parts' step ends.
         times_s = np.concatenate(
@@ -299,17 +299,10 @@ class MetricsRecorder:
             item_len = np.ones(num_retained, dtype=np.int64)
         finished = ~np.isnan(self.finish_s[item_req])  # [I]
         if finished.any():
-            done_req, done_len = item_req[finished], item_len[finished]  # [F]
-            # Items grouped by request (stable: time order kept), then their chunks: the
-            # order request_gaps sorts the chunks into, with a sort of items only.
-            order = _stable_order(done_req, num_requests)  # [F]
-            _, times_grouped = _expand_items(
-                done_req[order], item_start[finished][order], done_len[order], times_s
+            gaps_s = item_gaps(
+                item_req[finished], item_start[finished], item_len[finished], times_s, num_requests
             )
-            chunks_per_request = np.bincount(
-                done_req, weights=done_len, minlength=num_requests
-            ).astype(np.int64)  # [N]
-            self._itl_ms.add(_gaps_within_groups(times_grouped, chunks_per_request) * 1000.0)
+            self._itl_ms.add(gaps_s * 1000.0)
             unfinished = ~finished
             item_req, item_start, item_len = (
                 item_req[unfinished],
@@ -480,23 +473,25 @@ def _expand_items(
     return chunk_req, times_s[index]
 
 
-def request_gaps(req: IntArray, times_s: FloatArray, num_requests: int) -> FloatArray:
-    """Gaps between successive chunks of each request, requests in id order.
-
-    `req` [C] and `times_s` [C] are chunks in time order within each request."""
-    # Chunks grouped by request, time order kept within a request (a stable sort).
-    times_grouped = times_s[_stable_order(req, num_requests)]  # [C]
-    return _gaps_within_groups(times_grouped, np.bincount(req, minlength=num_requests))
-
-
-def _gaps_within_groups(times_grouped: FloatArray, chunks_per_request: IntArray) -> FloatArray:
-    """Gaps between successive chunk times [C] grouped by request in id order, with
-    `chunks_per_request` [N] chunks each; not the gaps that span two requests."""
+def item_gaps(
+    item_req: IntArray,
+    item_start: IntArray,
+    item_len: IntArray,
+    times_s: FloatArray,
+    num_requests: int,
+) -> FloatArray:
+    """Gaps between successive chunks of each request, requests in id order, from items (see
+    `_expand_items`) in time order within each request. Items are grouped by request with a
+    stable sort (of items, not chunks), then expanded into their chunk times."""
+    order = _stable_order(item_req, num_requests)  # [I]
+    _, times_grouped = _expand_items(item_req[order], item_start[order], item_len[order], times_s)
     if times_grouped.shape[0] < 2:
         return np.zeros(0, dtype=np.float64)
     gaps: FloatArray = times_grouped[1:] - times_grouped[:-1]  # [C-1]
     # Drop the gaps that span two requests: they end where a request's chunks end.
-    group_ends = np.cumsum(chunks_per_request[chunks_per_request > 0])[:-1] - 1  # [G-1]
+    chunks_per_request = np.bincount(item_req, weights=item_len, minlength=num_requests)  # [N]
+    counts = chunks_per_request[chunks_per_request > 0].astype(np.int64)  # [G]
+    group_ends = np.cumsum(counts)[:-1] - 1  # [G-1]
     within = np.ones(gaps.shape[0], dtype=np.bool_)  # [C-1]
     within[group_ends] = False
     kept: FloatArray = gaps[within]

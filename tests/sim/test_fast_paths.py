@@ -24,7 +24,7 @@ from dsd.sim.acceptance import _widen, count_leading, leading_successes
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.executor import build_fitted_executor
 from dsd.sim.kv import KVBlockPool
-from dsd.sim.metrics import _stable_order, request_gaps
+from dsd.sim.metrics import _stable_order, item_gaps
 from dsd.sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats, StepResult
 from dsd.sim.types import StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
@@ -111,15 +111,21 @@ def test_stable_order_equals_numpy_stable_argsort(key_bound):
     assert np.array_equal(_stable_order(keys, key_bound), np.argsort(keys, kind="stable"))
 
 
-def test_request_gaps_equal_gaps_of_each_requests_chunks_in_time_order():
+def test_item_gaps_equal_gaps_of_each_requests_chunks_in_time_order():
+    """Items (a request's run of consecutive chunk times: one chunk, or a stretch's W) give
+    the gaps of the expanded chunks, per request in id order, time order within."""
     rng = np.random.default_rng(1)
     for _ in range(50):
         num_requests = int(rng.integers(1, 30))
-        num_chunks = int(rng.integers(0, 120))
-        req = rng.integers(0, num_requests, num_chunks).astype(np.int64)
-        times = np.sort(rng.random(num_chunks))
-        expected = [gap for r in range(num_requests) for gap in np.diff(times[req == r]).tolist()]
-        assert request_gaps(req, times, num_requests).tolist() == expected
+        num_items = int(rng.integers(0, 60))
+        item_req = rng.integers(0, num_requests, num_items).astype(np.int64)
+        item_len = rng.integers(1, 5, num_items).astype(np.int64)  # 1: a step's chunk
+        times = np.sort(rng.random(int(item_len.sum())))  # the items' times, back to back
+        item_start = np.cumsum(item_len) - item_len
+        chunk_req = np.repeat(item_req, item_len)  # chunks in time order
+        expected = [gap for r in range(num_requests) for gap in np.diff(times[chunk_req == r])]
+        gaps = item_gaps(item_req, item_start, item_len, times, num_requests)
+        assert gaps.tolist() == expected
 
 
 def test_goodput_choose_k_equals_the_table_lookup():
