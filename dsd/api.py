@@ -159,7 +159,7 @@ class RunOutcome:
         """One row per request (requests.csv: asked and measured)."""
         return request_frame(self.run, self.resolved)
 
-    @functools.cached_property
+    @property
     def steps(self) -> pd.DataFrame:
         """One row per step; empty when `keep_steps` is off or steps streamed."""
         return self.run.steps

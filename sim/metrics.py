@@ -333,14 +333,16 @@ class MetricsRecorder:
                 (e2el_s - ttft_s) / (self.num_output_tokens - 1),
                 np.nan,
             )
+        # The recorder's own arrays, not copies: it records nothing more once asked (the run is
+        # over), and a DataFrame built from these copies them anyway.
         return {
             "req_id": np.arange(self.prompt_len.shape[0]),
-            "prompt_len": self.prompt_len.copy(),
-            "num_output_tokens": self.num_output_tokens.copy(),
-            "num_chunks": self.num_chunks.copy(),
-            "send_s": self.send_s.copy(),
-            "first_token_s": self.first_token_s.copy(),
-            "finish_s": self.finish_s.copy(),
+            "prompt_len": self.prompt_len,
+            "num_output_tokens": self.num_output_tokens,
+            "num_chunks": self.num_chunks,
+            "send_s": self.send_s,
+            "first_token_s": self.first_token_s,
+            "finish_s": self.finish_s,
             "ttft_ms": ttft_s * 1000.0,
             "tpot_ms": tpot_s * 1000.0,
             "e2el_ms": e2el_s * 1000.0,
