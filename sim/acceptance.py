@@ -412,7 +412,7 @@ def per_request_rates(rates: FloatArray, concentration: float, strength: FloatAr
     (1-m) kappa) grows stochastically with m, so rates stay non-increasing in i for every
     request, and E over strength of the quantile is exactly r_i.
     """
-    from scipy.special import betaincinv  # ~0.2 s to import: only heterogeneous runs
+    from scipy.special import betaincinv  # ~0.2 s to import: only once a request drafts
 
     mean = np.clip(rates, 0.0, 1.0)[None, :]  # [1, k]
     inner = (mean > 0) & (mean < 1)  # [1, k]
