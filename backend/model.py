@@ -466,14 +466,14 @@ class Attention(nn.Module):
             key_positions = torch.arange(span, device=x.device).expand(batch, span)  # [B, S_kv]
         mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S_kv]
 
-        group = self.num_heads // self.num_kv_heads
-        keys = keys.repeat_interleave(group, dim=2) if group > 1 else keys  # [B, S_kv, H, D]
-        values = values.repeat_interleave(group, dim=2) if group > 1 else values  # [B, S_kv, H, D]
+        # Grouped-query attention without copying each KV head `group` times (repeat_interleave
+        # did, and that copy was most of a CPU step's attention cost at long contexts).
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),  # [B, H, T, D]
-            keys.transpose(1, 2),  # [B, H, S_kv, D]
-            values.transpose(1, 2),  # [B, H, S_kv, D]
+            keys.transpose(1, 2),  # [B, Hkv, S_kv, D]
+            values.transpose(1, 2),  # [B, Hkv, S_kv, D]
             attn_mask=mask[:, None, :, :],  # [B, 1, T, S_kv]
+            enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, T, D]
         out = out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
         projected: torch.Tensor = self.o_proj(out)  # [B, T, hidden]
