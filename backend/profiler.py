@@ -590,6 +590,7 @@ def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) ->
         p10_ms=max(p10, 1e-6),
         p90_ms=max(p90, 1e-6),
         n=len(samples_ms),
+        mean_ms=max(float(np.mean(samples_ms)), 1e-6),
     )
 
 
@@ -625,6 +626,7 @@ def measure_prefill(
                 num_tokens=size,
                 median_ms=max(_percentiles(samples[size])[0], 1e-6),
                 n=len(samples[size]),
+                mean_ms=max(float(np.mean(samples[size])), 1e-6),
             )
             for size in sizes
         ]

@@ -158,7 +158,7 @@ def _host_share(profile: Profile, batch_size: int, k: int) -> float:
     if host is None:
         return 0.0
     latency = [
-        p.median_ms
+        p.expected_ms
         for p in profile.latency
         if p.batch_size == batch_size and p.num_spec_tokens == k
     ]

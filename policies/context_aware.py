@@ -97,7 +97,7 @@ class ContextLatencyGrid:
         counts = np.zeros_like(sums)
         for p in points:
             index = (bs.index(p.batch_size), ctx.index(int(p.context_len or 0)))
-            sums[(*index, ks.index(p.num_spec_tokens))] += p.median_ms
+            sums[(*index, ks.index(p.num_spec_tokens))] += p.expected_ms
             counts[(*index, ks.index(p.num_spec_tokens))] += 1
         if np.any(counts == 0):
             missing = np.argwhere(counts == 0)[0]

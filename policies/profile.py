@@ -32,6 +32,13 @@ class LatencyPoint:
     p10_ms: float | None = None  # 10th percentile, ms
     p90_ms: float | None = None  # 90th percentile, ms
     n: int | None = None  # number of timed steps behind the median
+    mean_ms: float | None = None  # mean step latency, ms; None: not recorded
+
+    @property
+    def expected_ms(self) -> float:
+        """What a step at this point costs on average: the mean when recorded, else the median.
+        A run's TPOT is a sum of step times, so the simulator and the ITL table charge this."""
+        return self.median_ms if self.mean_ms is None else self.mean_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,12 @@ class PrefillPoint:
     median_ms: float  # finite, > 0
     batch_size: int = 1  # requests in the step
     n: int | None = None
+    mean_ms: float | None = None  # mean, ms; None: not recorded
+
+    @property
+    def expected_ms(self) -> float:
+        """The mean when recorded, else the median (as `LatencyPoint.expected_ms`)."""
+        return self.median_ms if self.mean_ms is None else self.mean_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +146,8 @@ class Profile:
     def itl_grid(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]:
         """(batch_sizes [nB], ks [nK], itl_ms [nB, nK]) with NaN where a (B, K) is missing.
 
-        Points at several context lengths for one (B, K) are averaged (context-aware models
-        read `latency` directly).
+        Each point's `expected_ms`; points at several context lengths for one (B, K) are
+        averaged (context-aware models read `latency` directly).
         """
         bs = np.array(self.batch_sizes(), dtype=np.int64)
         ks = np.array(self.spec_token_values(), dtype=np.int64)
@@ -144,7 +157,7 @@ class Profile:
         k_index = {int(k): j for j, k in enumerate(ks)}
         for p in self.latency:
             i, j = b_index[p.batch_size], k_index[p.num_spec_tokens]
-            sums[i, j] += p.median_ms
+            sums[i, j] += p.expected_ms
             counts[i, j] += 1
         with np.errstate(invalid="ignore"):
             grid = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)

@@ -299,6 +299,7 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
                 p10_ms=_optional(reader, entry, "p10_ms", path, "ms"),
                 p90_ms=_optional(reader, entry, "p90_ms", path, "ms"),
                 n=_optional(reader, entry, "n", path, "int1"),
+                mean_ms=_optional(reader, entry, "mean_ms", path, "ms"),
             )
         )
     latency = tuple(points)
@@ -314,6 +315,7 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
                 median_ms=reader.field_ms(entry, "median_ms", path, "latency"),
                 batch_size=reader.integer(entry.get("batch_size", 1), f"{path}.batch_size", 1),
                 n=_optional(reader, entry, "n", path, "int1"),
+                mean_ms=_optional(reader, entry, "mean_ms", path, "ms"),
             )
         )
 
@@ -597,7 +599,7 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
             "num_spec_tokens": point.num_spec_tokens,
             "median_ms": point.median_ms,
         }
-        for key in ("context_len", "p10_ms", "p90_ms", "n"):
+        for key in ("context_len", "p10_ms", "p90_ms", "n", "mean_ms"):
             value = getattr(point, key)
             if value is not None:
                 entry[key] = value
@@ -609,8 +611,10 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
             "batch_size": prefill_point.batch_size,
             "median_ms": prefill_point.median_ms,
         }
-        if prefill_point.n is not None:
-            prefill_entry["n"] = prefill_point.n
+        for key in ("n", "mean_ms"):
+            value = getattr(prefill_point, key)
+            if value is not None:
+                prefill_entry[key] = value
         prefill.append(prefill_entry)
     native: dict[str, Any] = {
         "format": NATIVE_FORMAT,

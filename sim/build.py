@@ -28,7 +28,13 @@ from dsd.sim.acceptance import (
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
 from dsd.sim.executor import FittedExecutor, LatencyJitter
-from dsd.sim.latency import PrefillCost, SeparatePrefill
+from dsd.sim.latency import (
+    PaddedAttention,
+    ParametricLatencyModel,
+    PrefillCost,
+    SeparatePrefill,
+    TableLatencyModel,
+)
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
@@ -152,9 +158,12 @@ def _acceptance_model(
 def _latency_model(resolved: ResolvedRun) -> LatencyModel:
     config = resolved.config
     assert resolved.latency is not None  # fitted_executor checked it
-    model: LatencyModel = resolved.latency
+    fused: TableLatencyModel | ParametricLatencyModel | PaddedAttention = resolved.latency
+    if resolved.attention_span == "padded":
+        fused = PaddedAttention(resolved.latency)
+    model: LatencyModel = fused
     if resolved.prefill_forward == "separate":
-        model = SeparatePrefill(resolved.latency)
+        model = SeparatePrefill(fused)
     prefill = resolved.latency.prefill
     if config.prefill_cost == "free":
         model = FreePrefillLatency(resolved.latency)

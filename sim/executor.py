@@ -101,10 +101,10 @@ class FittedExecutor:
     def repeats_plain_steps(self) -> bool:
         """Whether plain decode steps (every row at K = 0, no prefill) of one batch size all
         cost the same and change nothing here: no latency noise and a latency model that
-        ignores contexts (`CONTEXT_FREE`). Acceptance draws at K = 0 touch no state (their
+        ignores contexts (`context_free`). Acceptance draws at K = 0 touch no state (their
         streams are counter-based). The engine then runs such stretches at once."""
         no_noise = self._jitter_rng is None or self.jitter_sigma == 0
-        return no_noise and getattr(self.latency, "CONTEXT_FREE", False) is True
+        return no_noise and getattr(self.latency, "context_free", False) is True
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         self.acceptance.add_request(req_id, spec)

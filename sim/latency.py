@@ -30,9 +30,13 @@ the uniform K with the same number of verified tokens ("token-equivalent", an op
 bound that ignores the extra draft passes). The parametric model charges max K draft passes
 and verifies sum(K_i + 1) tokens, which is its own decomposition.
 
+Context: the parametric model prices the KV read of the step's total context; the table model
+has a context axis when the profile measured two or more contexts (the PR #32374 table has
+none). dsd's torch engine pads every decode row's attention to the longest row's span
+(`PaddedAttention`, set with "separate" prefill by `resolve_real`).
+
 What this module does not do: sample anything (models are pure; latency noise is the
-executor's), model attention cost growing with context in the table model (the PR #32374
-table has no context axis), or model TP/PP communication.
+executor's) or model TP/PP communication.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -57,6 +61,9 @@ MixedKCosting = Literal["padded", "token-equivalent"]
 # forward of their own, padded to the longest chunk (dsd's torch engine)
 PrefillForward = Literal["fused", "separate"]
 PREFILL_FORWARDS: tuple[str, ...] = ("fused", "separate")
+# What a decode row's attention reads: its own context (vLLM's paged attention) or the step's
+# longest row's span (dsd's torch engine gathers every row's KV to one padded length)
+AttentionSpan = Literal["ragged", "padded"]
 LatencyModelKind = Literal["table", "parametric", "auto"]
 
 
@@ -100,7 +107,7 @@ class PrefillCost:
         if profile.prefill:
             by_tokens: dict[int, list[float]] = {}
             for point in profile.prefill:
-                by_tokens.setdefault(point.num_tokens, []).append(point.median_ms)
+                by_tokens.setdefault(point.num_tokens, []).append(point.expected_ms)
             tokens = sorted(by_tokens)
             lat = [float(np.mean(by_tokens[n])) for n in tokens]
             if tokens[0] > 1:
@@ -171,17 +178,23 @@ class TableLatencyModel:
     the ends, linear in K between the profiled K of each B and clamped at its ends. A K past the
     largest profiled K therefore reads the last profiled K: use the parametric model (or
     `fit_latency_model(kind="auto", k_max=...)`) to run K beyond the profile.
-    """
 
-    # step_ms reads each decode row's K and the prefill tokens, never the contexts
-    CONTEXT_FREE: ClassVar[bool] = True
+    A profile measured at two or more context lengths, each a full table, gives the model a
+    context axis: a step reads the table of every profiled context and interpolates linearly
+    in the decode rows' mean context (tokens held: computed + 1, as the profiler records it),
+    extrapolating past the ends along the nearest two contexts (attention reads grow linearly
+    in context; a falling slope, which is noise, is taken as flat). `decode_itl_ms` and the
+    goodput policy read the context-averaged table.
+    """
 
     profile: Profile  # the measured profile (its K=0 points are required)
     mixed_k: MixedKCosting = "padded"  # how a step with different K per row is charged
     prefill: PrefillCost = field(init=False)  # cost of prompt tokens
     itl_table: ItlTable = field(init=False, repr=False)  # the goodput policy's filled table
-    # Memo of decode ITL by (D, charged K): step_ms runs every step and the table is fixed.
-    _memo: dict[tuple[float, float], float] = field(init=False, repr=False, compare=False)
+    # (context, its own table) per profiled context when there are >= 2; () otherwise
+    context_tables: tuple[tuple[float, ItlTable], ...] = field(init=False, repr=False)
+    # Memo of decode ITL by (table index, D, charged K): step_ms runs every step.
+    _memo: dict[tuple[int, float, float], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.profile.latency:
@@ -189,8 +202,14 @@ class TableLatencyModel:
         if self.mixed_k not in ("padded", "token-equivalent"):
             raise ValueError(f"mixed_k must be padded or token-equivalent, got {self.mixed_k!r}")
         object.__setattr__(self, "itl_table", ItlTable.from_profile(self.profile))
+        object.__setattr__(self, "context_tables", _context_tables(self.profile))
         object.__setattr__(self, "prefill", PrefillCost.from_profile(self.profile))
         object.__setattr__(self, "_memo", {})
+
+    @property
+    def context_free(self) -> bool:
+        """step_ms reads each decode row's K and the prefill tokens, never the contexts."""
+        return not self.context_tables
 
     @property
     def prefill_source(self) -> PrefillSource:
@@ -201,16 +220,33 @@ class TableLatencyModel:
             raise ValueError(f"need B >= 1 and K >= 0, got B={batch_size}, K={num_spec_tokens}")
         return self._itl(float(batch_size), float(num_spec_tokens))
 
-    def _itl(self, batch_size: float, num_spec_tokens: float) -> float:
-        key = (batch_size, num_spec_tokens)
+    def _itl(self, batch_size: float, num_spec_tokens: float, table_index: int = -1) -> float:
+        """ITL of the averaged table (table_index -1) or of one context's table."""
+        key = (table_index, batch_size, num_spec_tokens)
         cached = self._memo.get(key)
         if cached is None:
-            cached = float(self.itl_table.itl_ms_at(batch_size, num_spec_tokens))
+            table = self.itl_table if table_index < 0 else self.context_tables[table_index][1]
+            cached = float(table.itl_ms_at(batch_size, num_spec_tokens))
             self._memo[key] = cached
         return cached
 
+    def _itl_at_context(self, batch_size: float, num_spec_tokens: float, context: float) -> float:
+        """ITL at a mean context: linear between the two profiled contexts around it, or along
+        the nearest two past either end (slope >= 0 there)."""
+        levels = [level for level, _table in self.context_tables]
+        upper = min(max(int(np.searchsorted(levels, context)), 1), len(levels) - 1)
+        lower = upper - 1
+        at_lower = self._itl(batch_size, num_spec_tokens, lower)
+        at_upper = self._itl(batch_size, num_spec_tokens, upper)
+        slope = (at_upper - at_lower) / (levels[upper] - levels[lower])
+        if context > levels[upper]:
+            return at_upper + max(slope, 0.0) * (context - levels[upper])
+        if context < levels[lower]:
+            slope = max(slope, 0.0)
+        return max(at_lower + slope * (context - levels[lower]), 1e-6)
+
     def step_ms(self, batch: ScheduledBatch) -> float:
-        ks, _contexts, prefill_tokens = _split_batch(batch)
+        ks, contexts, prefill_tokens = _split_batch(batch)
         num_decode = int(ks.shape[0])
         if num_decode == 0:
             if prefill_tokens <= 0:
@@ -220,7 +256,31 @@ class TableLatencyModel:
             k_charged = float(np.maximum.reduce(ks))
         else:
             k_charged = float(ks.sum() + num_decode) / num_decode - 1.0
-        return self._itl(float(num_decode), k_charged) + self.prefill.marginal_ms(prefill_tokens)
+        if self.context_tables:
+            decode_ms = self._itl_at_context(
+                float(num_decode), k_charged, float(contexts.mean()) + 1.0
+            )
+        else:
+            decode_ms = self._itl(float(num_decode), k_charged)
+        return decode_ms + self.prefill.marginal_ms(prefill_tokens)
+
+
+def _context_tables(profile: Profile) -> tuple[tuple[float, ItlTable], ...]:
+    """One ITL table per profiled context when the profile has >= 2 contexts and each covers
+    the whole (B, K) grid; () otherwise (the model is context-free)."""
+    levels = sorted({p.context_len for p in profile.latency if p.context_len is not None})
+    if len(levels) < 2:
+        return ()
+    grid = {(p.batch_size, p.num_spec_tokens) for p in profile.latency}
+    tables = []
+    for level in levels:
+        points = tuple(p for p in profile.latency if p.context_len == level)
+        if {(p.batch_size, p.num_spec_tokens) for p in points} != grid:
+            return ()
+        tables.append(
+            (float(level), ItlTable.from_profile(dataclasses.replace(profile, latency=points)))
+        )
+    return tuple(tables)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,7 +401,7 @@ class ParametricLatencyModel:
             raise ValueError(f"need >= 3 latency points to fit, the profile has {len(points)}")
         num_decode = np.array([p.batch_size for p in points], dtype=np.float64)  # [n]
         ks = np.array([p.num_spec_tokens for p in points], dtype=np.float64)  # [n]
-        measured = np.array([p.median_ms for p in points], dtype=np.float64)  # [n]
+        measured = np.array([p.expected_ms for p in points], dtype=np.float64)  # [n]
         context_aware = all(p.context_len is not None for p in points)
         if context_aware:
             per_row_ctx = np.array([float(p.context_len or 0) for p in points])  # [n]
@@ -538,7 +598,8 @@ class SeparatePrefill:
     decode + marginal(sum of chunks). Decode-only steps are the inner model's.
     """
 
-    inner: TableLatencyModel | ParametricLatencyModel  # the fused model it corrects
+    # the fused model it corrects (padded attention included when the engine pads)
+    inner: TableLatencyModel | ParametricLatencyModel | PaddedAttention
 
     @property
     def prefill(self) -> PrefillCost:
@@ -559,6 +620,38 @@ class SeparatePrefill:
             return prefill.curve_ms(padded)
         fused = self.inner.step_ms(batch)
         return fused - prefill.marginal_ms(float(chunks.sum())) + prefill.curve_ms(padded)
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
+
+
+@dataclass(frozen=True)
+class PaddedAttention:
+    """A latency model for an engine whose decode rows all attend over the longest row's span.
+
+    dsd's torch engine gathers every row's KV cache to one padded length (the step's longest
+    context), so a step costs what it would if every decode row held that many tokens: the
+    inner model is read with each decode row's context replaced by the largest. Context-free
+    models are unaffected.
+    """
+
+    inner: TableLatencyModel | ParametricLatencyModel  # the model of ragged attention
+
+    @property
+    def prefill(self) -> PrefillCost:
+        return self.inner.prefill
+
+    @property
+    def prefill_source(self) -> PrefillSource:
+        return self.inner.prefill_source
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        num_decode = batch.num_decode_reqs
+        if num_decode < 2:
+            return self.inner.step_ms(batch)
+        contexts = batch.num_computed_tokens.copy()  # [B]
+        contexts[:num_decode] = contexts[:num_decode].max()
+        return self.inner.step_ms(dataclasses.replace(batch, num_computed_tokens=contexts))
 
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
@@ -604,7 +697,7 @@ def knot_error_pct(
     measured: dict[int, list[float]] = {}
     for point in profile.latency:
         if point.batch_size == batch_size:
-            measured.setdefault(point.num_spec_tokens, []).append(point.median_ms)
+            measured.setdefault(point.num_spec_tokens, []).append(point.expected_ms)
     return {
         k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
         for k, ms in sorted(measured.items())

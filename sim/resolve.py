@@ -35,6 +35,7 @@ from dsd.policies.spec import parse_policy
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.latency import (
+    AttentionSpan,
     LatencyModelKind,
     MixedKCosting,
     ParametricLatencyModel,
@@ -149,6 +150,9 @@ class ResolvedRun:
     # How the simulated engine runs prefill chunks beside decode rows: "fused" in one forward
     # (vLLM), "separate" as a forward of their own (dsd's torch engine: `resolve_real`)
     prefill_forward: PrefillForward = "fused"
+    # What a decode row's attention reads: its own context ("ragged", vLLM) or the step's
+    # longest row's span ("padded", dsd's torch engine: `resolve_real`)
+    attention_span: AttentionSpan = "ragged"
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -335,7 +339,10 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
         "prefill_source": latency.prefill_source,
         "prefill_cost": resolved.config.prefill_cost,
         "prefill_forward": resolved.prefill_forward,
+        "attention_span": resolved.attention_span,
     }
+    if isinstance(latency, TableLatencyModel) and latency.context_tables:
+        info["context_lens"] = [level for level, _table in latency.context_tables]
     if isinstance(latency, ParametricLatencyModel):
         report = latency.fit_report
         info["fit_median_abs_pct"] = report.median_abs_pct

@@ -88,6 +88,25 @@ def test_native_round_trip_is_identity(tmp_path: Path) -> None:
     assert profile_to_native(second) == profile_to_native(first)
 
 
+def test_mean_ms_round_trips_and_is_what_points_charge(tmp_path: Path) -> None:
+    data = _native()
+    data["latency"][1]["mean_ms"] = 6.5
+    data["prefill"][0]["mean_ms"] = 21.0
+    first = load_profile(_write(tmp_path, data))
+    assert [p.mean_ms for p in first.latency] == [None, 6.5, None]
+    assert [p.expected_ms for p in first.latency] == [5.0, 6.5, 7.0]
+    assert first.prefill[0].expected_ms == 21.0
+    out = tmp_path / "again.json"
+    save_profile(first, out)
+    written = json.loads(out.read_text())
+    assert written["latency"][1]["mean_ms"] == 6.5 and "mean_ms" not in written["latency"][0]
+    assert written["prefill"][0]["mean_ms"] == 21.0
+    assert load_profile(out) == first
+    data["latency"][0]["mean_ms"] = -1.0
+    with pytest.raises(InputError, match=r"latency\[0\]\.mean_ms"):
+        load_profile(_write(tmp_path, data, "bad.json"))
+
+
 def test_pr32374_round_trip_through_native_and_back(tmp_path: Path) -> None:
     original = json.loads(H100_PROFILE.read_text())
     profile = load_profile(H100_PROFILE)

@@ -16,6 +16,7 @@ from dsd.policies.profile import LatencyPoint, PrefillPoint, Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import (
     PARAM_NAMES,
+    PaddedAttention,
     ParametricLatencyModel,
     PrefillCost,
     SeparatePrefill,
@@ -221,6 +222,90 @@ def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
     assert fused.step_ms(prefill_only) == pytest.approx(cost.curve_ms(450))
     assert separate.step_ms(prefill_only) == pytest.approx(cost.curve_ms(3 * 300))
     assert separate.decode_itl_ms(4, 3) == fused.decode_itl_ms(4, 3)
+
+
+def two_context_profile(
+    slope_ms_per_token: float = 0.05, contexts: tuple[int, int] = (100, 300)
+) -> Profile:
+    """The H100 table at context 100 and the same + slope x (context - 100) x B at 300."""
+    base = h100_profile()
+    points = []
+    for context in contexts:
+        for point in base.latency:
+            extra = slope_ms_per_token * (context - contexts[0]) * point.batch_size
+            points.append(
+                LatencyPoint(
+                    point.batch_size,
+                    point.num_spec_tokens,
+                    point.median_ms + extra,
+                    context_len=context,
+                )
+            )
+    return Profile(k_max=base.k_max, latency=tuple(points), acceptance_rates=base.acceptance_rates)
+
+
+def test_table_with_two_contexts_interpolates_in_mean_context() -> None:
+    model = TableLatencyModel(two_context_profile())
+    assert not model.context_free
+    assert TableLatencyModel(h100_profile()).context_free
+    # the profile's context_len is tokens held: computed + 1
+    at_100 = model.step_ms(make_batch([3] * 4, decode_contexts=[99] * 4))
+    assert at_100 == pytest.approx(H100[4][3])
+    at_200 = model.step_ms(make_batch([3] * 4, decode_contexts=[149, 249, 149, 249]))
+    assert at_200 == pytest.approx(H100[4][3] + 0.05 * 100 * 4)
+    # past either end: along the nearest two contexts
+    at_500 = model.step_ms(make_batch([3] * 4, decode_contexts=[499] * 4))
+    assert at_500 == pytest.approx(H100[4][3] + 0.05 * 400 * 4)
+    at_80 = model.step_ms(make_batch([3] * 4, decode_contexts=[79] * 4))
+    assert at_80 == pytest.approx(H100[4][3] - 0.05 * 20 * 4)
+    assert model.step_ms(make_batch([3] * 4, decode_contexts=[0] * 4)) == 1e-6  # never <= 0
+    # the policy's ITL(B, K) is the context-averaged table
+    assert model.decode_itl_ms(4, 3) == pytest.approx(H100[4][3] + 0.05 * 100 * 4)
+
+
+def test_table_context_slope_that_falls_is_flat_past_the_ends() -> None:
+    model = TableLatencyModel(two_context_profile(slope_ms_per_token=-0.001))
+    inside = model.step_ms(make_batch([1], decode_contexts=[199]))
+    assert inside == pytest.approx(H100[1][1] - 0.001 * 100)  # noise inside is kept
+    beyond = model.step_ms(make_batch([1], decode_contexts=[999]))
+    assert beyond == pytest.approx(H100[1][1] - 0.001 * 200)  # the 300 table's value
+
+
+def test_table_is_context_free_unless_every_context_is_a_full_table() -> None:
+    profile = two_context_profile()
+    partial = dataclasses.replace(
+        profile,
+        latency=tuple(
+            p for p in profile.latency if not (p.context_len == 300 and p.batch_size == 256)
+        ),
+    )
+    assert TableLatencyModel(partial).context_free
+
+
+@pytest.mark.parametrize("kind", ["table", "parametric"])
+def test_padded_attention_prices_every_decode_row_at_the_longest_context(kind: str) -> None:
+    inner = fit_latency_model(two_context_profile(), kind=kind)  # type: ignore[arg-type]
+    padded = PaddedAttention(inner)
+    ragged = make_batch([2, 2, 2], prefill_chunks=[64], decode_contexts=[99, 150, 299])
+    longest = make_batch([2, 2, 2], prefill_chunks=[64], decode_contexts=[299, 299, 299])
+    assert padded.step_ms(ragged) == pytest.approx(inner.step_ms(longest))
+    assert padded.step_ms(ragged) > inner.step_ms(ragged)
+    one_row = make_batch([2], decode_contexts=[150])
+    assert padded.step_ms(one_row) == inner.step_ms(one_row)
+    assert padded.decode_itl_ms(4, 2) == inner.decode_itl_ms(4, 2)
+    assert padded.prefill is inner.prefill
+
+
+def test_mean_is_what_the_table_charges_when_recorded() -> None:
+    base = h100_profile()
+    with_mean = dataclasses.replace(
+        base,
+        latency=tuple(dataclasses.replace(p, mean_ms=p.median_ms * 1.1) for p in base.latency),
+        prefill=(PrefillPoint(num_tokens=512, median_ms=20.0, mean_ms=24.0),),
+    )
+    model = TableLatencyModel(with_mean)
+    assert model.decode_itl_ms(16, 3) == pytest.approx(H100[16][3] * 1.1)
+    assert model.prefill.curve_ms(512) == pytest.approx(24.0)
 
 
 def test_prefill_cost_is_monotone_in_tokens() -> None:
