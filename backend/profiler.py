@@ -524,60 +524,148 @@ def special_ids(target: Transformer) -> list[int]:
     return sorted(int(token) for token in specials if token is not None)
 
 
-def reference_point(profile: Profile) -> LatencyPoint | None:
-    """The profile's B = 1, K = 0 point at its shortest recorded context: the step a
-    `SpeedProbe` times again; None when the profile records no context (vLLM-derived files)."""
-    points = [
-        point
-        for point in profile.latency
-        if point.batch_size == 1 and point.num_spec_tokens == 0 and point.context_len
-    ]
-    return min(points, key=lambda point: point.context_len or 0) if points else None
+class TimingRounds:
+    """A profile's decode and prefill points timed again between the real runs of a validation.
 
-
-class SpeedProbe:
-    """How fast the machine runs now, next to when its profile was measured.
-
-    A shared CPU drifts: the same B = 1 decode step of SmolLM2-135M took 63-94 ms (median of
-    40 steps) within two minutes on the 2-core machine, with nothing else of ours running. A
-    real run measured minutes after its profile therefore differs from the simulator by that
-    drift as well as by the model's error. The probe times the profile's reference step (B = 1,
-    K = 0 at the same context, `reference_point`) the way the profiler did, on a one-slot
-    engine of its own, so validation can report the machine's speed beside every cell and the
-    error that is left once the latency model is scaled by it. It measures; it corrects nothing.
+    A shared machine drifts: the same B = 1 decode step of SmolLM2-135M ran at 63-94 ms
+    (median of 40 steps) within two minutes on the 2-core CPU, and 59 vs 82 ms three hours
+    apart. A profile timed before an hour of real runs prices them at another speed than they
+    ran at. So `dsd validate` calls `round()` before the first real run and after every one:
+    each round times a random `share` of the profile's decode points (B, K, context) and
+    prefill sizes, the profiler's way (same slots, same truncation), in a fresh random order.
+    `profile()` is the profile with those samples in place of its own timing: measured over the
+    same stretch of the machine's time as the runs, it is what the simulator's latency model
+    for them is fitted from (policies keep the profile they ran with). `speed(rounds)` says how
+    fast the machine ran in some rounds against the whole: the median over their samples of
+    sample / that point's median over all rounds (> 1: slower).
     """
 
     def __init__(
-        self, target: Transformer, reference: LatencyPoint, *, steps: int = 12, seed: int = 0
+        self,
+        target: Transformer,
+        draft: AnyDraft | None,
+        profile: Profile,
+        *,
+        share: float = 0.25,
+        seed: int = 0,
     ) -> None:
-        if not reference.context_len or reference.context_len < 2:
-            raise InputError("speed probe: the profile's reference point records no context")
-        self.reference = reference
-        self.steps = steps
-        context_len = reference.context_len - 1  # the profiler records known = context + 1
+        contexts = sorted({p.context_len for p in profile.latency if p.context_len})
+        if not contexts or any(p.context_len is None for p in profile.latency):
+            raise InputError("timing rounds: the profile records no context for its points")
+        if not 0 < share <= 1:
+            raise InputError(f"timing rounds: share must be in (0, 1], got {share}")
+        self.base = profile
+        self.share = share
+        self.decode_keys = sorted(
+            {(p.context_len or 0, p.batch_size, p.num_spec_tokens) for p in profile.latency}
+        )
+        self.prefill_sizes = sorted({p.num_tokens for p in profile.prefill})
+        k_max = max(k for _c, _b, k in self.decode_keys)
+        batch_sizes = sorted({b for _c, b, _k in self.decode_keys})
+        # The profiler records known tokens (context + the first sampled token) per row
+        contexts_in_cache = [context - 1 for context in contexts]
+        config = ProfileConfig(
+            batch_sizes=tuple(batch_sizes) if 1 in batch_sizes else (1, *batch_sizes),
+            spec_tokens=tuple(sorted({0, 1, k_max})),
+            context_lens=tuple(contexts_in_cache),
+        )
         engine = build_spec_decode_engine(
             target,
-            None,
-            SpecDecodeConfig(num_slots=1, max_model_len=context_len + 2, k_max=0, seed=seed),
+            draft if k_max > 0 else None,
+            SpecDecodeConfig(
+                # max(B) decode slots per context, and one for a prefill
+                num_slots=max(batch_sizes) * len(contexts) + 1,
+                max_model_len=max(
+                    max(contexts) + k_max + 2, max(self.prefill_sizes, default=1) + 2
+                ),
+                k_max=max(k_max, 1),
+                seed=seed,
+            ),
         )
-        config = ProfileConfig(batch_sizes=(1,), spec_tokens=(0, 1), context_lens=(context_len,))
+        self._engine = engine
+        self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
         avoid = special_ids(target)
-        rng = np.random.default_rng(np.random.SeedSequence(seed))
-        self._slots = _DecodeSlots(engine, config, rng, avoid, context_len)
-        warm_up(self._time_step, min_steps=3)
+        self._avoid = avoid
+        self._slots = {
+            context: _DecodeSlots(engine, config, self._rng, avoid, context - 1)
+            for context in contexts
+        }
+        for slots in self._slots.values():
+            warm_up(functools.partial(slots.time_step, (max(batch_sizes), k_max)), 3)
+        self._decode: dict[tuple[int, int, int], list[tuple[int, float]]] = {
+            key: [] for key in self.decode_keys
+        }
+        self._prefill: dict[int, list[tuple[int, float]]] = {n: [] for n in self.prefill_sizes}
+        self.num_rounds = 0
 
-    def _time_step(self) -> float:
-        return self._slots.time_step((1, 0))
+    def _time_prefill(self, num_tokens: int) -> float:
+        engine = self._engine
+        vocab = engine.target.config.vocab_size
+        slot = engine.alloc_slot(synthetic_ids(self._rng, num_tokens, vocab, self._avoid))
+        elapsed_ms = _timed_ms(
+            engine.device,
+            lambda: engine.prefill(
+                np.array([slot], dtype=np.int64), np.array([num_tokens], dtype=np.int64)
+            ),
+        )
+        engine.free_slot(slot)
+        return elapsed_ms
 
-    def measure(self) -> list[float]:
-        """`steps` timed reference steps, ms."""
-        return [self._time_step() for _ in range(self.steps)]
+    def round(self) -> int:
+        """Time a random share of the points once each (shuffled); returns the round's index."""
+        index = self.num_rounds
+        todo: list[tuple[str, Any]] = [("decode", key) for key in self.decode_keys]
+        todo += [("prefill", size) for size in self.prefill_sizes]
+        count = max(1, math.ceil(self.share * len(todo)))
+        for choice in self._rng.permutation(len(todo))[:count]:
+            kind, key = todo[int(choice)]
+            if kind == "decode":
+                context, b, k = key
+                self._decode[key].append((index, self._slots[context].time_step((b, k))))
+            else:
+                self._prefill[key].append((index, self._time_prefill(key)))
+        self.num_rounds += 1
+        return index
 
-    def speed(self, samples_ms: Sequence[float]) -> float:
-        """median(samples) / the profile's reference median: > 1 means slower than profiled."""
-        if not samples_ms:
-            return float("nan")
-        return float(np.median(samples_ms)) / self.reference.median_ms
+    def profile(self) -> Profile:
+        """The base profile with every point's timing from the rounds (points no round timed
+        keep the base's)."""
+        by_key = {(p.context_len, p.batch_size, p.num_spec_tokens): p for p in self.base.latency}
+        latency = []
+        for key, base_point in by_key.items():
+            samples = [ms for _round, ms in self._decode.get(key, [])]  # type: ignore[arg-type]
+            latency.append(
+                _latency_point(
+                    base_point.batch_size, base_point.num_spec_tokens, key[0] or 0, samples
+                )
+                if samples
+                else base_point
+            )
+        prefill = []
+        for point in self.base.prefill:
+            samples = [ms for _round, ms in self._prefill.get(point.num_tokens, [])]
+            prefill.append(_prefill_point(point.num_tokens, samples) if samples else point)
+        metadata = dict(self.base.metadata)
+        metadata["timing_rounds"] = {"rounds": self.num_rounds, "share": self.share}
+        return dataclasses.replace(
+            self.base, latency=tuple(latency), prefill=tuple(prefill), metadata=metadata
+        )
+
+    def speed(self, rounds: Sequence[int]) -> float:
+        """Median of sample / its point's median over all rounds, over the samples taken in
+        `rounds` (> 1: the machine ran slower then than over the whole); NaN without any."""
+        wanted = set(rounds)
+        ratios = []
+        for samples in [*self._decode.values(), *self._prefill.values()]:
+            if not samples:
+                continue
+            median = float(np.median([ms for _round, ms in samples]))
+            ratios += [ms / median for round_index, ms in samples if round_index in wanted]
+        return float(np.median(ratios)) if ratios else float("nan")
+
+    def free(self) -> None:
+        for slots in self._slots.values():
+            slots.free()
 
 
 def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) -> LatencyPoint:
@@ -589,6 +677,15 @@ def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) ->
         context_len=context_len,
         p10_ms=max(p10, 1e-6),
         p90_ms=max(p90, 1e-6),
+        n=len(samples_ms),
+        mean_ms=max(float(np.mean(samples_ms)), 1e-6),
+    )
+
+
+def _prefill_point(num_tokens: int, samples_ms: list[float]) -> PrefillPoint:
+    return PrefillPoint(
+        num_tokens=num_tokens,
+        median_ms=max(_percentiles(samples_ms)[0], 1e-6),
         n=len(samples_ms),
         mean_ms=max(float(np.mean(samples_ms)), 1e-6),
     )
@@ -621,15 +718,7 @@ def measure_prefill(
     points: list[PrefillPoint] = []
     for attempt in range(config.max_remeasure + 1):
         samples = _timed_rounds(time_prefill, sizes, config, rng)
-        points = [
-            PrefillPoint(
-                num_tokens=size,
-                median_ms=max(_percentiles(samples[size])[0], 1e-6),
-                n=len(samples[size]),
-                mean_ms=max(float(np.mean(samples[size])), 1e-6),
-            )
-            for size in sizes
-        ]
+        points = [_prefill_point(size, samples[size]) for size in sizes]
         if on_progress is not None:
             on_progress(f"prefill, pass {attempt + 1}")
         if not check_prefill(points, config.quality_limits):

@@ -14,12 +14,13 @@ identical on both sides.
 per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
 become the workload, and its recorded metrics are the measured side.
 
-Errors are (simulated - measured) / measured in percent. With a `SpeedProbe`, every real trial
-is bracketed by timings of the profile's reference step, and a cell also reports the machine's
-speed then (`machine_speed`: > 1 slower than when profiled) and the error left once the
-simulated times are scaled by it (`speed_adjusted_error_pct`): on a shared machine that drifts,
-this separates the drift from the model's error. This module does not parse flags, load
-models or write files (`dsd validate` and `reports.validation` do).
+Errors are (simulated - measured) / measured in percent. With `TimingRounds`, the profile's
+points are timed again before and after every real trial, and the simulated side of every cell
+is priced by those samples (`sim.resolve.with_latency_from`): the simulator and the runs then
+see the same stretch of a drifting machine. A cell also reports the machine's speed in the
+rounds around its trials against the whole (`machine_speed`: > 1 slower) and the error left once
+the simulated times are scaled by it (`speed_adjusted_error_pct`). This module does not parse
+flags, load models or write files (`dsd validate` and `reports.validation` do).
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import RunResult
 from dsd.sim.metrics import TPOT_TTFT_KEYS
-from dsd.sim.resolve import ResolvedRun, resolve
+from dsd.sim.resolve import ResolvedRun, resolve, with_latency_from
 from dsd.traces.arrivals import validate_rate, with_arrivals
 from dsd.traces.workload import RequestSpec, Workload
 
 if TYPE_CHECKING:
-    from dsd.backend.profiler import SpeedProbe
+    from dsd.backend.profiler import TimingRounds
 
 # Metrics compared per cell: vLLM bench keys (ms).
 COMPARED_METRICS: tuple[str, ...] = (*TPOT_TTFT_KEYS, "mean_itl_ms", "mean_e2el_ms")
@@ -81,8 +82,8 @@ class CellResult:
     # The simulator replaying the first real trial's own drafts and acceptances position by
     # position (fitted latency, recorded acceptance); {} for a vLLM file
     replayed: dict[str, Any] = field(default_factory=dict)
-    # median reference-step time around the real trials / the profile's (SpeedProbe); NaN
-    # when not probed
+    # how slow the machine ran in the timing rounds around the real trials against all rounds
+    # (`TimingRounds.speed`: > 1 slower); NaN without timing rounds
     machine_speed: float = float("nan")
 
     def error_pct(self, key: str) -> float:
@@ -158,7 +159,7 @@ class MeasuredRun:
     steps: Any  # pandas step table
     prompt_ids: dict[int, list[int]]  # req_id -> prompt ids it was given
     output_ids: dict[int, list[int]]  # req_id -> output ids, as counted
-    probe_ms: tuple[float, ...] = ()  # SpeedProbe reference steps just before and after it
+    timing_rounds: tuple[int, ...] = ()  # the TimingRounds just before and after it
 
 
 def simulated_run(resolved: ResolvedRun) -> RunResult:
@@ -206,13 +207,13 @@ def cell_result(
     resolved: ResolvedRun,
     runs: Sequence[MeasuredRun],
     pair: ModelPair | None = None,
-    probe: SpeedProbe | None = None,
+    timing: TimingRounds | None = None,
 ) -> CellResult:
     """The simulator's run of a cell next to its real trials; given the pair (runs greedy:
-    temperature 0), also the simulator replaying the first trial's acceptance; given the probe
-    that bracketed the trials, the machine's speed over them."""
+    temperature 0), also the simulator replaying the first trial's acceptance; given the timing
+    rounds that bracketed the trials, the machine's speed in them."""
     simulated = simulated_run(resolved)
-    probed = [sample for run in runs for sample in run.probe_ms]
+    rounds = [index for run in runs for index in run.timing_rounds]
     replayed = None if pair is None else replayed_run(resolved, pair, runs[0])
     return CellResult(
         policy=resolved.config.policy,
@@ -224,7 +225,7 @@ def cell_result(
         host_overhead_source=resolved.host_overhead_source,
         measured_trials=tuple(run.metrics for run in runs),
         replayed={} if replayed is None else dict(replayed.metrics),
-        machine_speed=float("nan") if probe is None else probe.speed(probed),
+        machine_speed=float("nan") if timing is None else timing.speed(rounds),
     )
 
 
@@ -252,33 +253,39 @@ def validation_cells(
     trials: int = 1,
     fast_path: str = "off",
     on_progress: Callable[[str], None] | None = None,
-    probe: SpeedProbe | None = None,
+    timing: TimingRounds | None = None,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
     bad cell fails before any runs). The real runs go in `trials` rounds over all cells, each
     round in a rotated order, so drift on a shared machine spreads over the cells instead of
-    biasing the ones that ran last. A `probe` times the reference step before and after each
-    real run (`CellResult.machine_speed`)."""
+    biasing the ones that ran last. With `timing`, a timing round runs before the first real
+    run and after every one, and every cell's simulated side is priced by the re-timed profile
+    (`TimingRounds.profile`) instead of the cells' own."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
     count = len(resolved_cells)
+    before = timing.round() if timing is not None else -1
     for trial in range(trials):
         for offset in range(count):
             index = (trial + offset) % count
             resolved = resolved_cells[index]
-            before = probe.measure() if probe is not None else []
             run = measured_run(resolved, pair, fast_path=fast_path)
-            if probe is not None:
-                run = replace(run, probe_ms=(*before, *probe.measure()))
+            if timing is not None:
+                after = timing.round()
+                run = replace(run, timing_rounds=(before, after))
+                before = after
             runs[index].append(run)
             if on_progress is not None:
                 on_progress(
                     f"{resolved.config.policy} C={resolved.workload.max_concurrency} "
                     f"trial {trial + 1}"
                 )
+    if timing is not None:
+        retimed = timing.profile()
+        resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]
     return [
-        cell_result(resolved, own, pair, probe)
+        cell_result(resolved, own, pair, timing)
         for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
 

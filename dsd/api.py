@@ -592,6 +592,10 @@ def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-pro
     return text
 
 
+# The profile re-timed around a validation's real runs, in its report folder (docs/validation.md)
+RETIMED_PROFILE_NAME = "profile_retimed.json"
+
+
 def validate(
     pair: ModelPair,
     *,
@@ -603,6 +607,7 @@ def validate(
     trials: int = 3,
     fast_path: str = "off",
     allow_noisy_profile: bool = False,
+    retime: bool = True,
     progress: ProgressFactory = no_progress,
     **fields: Any,
 ) -> list[CellResult]:
@@ -610,11 +615,13 @@ def validate(
     num_prompts = per_concurrency x C and max_num_seqs = C (unless given); a report folder in
     `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...).
     Each cell's real side runs `trials` times (rounds over all cells, `validation_cells`).
+    `retime`: the profile's points are timed again around every real run and the simulated
+    side is priced by them (`backend.profiler.TimingRounds`; `profile_retimed.json` in `out`).
     A profile that fails the timing checks (`policies.profile_quality`) is refused before
     anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
     from dsd.reports.validation import write_validation_report
 
-    cells, record = _validation(
+    cells, record, retimed = _validation(
         pair,
         profile=profile,
         policies=policies,
@@ -623,10 +630,13 @@ def validate(
         trials=trials,
         fast_path=fast_path,
         allow_noisy_profile=allow_noisy_profile,
+        retime=retime,
         progress=progress,
         **fields,
     )
     write_validation_report(out, cells, record)
+    if retimed is not None:
+        save_profile(retimed, Path(out) / RETIMED_PROFILE_NAME)
     return cells
 
 
@@ -640,12 +650,14 @@ def _validation(
     trials: int,
     fast_path: str,
     allow_noisy_profile: bool,
+    retime: bool,
     progress: ProgressFactory,
     **fields: Any,
-) -> tuple[list[CellResult], dict[str, Any]]:
-    """The cells of `validate` and the record of how they ran (the report's config.json)."""
+) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
+    """The cells of `validate`, the record of how they ran (the report's config.json) and the
+    re-timed profile their simulated side was priced by (None: not re-timed)."""
     from dsd.backend.fast_path import check_fast_path
-    from dsd.backend.profiler import SpeedProbe, environment_metadata, reference_point
+    from dsd.backend.profiler import TimingRounds, environment_metadata
     from dsd.backend.real import resolve_real
     from dsd.backend.validate import validation_cells
     from dsd.policies.profile_quality import check_profile, problems_line
@@ -678,12 +690,24 @@ def _validation(
         for spec in policies
     ]
     resolved = [resolve_real(config, pair) for config in configs]
-    reference = reference_point(loaded_profile)
-    probe = None if reference is None else SpeedProbe(pair.target, reference, seed=configs[0].seed)
+    # Re-timing needs the profile's contexts (a vLLM-derived table has none)
+    retime_note = "on"
+    if retime and any(point.context_len is None for point in loaded_profile.latency):
+        retime, retime_note = False, "off: the profile records no context for its points"
+    elif not retime:
+        retime_note = "off (--no-retime)"
+    timing = (
+        TimingRounds(pair.target, pair.draft, loaded_profile, seed=configs[0].seed)
+        if retime
+        else None
+    )
     with progress(len(resolved) * trials, "validating") as advance:
         cells = validation_cells(
-            resolved, pair, trials=trials, fast_path=fast_path, on_progress=advance, probe=probe
+            resolved, pair, trials=trials, fast_path=fast_path, on_progress=advance, timing=timing
         )
+    retimed = None if timing is None else timing.profile()
+    if timing is not None:
+        timing.free()
     first = configs[0]
     report_config = {
         "command": invocation.command_line(),
@@ -705,7 +729,16 @@ def _validation(
         "fast_path": fast_path,
         "ignore_eos": True,
         "profile_problems": [str(problem) for problem in problems],
-        "speed_reference": None if reference is None else dataclasses.asdict(reference),
+        "retime": (
+            {"status": retime_note}
+            if timing is None
+            else {
+                "status": retime_note,
+                "rounds": timing.num_rounds,
+                "share": timing.share,
+                "profile": RETIMED_PROFILE_NAME,
+            }
+        ),
         **environment_metadata(pair.device, pair.dtype),
         "cells": [
             {
@@ -722,7 +755,7 @@ def _validation(
             for r in resolved
         ],
     }
-    return cells, report_config
+    return cells, report_config, retimed
 
 
 @dataclass(frozen=True)
@@ -878,7 +911,7 @@ def hardware_report(
     loads.append(load_average())
     stage("validating: every (policy, C) cell, real and simulated")
     policies = [*(f"static:{k}" for k in plan.k_values), *plan.dynamic_policies]
-    cells, record = _validation(
+    cells, record, retimed = _validation(
         pair,
         profile=str(profile_path),
         policies=policies,
@@ -887,6 +920,7 @@ def hardware_report(
         trials=plan.trials,
         fast_path="off",
         allow_noisy_profile=plan.allow_noisy_profile,
+        retime=True,
         progress=progress,
         dataset=dataset,
         output_len=plan.output_len,
@@ -912,10 +946,11 @@ def hardware_report(
         }
     )
     stage(f"writing {folder}")
-    return [
-        profile_path,
-        *write_hardware_report(folder, config=record, speedup=speedup, cells=cells),
-    ]
+    written = [profile_path]
+    if retimed is not None:
+        save_profile(retimed, folder / RETIMED_PROFILE_NAME)
+        written.append(folder / RETIMED_PROFILE_NAME)
+    return [*written, *write_hardware_report(folder, config=record, speedup=speedup, cells=cells)]
 
 
 def validate_vllm(

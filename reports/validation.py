@@ -86,7 +86,7 @@ def _median_max_abs(errors: Sequence[float]) -> tuple[float, float]:
 def tpot_error_summary(cells: Sequence[Cell]) -> dict[str, float]:
     """Median and max |error %| of mean TPOT over the cells (NaN cells left out), and of its
     two parts: timing (replay vs measured) and acceptance modelling (fitted vs replay), and of
-    the total and timing errors scaled by each cell's machine speed (NaN when not probed)."""
+    the total and timing errors scaled by each cell's machine speed (NaN when not re-timed)."""
     summary: dict[str, float] = {}
     parts = {
         "tpot": [cell.error_pct("mean_tpot_ms") for cell in cells],
@@ -122,8 +122,8 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "timing_error_pct_mean_tpot_ms",
         "acceptance_error_pct_mean_tpot_ms",
         "replayed_acceptance_length",
-        # The machine's speed around the real trials against the profile's (SpeedProbe), and
-        # the errors left with the simulated times scaled by it
+        # The machine's speed in the timing rounds around the real trials against all rounds
+        # (TimingRounds), and the errors left with the simulated times scaled by it
         "machine_speed",
         "speed_adjusted_error_pct_mean_tpot_ms",
         "speed_adjusted_timing_error_pct_mean_tpot_ms",
@@ -206,14 +206,14 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
 
 def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str]:
     """What the errors are with the simulated times scaled by the machine's measured speed
-    (nothing when the cells were not probed)."""
+    (nothing when the cells were not re-timed)."""
     speeds = np.array([cell.machine_speed for cell in cells], dtype=np.float64)
     speeds = speeds[np.isfinite(speeds)]
     if speeds.size == 0:
         return []
     return [
-        "Machine speed (the profile's B = 1, K = 0 step timed again just before and after every "
-        "real trial, over its profiled time; > 1 is slower) ranged "
+        "Machine speed (the profile's points timed again just before and after every real "
+        "trial, against the same points over all the timing rounds; > 1 is slower) ranged "
         f"{speeds.min():.2f}-{speeds.max():.2f} over the cells (median {np.median(speeds):.2f}). "
         "With the simulated times scaled by it, the mean-TPOT error is median |error| "
         f"{format_number(summary['median_abs_speed_adjusted_error_pct'], 1)} %, max "

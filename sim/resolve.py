@@ -280,6 +280,20 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
     return resolved
 
 
+def with_latency_from(resolved: ResolvedRun, timing: Profile) -> ResolvedRun:
+    """The run with its latency model fitted from `timing` (the same points re-timed, e.g. by
+    `backend.profiler.TimingRounds`) instead of its profile; policy, acceptance and host
+    overhead keep the run's own profile."""
+    config = resolved.config
+    try:
+        latency = fit_latency_model(
+            timing, kind=config.latency_model, k_max=resolved.k_max, mixed_k=config.mixed_k
+        )
+    except ValueError as exc:
+        raise InputError(f"re-timed profile: cannot build a latency model: {exc}") from None
+    return dataclasses.replace(resolved, latency=latency, latency_kind=_latency_kind(latency))
+
+
 def _latency_kind(latency: TableLatencyModel | ParametricLatencyModel) -> str:
     return "table" if isinstance(latency, TableLatencyModel) else "parametric"
 

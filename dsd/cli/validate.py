@@ -128,6 +128,13 @@ def register(app: typer.Typer) -> None:
         allow_noisy_profile: Annotated[
             bool, typer.Option(help="Validate against a profile that fails the timing checks.")
         ] = False,
+        retime: Annotated[
+            bool,
+            typer.Option(
+                help="Time the profile's points again around every real run and price the "
+                "simulated side by them."
+            ),
+        ] = True,
         **given: Any,
     ) -> None:
         """Simulated vs measured per (policy, C), or the simulator vs a vLLM bench result."""
@@ -158,6 +165,7 @@ def register(app: typer.Typer) -> None:
             trials=trials,
             fast_path=fast_path,
             allow_noisy_profile=allow_noisy_profile,
+            retime=retime,
             progress=flags.progress_bar,
             **given,
         )

@@ -13,13 +13,12 @@ from dsd.backend.engine import Draft, SpecDecodeConfig
 from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.profiler import (
     ProfileConfig,
-    SpeedProbe,
+    TimingRounds,
     measure_acceptance,
     profile_pair,
-    reference_point,
 )
 from dsd.common.errors import InputError
-from dsd.policies.profile import LatencyPoint
+from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile, save_profile
 
 
@@ -462,29 +461,55 @@ def test_ngram_draft_is_profiled_with_periodic_contexts(target) -> None:
         profile_pair(target, draft, small_config(context_lens=(4,)), prompts, [6, 6])
 
 
-def test_speed_probe_times_the_profiles_reference_step(target) -> None:
+def test_timing_rounds_retime_every_point_between_runs(target) -> None:
     draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
     profile = profile_pair(target, draft, small_config(context_lens=(6, 4)), prompts(3), [6] * 3)
-    reference = reference_point(profile)
-    assert reference is not None
-    assert (reference.batch_size, reference.num_spec_tokens, reference.context_len) == (1, 0, 5)
-    probe = SpeedProbe(target, reference, steps=4)
-    samples = probe.measure()
-    assert len(samples) == 4 and all(ms > 0 for ms in samples)
-    assert probe.speed(samples) == pytest.approx(np.median(samples) / reference.median_ms)
-    assert np.isnan(probe.speed([]))
-    # The probe's slot stays at the reference context: every step sees the same one.
-    assert probe._slots.engine.num_tokens[probe._slots.slots[0]] == reference.context_len
+    timing = TimingRounds(target, draft, profile, share=1.0)
+    assert [timing.round() for _ in range(3)] == [0, 1, 2]
+    retimed = timing.profile()
+    assert len(retimed.latency) == len(profile.latency)
+    assert {(p.context_len, p.batch_size, p.num_spec_tokens) for p in retimed.latency} == {
+        (p.context_len, p.batch_size, p.num_spec_tokens) for p in profile.latency
+    }
+    assert all(p.n == 3 and p.mean_ms is not None for p in retimed.latency)
+    assert all(p.n == 3 and p.mean_ms is not None for p in retimed.prefill)
+    # policy inputs (acceptance, host overhead) are the profile's own
+    assert retimed.acceptance_rates == profile.acceptance_rates
+    assert retimed.host_overhead == profile.host_overhead
+    assert retimed.metadata["timing_rounds"] == {"rounds": 3, "share": 1.0}
+    # speed: samples over their point's median; every point once per round
+    speed = timing.speed([0, 1, 2])
+    assert speed == pytest.approx(1.0)
+    assert timing.speed([0]) > 0 and np.isnan(timing.speed([]))
+    # every timed step saw its point's context
+    for context, slots in timing._slots.items():
+        assert (slots.engine.num_tokens[slots.slots] == context).all()
+    timing.free()
 
 
-def test_speed_probe_needs_a_recorded_context(target) -> None:
+def test_timing_rounds_time_a_share_of_the_points(target) -> None:
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    profile = profile_pair(target, draft, small_config(context_lens=(6,)), prompts(3), [6] * 3)
+    timing = TimingRounds(target, draft, profile, share=0.25)
+    timing.round()
+    timed = sum(len(v) for v in timing._decode.values()) + sum(
+        len(v) for v in timing._prefill.values()
+    )
+    total = len(profile.latency) + len(profile.prefill)
+    assert timed == -(-total // 4)
+    retimed = timing.profile()  # points no round timed keep the profile's own timing
+    assert sum(p.n == 1 for p in retimed.latency) + sum(p.n == 1 for p in retimed.prefill) == timed
+
+
+def test_timing_rounds_need_recorded_contexts(target) -> None:
     point = LatencyPoint(batch_size=1, num_spec_tokens=0, median_ms=1.0)
+    profile = Profile(k_max=1, latency=(point,), acceptance_rates=(0.5,))
     with pytest.raises(InputError, match="records no context"):
-        SpeedProbe(target, point)
+        TimingRounds(target, None, profile)
 
 
 def _points(itl: dict[int, float]) -> list:
-    from dsd.policies.profile import LatencyPoint
+    from dsd.policies.profile import LatencyPoint, Profile
 
     return [
         LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=ms + k)

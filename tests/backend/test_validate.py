@@ -13,13 +13,14 @@ import torch
 from mock_models import mock_pair, perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft
-from dsd.backend.profiler import ProfileConfig, profile_pair
+from dsd.backend.profiler import ProfileConfig, TimingRounds, profile_pair
 from dsd.backend.real import resolve_real
 from dsd.backend.validate import (
     CellResult,
     compare_cell,
     load_vllm_result,
     parse_vllm_result,
+    simulated_run,
     validate_against_vllm,
     validation_cells,
 )
@@ -27,6 +28,7 @@ from dsd.common.errors import InputError
 from dsd.policies.profile_io import save_profile
 from dsd.reports.validation import write_validation_report
 from dsd.sim.config import RunConfig
+from dsd.sim.resolve import with_latency_from
 from dsd.traces.datasets import RandomLengths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -246,22 +248,9 @@ def test_speed_adjusted_error_scales_the_simulated_time_by_the_machine_speed(tmp
     assert float(row["speed_adjusted_error_pct_mean_tpot_ms"]) == pytest.approx(-50 / 13)
 
 
-class _FixedProbe:
-    """A SpeedProbe stand-in: every measurement reads `ms`, the reference 10 ms."""
-
-    def __init__(self, ms: float) -> None:
-        self.ms = ms
-        self.calls = 0
-
-    def measure(self) -> list[float]:
-        self.calls += 1
-        return [self.ms] * 3
-
-    def speed(self, samples_ms) -> float:
-        return float(np.median(samples_ms)) / 10.0
-
-
-def test_every_real_trial_is_bracketed_by_probe_timings(tiny_pair_profile) -> None:
+def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:
+    """A timing round before the first run and after each; the simulated side is priced by
+    the re-timed profile, the policy keeps the cell's own."""
     target, draft, profile_path = tiny_pair_profile
     pair = mock_pair(target, draft)
     configs = [
@@ -275,9 +264,13 @@ def test_every_real_trial_is_bracketed_by_probe_timings(tiny_pair_profile) -> No
         )
         for policy in ("static:0", "static:1")
     ]
-    probe = _FixedProbe(12.0)
-    cells = validation_cells(
-        [resolve_real(config, pair) for config in configs], pair, trials=2, probe=probe
-    )
-    assert probe.calls == 2 * 2 * 2  # before and after each of 2 trials of 2 cells
-    assert [cell.machine_speed for cell in cells] == [1.2, 1.2]
+    resolved = [resolve_real(config, pair) for config in configs]
+    timing = TimingRounds(target, draft, resolved[0].profile, share=1.0)
+    cells = validation_cells(resolved, pair, trials=2, timing=timing)
+    assert timing.num_rounds == 1 + 2 * 2  # before the first, after each of 2 trials x 2 cells
+    assert all(math.isfinite(cell.machine_speed) for cell in cells)
+    retimed = timing.profile()
+    for cell, own in zip(cells, resolved, strict=True):
+        priced = simulated_run(with_latency_from(own, retimed)).metrics
+        assert cell.simulated["mean_tpot_ms"] == priced["mean_tpot_ms"]
+        assert cell.simulated["mean_tpot_ms"] != simulated_run(own).metrics["mean_tpot_ms"]

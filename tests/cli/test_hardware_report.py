@@ -17,6 +17,7 @@ REPORT_FILES = {
     "crossover.png",
     "speedup.json",
     "profile.json",
+    "profile_retimed.json",
     "tpot_vs_concurrency.png",
     "k_over_time.png",
 }
@@ -51,6 +52,10 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     assert config["threads"]["torch_intra_op_threads"] == 1  # 1 thread on CPU by default
     assert config["quick"] is True and config["command"].startswith("dsd hardware-report")
     assert len(config["load_during"]["samples"]) == 4
+    # The simulated side is priced by the profile re-timed around the real runs
+    assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + len(rows)
+    retimed = json.loads((out / "profile_retimed.json").read_text())
+    assert retimed["metadata"]["timing_rounds"]["rounds"] == config["retime"]["rounds"]
 
     report = (out / "report.md").read_text()
     for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
