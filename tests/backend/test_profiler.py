@@ -509,7 +509,7 @@ def test_timing_rounds_need_recorded_contexts(target) -> None:
 
 
 def _points(itl: dict[int, float]) -> list:
-    from dsd.policies.profile import LatencyPoint, Profile
+    from dsd.policies.profile import LatencyPoint
 
     return [
         LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=ms + k)
