@@ -50,6 +50,7 @@ from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import torch_executor
+from dsd.backend.replay import replay_recording
 from dsd.backend.threads import thread_settings
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.errors import InputError
@@ -214,6 +215,7 @@ class AcceptanceCounts:
     # as lower-triangular rows, `policies.profile.Profile.draft_outcomes`
     draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...] = ()
     outcome_requests: tuple[int, ...] = ()  # per draft_outcomes row, its index in the prompts
+    output_ids: tuple[IntArray, ...] = ()  # per prompt, the output tokens it generated
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes
 
 
@@ -747,6 +749,7 @@ def measure_acceptance(
     eos = np.asarray(list(eos_token_ids), dtype=np.int64)
     waiting = list(range(num_requests))
     running: dict[int, int] = {}  # request -> slot
+    outputs: list[IntArray] = [np.zeros(0, dtype=np.int64)] * num_requests
     num_steps = 0
     num_output_tokens = 0
     limit = engine.config.max_model_len
@@ -776,6 +779,8 @@ def measure_acceptance(
             num_out = int(engine.num_tokens[slot]) - len(prompts[req])
             stopped = eos.size > 0 and bool(np.isin(emitted, eos).any())
             if num_out >= output_lens[req] or stopped or engine.num_tokens[slot] >= limit - 1:
+                known = int(engine.num_tokens[slot])
+                outputs[req] = np.array(engine.token_ids[slot, len(prompts[req]) : known])
                 engine.free_slot(slot)
                 del running[req]
                 if on_progress is not None:
@@ -804,6 +809,7 @@ def measure_acceptance(
         num_steps_at_k_max=int(steps.sum()),
         draft_outcomes=tuple(outcomes),
         outcome_requests=tuple(sampled),
+        output_ids=tuple(outputs),
     )
 
 
@@ -1136,6 +1142,22 @@ def profile_pair(
         raise InputError(
             "acceptance: no step asked for K_max drafts (prompts too close to max_model_len?)"
         )
+    sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    if config.temperature == 0:
+        # Greedy: what the draft proposes and the target accepts at each output position is a
+        # function of the prompt and the outputs alone, for any K (`sim.replay`)
+        sampled = counts.outcome_requests
+        recording = replay_recording(
+            draft,
+            [np.asarray(prompts[req]) for req in sampled],
+            [counts.output_ids[req] for req in sampled],
+            max_model_len,
+            cap=k_max,
+        )
+        sequences = tuple(
+            (tuple(int(v) for v in available), tuple(int(v) for v in matched))
+            for available, matched in zip(recording.available, recording.matched, strict=True)
+        )
     # Over every step that asked for k_max: r_i = P(a >= i), s_i = P(d >= i).
     rates = tuple(a / counts.num_steps_at_k_max for a in counts.accepted_at_pos)
     draft_rates = tuple(d / counts.num_steps_at_k_max for d in counts.drafted_at_pos)
@@ -1187,6 +1209,7 @@ def profile_pair(
             if prompt_keys is None
             else tuple(str(prompt_keys[req]) for req in counts.outcome_requests)
         ),
+        draft_sequences=sequences,
         metadata=info,
     )
 

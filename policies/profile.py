@@ -135,6 +135,11 @@ class Profile:
     # ("" where it had none); () when not recorded. Lets the empirical acceptance model give a
     # workload request with the same prompt that request's own outcomes.
     draft_outcome_keys: tuple[str, ...] = ()
+    # per draft_outcomes row of a greedy profile, its request's draft sequence: per output
+    # position p, (drafts available at p with K unlimited, capped at k_max; how many of them
+    # from the first equal the target's outputs p, p+1, ...), as `sim.replay` defines them;
+    # () when not recorded
+    draft_sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)  # models, device, versions, command...
 
     def batch_sizes(self) -> list[int]:

@@ -347,6 +347,9 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     for index, key in enumerate(keys):
         if not isinstance(key, str):
             raise reader.fail(f"draft_outcome_keys[{index}]", "must be a string")
+    sequences = _parse_draft_sequences(
+        reader, data.get("draft_sequences", []), k_max, len(draft_outcomes)
+    )
 
     per_request: list[tuple[float, ...]] = []
     for index, raw in enumerate(reader.seq(data.get("per_request_rates", []), "per_request_rates")):
@@ -373,8 +376,42 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         num_acceptance_steps=num_steps,
         draft_outcomes=draft_outcomes,
         draft_outcome_keys=tuple(keys),
+        draft_sequences=sequences,
         metadata=metadata,
     )
+
+
+def _parse_draft_sequences(
+    reader: _Reader, values: Any, k_max: int, num_outcomes: int
+) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:
+    """`draft_sequences`: one {"available": [...], "matched": [...]} per draft_outcomes row,
+    equal non-empty lists with 0 <= matched <= available <= k_max."""
+    entries = reader.seq(values, "draft_sequences")
+    if entries and len(entries) != num_outcomes:
+        raise reader.fail(
+            "draft_sequences", f"has {len(entries)} sequences for {num_outcomes} draft_outcomes"
+        )
+    sequences = []
+    for index, raw in enumerate(entries):
+        path = f"draft_sequences[{index}]"
+        entry = reader.obj(raw, path)
+        lists = []
+        for key in ("available", "matched"):
+            items = reader.seq(reader.require(entry, key, path), f"{path}.{key}")
+            lists.append(
+                tuple(reader.integer(v, f"{path}.{key}[{i}]", 0) for i, v in enumerate(items))
+            )
+        available, matched = lists
+        if not available or len(available) != len(matched):
+            raise reader.fail(path, "available and matched must be equal non-empty lists")
+        for position, (a, m) in enumerate(zip(available, matched, strict=True)):
+            if not m <= a <= k_max:
+                raise reader.fail(
+                    f"{path}[{position}]",
+                    f"needs matched <= available <= k_max={k_max}, got {m} and {a}",
+                )
+        sequences.append((available, matched))
+    return tuple(sequences)
 
 
 def _parse_draft_rates(reader: _Reader, values: Any, rates: tuple[float, ...]) -> tuple[float, ...]:
@@ -634,6 +671,11 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
         native["draft_outcomes"] = [[list(row) for row in rows] for rows in profile.draft_outcomes]
     if profile.draft_outcome_keys:
         native["draft_outcome_keys"] = list(profile.draft_outcome_keys)
+    if profile.draft_sequences:
+        native["draft_sequences"] = [
+            {"available": list(available), "matched": list(matched)}
+            for available, matched in profile.draft_sequences
+        ]
     return native
 
 

@@ -616,17 +616,32 @@ class EmpiricalAcceptance:
     cell of that histogram, clipped at K (`JointOutcomes`). Requests therefore differ
     exactly as the measured ones did, in acceptance and in what their drafter finds, without a
     parametric form; the price is that the population is the measured prompt set.
+
+    A greedy profile also records each request's draft sequence (`Profile.draft_sequences`:
+    per output position p, the drafts available and how many of them match the target's own
+    outputs, as `sim.replay` reads them). A request matched by its prompt key then drafts and
+    accepts exactly what that prompt did at its position p for any K: d = min(K, available[p]),
+    a = min(d, matched[p]) (positions past the recording sample the histogram).
     """
 
     def __init__(
-        self, joints: npt.ArrayLike, seed: np.random.SeedSequence, keys: Sequence[str] = ()
+        self,
+        joints: npt.ArrayLike,
+        seed: np.random.SeedSequence,
+        keys: Sequence[str] = (),
+        sequences: Sequence[tuple[IntArray, IntArray]] = (),
     ) -> None:
         """`joints` [R, k+1, k+1]: (d, a) counts or probabilities per recorded request;
-        `keys`: () or per recorded request its prompt key ("" for none)."""
+        `keys`: () or per recorded request its prompt key ("" for none); `sequences`: () or
+        per recorded request its (available [n], matched [n]) draft sequence."""
         self.outcomes = JointOutcomes(joints)
         self.num_recorded = int(self.outcomes.cdf.shape[0])
         if keys and len(keys) != self.num_recorded:
             raise ValueError(f"{len(keys)} prompt keys for {self.num_recorded} recorded requests")
+        if sequences and len(sequences) != self.num_recorded:
+            raise ValueError(
+                f"{len(sequences)} draft sequences for {self.num_recorded} recorded requests"
+            )
         # the first recorded request of each prompt (a prompt profiled twice keeps its first)
         self._recorded_by_key: dict[str, int] = {}
         for index, key in enumerate(keys):
@@ -634,11 +649,22 @@ class EmpiricalAcceptance:
                 self._recorded_by_key.setdefault(key, index)
         self.streams = ModelStreams(seed)
         self._recorded_of = DenseRows(1, -1, np.int64)  # [req, 1] recorded request
+        self._has_sequences = bool(sequences)
+        lengths = np.array([len(available) for available, _ in sequences], dtype=np.int64)  # [R]
+        self._sequence_lengths = lengths
+        self._sequence_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        self._available = np.concatenate([a for a, _ in sequences] or [np.zeros(0, np.int64)])
+        self._matched = np.concatenate([m for _, m in sequences] or [np.zeros(0, np.int64)])
+        self._sequence_of = DenseRows(1, -1, np.int64)  # [req, 1] replayed recorded request
 
     @staticmethod
     def from_profile(profile: Profile, seed: np.random.SeedSequence) -> EmpiricalAcceptance:
         keys = profile.draft_outcome_keys if profile.draft_outcomes else ()
-        return EmpiricalAcceptance(per_request_joints(profile), seed, keys)
+        sequences = [
+            (np.array(available, dtype=np.int64), np.array(matched, dtype=np.int64))
+            for available, matched in profile.draft_sequences
+        ]
+        return EmpiricalAcceptance(per_request_joints(profile), seed, keys, sequences)
 
     def recorded_of(self, req_id: int) -> int:
         """Index of the measured request whose histogram a request samples."""
@@ -649,12 +675,16 @@ class EmpiricalAcceptance:
             raise ValueError(f"req_id must be >= 0, got {req_id}")
         key = spec.prompt_key if self._recorded_by_key else None
         recorded = self._recorded_by_key.get(key, -1) if key else -1
+        if self._has_sequences:
+            self._sequence_of.set(req_id, [recorded])  # -1: not a profiled prompt
         if recorded < 0:
             recorded = int(self.streams.request.uniform(req_id) * self.num_recorded)
         self._recorded_of.set(req_id, [recorded])
 
     def remove_request(self, req_id: int) -> None:
         self._recorded_of.remove(req_id)
+        if self._has_sequences:
+            self._sequence_of.remove(req_id)
 
     def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
@@ -663,6 +693,18 @@ class EmpiricalAcceptance:
         drafted, accepted = self.outcomes.sample(
             self.streams, req_ids, num_output_tokens, num_spec_tokens, recorded
         )
+        if self._has_sequences:
+            sequence = self._sequence_of.gather(req_ids)[:, 0]  # [n]
+            safe = np.maximum(sequence, 0)
+            replayed = (sequence >= 0) & (num_output_tokens < self._sequence_lengths[safe])  # [n]
+            if replayed.any():
+                rows = np.flatnonzero(replayed)
+                at = self._sequence_starts[safe[rows]] + num_output_tokens[rows]  # [m]
+                drafted = np.array(drafted)  # copies: the sampler's arrays stay as they were
+                accepted = np.array(accepted)
+                drafted[rows] = np.minimum(num_spec_tokens[rows], self._available[at])
+                accepted[rows] = np.minimum(drafted[rows], self._matched[at])
+                return drafted, accepted
         if self.outcomes.always_drafts:
             return num_spec_tokens, accepted  # d == K on every row: the executor's fast path
         return drafted, accepted

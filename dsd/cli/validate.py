@@ -66,6 +66,10 @@ def register(app: typer.Typer) -> None:
             int, typer.Option(help="Output tokens per request of the loop runs (0: skip).")
         ] = 32,
         temperature: Annotated[float, typer.Option(help="Acceptance temperature.")] = 0.0,
+        ignore_eos: Annotated[
+            bool,
+            typer.Option(help="Run every acceptance prompt to its output length past an EOS."),
+        ] = False,
         fast_path: Annotated[str, typer.Option(help="off, eager, cuda-graphs.")] = "off",
         file_format: Annotated[
             str, typer.Option("--format", help="dsd-profile (native) or dsd-json (PR #32374).")
@@ -94,6 +98,7 @@ def register(app: typer.Typer) -> None:
             adaptive_budget_s=adaptive_budget_s,
             host_overhead_output_len=host_overhead_output_len,
             temperature=temperature,
+            ignore_eos=ignore_eos,
             seed=seed,
             fast_path=fast_path,
             file_format=file_format,

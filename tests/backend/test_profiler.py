@@ -443,6 +443,41 @@ def test_warm_up_runs_until_two_windows_agree() -> None:
     assert warm_up(lambda: next(drifting), min_steps=0, window=5, max_steps=40) == 40
 
 
+@pytest.mark.parametrize("draft_kind", ["ngram", "model"])
+def test_greedy_profile_records_draft_sequences_that_replay_its_histograms(
+    target, draft_kind
+) -> None:
+    """Stepping through each request's recorded sequence at K = k_max (p += a + 1) gives back
+    exactly the (d, a) counts the acceptance run measured."""
+    from dsd.backend.engine import NgramDraft
+    from dsd.backend.ngram import NgramConfig
+    from dsd.policies.profile import outcome_matrices
+
+    rng = np.random.default_rng(3)
+    block = random_prompt(rng, 3)
+    prompt_set = [np.tile(block, 4), random_prompt(rng, 10), np.tile(random_prompt(rng, 2), 5)]
+    draft = (
+        NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+        if draft_kind == "ngram"
+        else Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    )
+    config = small_config(context_lens=(24,), host_overhead_output_len=0)
+    profile = profile_pair(target, draft, config, prompt_set, [12, 12, 12])
+    assert len(profile.draft_sequences) == len(profile.draft_outcomes) == 3
+    k_max = profile.k_max
+    for (available, matched), joint in zip(
+        profile.draft_sequences, outcome_matrices(profile.draft_outcomes, k_max), strict=True
+    ):
+        replayed = np.zeros_like(joint)
+        position = 1  # the prompt's prefill emitted output 0; the first step drafts from 1
+        while position < 12:  # a request steps until it has its 12 output tokens
+            d = min(k_max, available[position])
+            a = min(d, matched[position])
+            replayed[d, a] += 1
+            position += a + 1
+        np.testing.assert_array_equal(replayed, joint)
+
+
 def test_ngram_draft_is_profiled_with_periodic_contexts(target) -> None:
     """Every timed step drafts its full K (the lookup always matches), and a context too short
     for that is refused before any point is kept."""

@@ -107,6 +107,33 @@ def test_mean_ms_round_trips_and_is_what_points_charge(tmp_path: Path) -> None:
         load_profile(_write(tmp_path, data, "bad.json"))
 
 
+def test_draft_sequences_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
+    data = _native(
+        draft_outcomes=[[[1], [0, 1], [0, 0, 2]]],
+        acceptance={"drafted_at_pos": [3, 2], "accepted_at_pos": [3, 2], "num_steps": 4},
+        draft_sequences=[{"available": [2, 0, 2, 1], "matched": [2, 0, 1, 1]}],
+    )
+    first = load_profile(_write(tmp_path, data))
+    assert first.draft_sequences == (((2, 0, 2, 1), (2, 0, 1, 1)),)
+    out = tmp_path / "again.json"
+    save_profile(first, out)
+    assert load_profile(out) == first
+    for sequences, fragment in [
+        ([{"available": [3], "matched": [1]}], r"draft_sequences\[0\]\[0\].*k_max=2"),
+        ([{"available": [1], "matched": [2]}], r"matched <= available"),
+        ([{"available": [1, 1], "matched": [1]}], "equal non-empty"),
+        ([{"available": [1]}], "matched"),
+        ([], None),
+        ([{"available": [1], "matched": [1]}] * 2, "2 sequences for 1 draft_outcomes"),
+    ]:
+        data["draft_sequences"] = sequences
+        if fragment is None:
+            assert load_profile(_write(tmp_path, data, "ok.json")).draft_sequences == ()
+            continue
+        with pytest.raises(InputError, match=fragment):
+            load_profile(_write(tmp_path, data, "bad.json"))
+
+
 def test_pr32374_round_trip_through_native_and_back(tmp_path: Path) -> None:
     original = json.loads(H100_PROFILE.read_text())
     profile = load_profile(H100_PROFILE)

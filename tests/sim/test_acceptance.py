@@ -402,6 +402,36 @@ def test_empirical_gives_a_profiled_prompt_its_own_outcomes() -> None:
         EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys[:2])
 
 
+def test_empirical_replays_a_profiled_prompts_draft_sequence_at_any_k() -> None:
+    # Recorded request 1 drafts 2 and accepts 2 every step by its histogram, but its sequence
+    # says: position 0 offers 3 drafts of which 1 matches, position 1 offers 0, position 2
+    # offers 3 and all match; past position 2 the histogram is drawn again.
+    joints = np.zeros((2, 4, 4))
+    joints[0, 0, 0] = joints[1, 2, 2] = 1.0
+    keys = ("", prompt_key("copy me"))
+    sequences = [
+        (np.array([1, 1, 1]), np.array([0, 0, 0])),
+        (np.array([3, 0, 3]), np.array([1, 0, 3])),
+    ]
+    model = EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys, sequences)
+    model.add_request(0, RequestSpec(prompt_len=3, output_len=9, prompt="copy me"))
+    model.add_request(1, RequestSpec(prompt_len=3, output_len=9, prompt="unseen"))
+    replayed = [
+        model.sample_outcomes(np.array([0]), np.array([p]), np.array([k]))
+        for p, k in ((0, 3), (0, 1), (1, 2), (2, 2), (2, 3), (3, 3))
+    ]
+    assert [(int(d[0]), int(a[0])) for d, a in replayed] == [
+        (3, 1), (1, 1), (0, 0), (2, 2), (3, 3), (2, 2)  # the last: past the sequence
+    ]  # fmt: skip
+    # an unseen prompt samples its drawn histogram; several rows at once agree with one by one
+    drafted, accepted = model.sample_outcomes(np.array([0, 1]), np.array([0, 5]), np.array([3, 3]))
+    unseen = model.sample_outcomes(np.array([1]), np.array([5]), np.array([3]))
+    assert (drafted[0], accepted[0]) == (3, 1)
+    assert (drafted[1], accepted[1]) == (unseen[0][0], unseen[1][0])
+    with pytest.raises(ValueError, match="1 draft sequences for 2 recorded"):
+        EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys, sequences[:1])
+
+
 def test_heterogeneous_rates_drawn_when_first_needed_equal_a_block_drawn_at_once() -> None:
     """Rates are drawn when a request first drafts (in any order, across blocks of ids); they
     are each id's own draw, and a step that drafts nothing draws none."""
