@@ -657,6 +657,7 @@ def _validation(
     allow_noisy_profile: bool,
     retime: bool,
     progress: ProgressFactory,
+    retime_share: float = 0.25,
     **fields: Any,
 ) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
     """The cells of `validate`, the record of how they ran (the report's config.json) and the
@@ -702,7 +703,9 @@ def _validation(
     elif not retime:
         retime_note = "off (--no-retime)"
     timing = (
-        TimingRounds(pair.target, pair.draft, loaded_profile, seed=configs[0].seed)
+        TimingRounds(
+            pair.target, pair.draft, loaded_profile, share=retime_share, seed=configs[0].seed
+        )
         if retime
         else None
     )
@@ -781,18 +784,21 @@ class HardwarePlan:
     speedup_k: tuple[int, ...]  # static K of the speedup arms (plus goodput)
     prompts_per_concurrency: int  # validation requests per cell = this x C
     trials: int  # real runs per validation cell
+    retime_share: float  # share of the profile's points each timing round re-times
     output_len: int | None  # max_tokens of every request; None: the dataset's
     allow_noisy_profile: bool
 
 
-# About 75-90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (profile ~8 min,
-# speedup ~6 min, validation ~60 min with its timing rounds). 96 output tokens per request, as
-# in the issue's reference timings. Two contexts bracket the cells' (prompts of 60-210 tokens
-# plus 96 outputs), so the latency table has a context axis; prefill sizes cover one prompt and
-# the few padded together when requests finish in one step. Five trials per cell: the median
-# over trials spread through the hour (its measured TPOT) is what averages the machine's
-# minute-scale drift out. The profile is kept when points stay noisy after re-measurement: its
-# problems are listed in the report rather than losing the hour (dsd validate refuses them).
+# About 90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (profile ~8 min, speedup
+# ~6 min, validation ~75 min, of which the timing rounds ~15: half the profile's points after
+# every real run, so each point has ~70 samples spread over the hour). 96 output tokens per
+# request, as in the issue's reference timings. Two contexts bracket the cells' (prompts of
+# 60-210 tokens plus 96 outputs), so the latency table has a context axis; prefill sizes cover
+# one prompt and the few padded together when requests finish in one step. Five trials per
+# cell: the median over trials spread through the hour (its measured TPOT) is what averages the
+# machine's minute-scale drift out. The profile is kept when points stay noisy after
+# re-measurement: its problems are listed in the report rather than losing the time (dsd
+# validate refuses them).
 FULL_HARDWARE_PLAN = HardwarePlan(
     k_values=(0, 2, 4, 6),
     batch_sizes=(1, 2, 4, 8, 16),
@@ -808,6 +814,7 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     speedup_k=(4, 6),
     prompts_per_concurrency=2,
     trials=5,
+    retime_share=0.5,
     output_len=96,
     allow_noisy_profile=True,
 )
@@ -826,6 +833,7 @@ QUICK_HARDWARE_PLAN = HardwarePlan(
     speedup_k=(2,),
     prompts_per_concurrency=1,
     trials=1,
+    retime_share=1.0,
     output_len=12,
     allow_noisy_profile=True,
 )
@@ -932,6 +940,7 @@ def hardware_report(
         fast_path="off",
         allow_noisy_profile=plan.allow_noisy_profile,
         retime=True,
+        retime_share=plan.retime_share,
         progress=progress,
         dataset=dataset,
         output_len=plan.output_len,

@@ -2,8 +2,9 @@
 
 The measured side of a report (cells.csv: measured and replayed mean TPOT per cell) took an
 hour of a quiet machine; the simulated side takes seconds. This re-runs only the simulated side
-of every cell, from the report's own profile and config, with the acceptance models asked for,
-and prints each one's error against the same measurements:
+of every cell, from the report's own profile and config (priced by its `profile_retimed.json`
+when the report re-timed), with the acceptance models asked for (and `--latency-model`), and
+prints each one's error against the same measurements:
 
     python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
@@ -27,6 +28,7 @@ from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.config import ACCEPTANCE_MODEL_KINDS, AcceptanceKind
+from dsd.sim.latency import LatencyModelKind
 
 
 def keyed_profile(profile: Profile) -> tuple[Profile, str]:
@@ -47,14 +49,18 @@ def keyed_profile(profile: Profile) -> tuple[Profile, str]:
     return dataclasses.replace(profile, draft_outcome_keys=keys), "from the profile's workload"
 
 
-def rescore(folder: Path, models: list[AcceptanceKind]) -> list[str]:
-    """One summary line per acceptance model (and per cell under it)."""
+def rescore(
+    folder: Path, models: list[AcceptanceKind], latency_model: LatencyModelKind = "auto"
+) -> list[str]:
+    """One summary line per acceptance model (and per cell under it). The simulated side is
+    priced as the report priced it: by `profile_retimed.json` when the report re-timed."""
     from dsd.backend.pair import load_pair
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
     from dsd.backend.validate import CellResult, simulated_run
     from dsd.reports.validation import tpot_error_summary
     from dsd.sim.config import RunConfig
+    from dsd.sim.resolve import with_latency_from
     from dsd.traces.registry import WorkloadOptions
 
     config: dict[str, Any] = json.loads((folder / "config.json").read_text())
@@ -62,9 +68,14 @@ def rescore(folder: Path, models: list[AcceptanceKind]) -> list[str]:
     limits = {(cell["policy"], int(cell["max_concurrency"])): cell for cell in config["cells"]}
     rows = list(csv.DictReader((folder / "cells.csv").open()))
     profile, how = keyed_profile(load_profile(folder / "profile.json"))
+    retimed_path = folder / "profile_retimed.json"
+    retimed = load_profile(retimed_path) if retimed_path.is_file() else None
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
-    lines = [f"{folder}: {len(rows)} cells; prompt keys {how}"]
+    lines = [
+        f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "
+        + ("profile_retimed.json" if retimed is not None else "profile.json")
+    ]
     for model in models:
         cells = []
         for row in rows:
@@ -84,8 +95,11 @@ def rescore(folder: Path, models: list[AcceptanceKind]) -> list[str]:
                 max_num_seqs=int(recorded["max_num_seqs"]),
                 k_max=int(recorded["k_max"]),
                 acceptance_model=model,
+                latency_model=latency_model,
             )
             resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
+            if retimed is not None:
+                resolved = with_latency_from(resolved, retimed)
             tpot = "mean_tpot_ms"
             cell = CellResult(
                 row["policy"],
@@ -115,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--acceptance-model", action="append", choices=ACCEPTANCE_MODEL_KINDS, required=True
     )
+    parser.add_argument("--latency-model", choices=("auto", "table", "parametric"), default="auto")
     args = parser.parse_args(argv)
     for name in ("config.json", "cells.csv", "profile.json"):
         if not (args.folder / name).is_file():
@@ -123,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
     try:
-        for line in rescore(args.folder, cast(list[AcceptanceKind], args.acceptance_model)):
+        for line in rescore(
+            args.folder,
+            cast(list[AcceptanceKind], args.acceptance_model),
+            cast(LatencyModelKind, args.latency_model),
+        ):
             print(line, flush=True)
     except InputError as error:
         print(f"error: {error}", file=sys.stderr)
