@@ -600,19 +600,6 @@ class TimingRounds:
         self._prefill: dict[int, list[tuple[int, float]]] = {n: [] for n in self.prefill_sizes}
         self.num_rounds = 0
 
-    def _time_prefill(self, num_tokens: int) -> float:
-        engine = self._engine
-        vocab = engine.target.config.vocab_size
-        slot = engine.alloc_slot(synthetic_ids(self._rng, num_tokens, vocab, self._avoid))
-        elapsed_ms = _timed_ms(
-            engine.device,
-            lambda: engine.prefill(
-                np.array([slot], dtype=np.int64), np.array([num_tokens], dtype=np.int64)
-            ),
-        )
-        engine.free_slot(slot)
-        return elapsed_ms
-
     def round(self) -> int:
         """Time a random share of the points once each (shuffled); returns the round's index."""
         index = self.num_rounds
@@ -625,28 +612,29 @@ class TimingRounds:
                 context, b, k = key
                 self._decode[key].append((index, self._slots[context].time_step((b, k))))
             else:
-                self._prefill[key].append((index, self._time_prefill(key)))
+                elapsed_ms = _time_prefill(self._engine, self._rng, self._avoid, key)
+                self._prefill[key].append((index, elapsed_ms))
         self.num_rounds += 1
         return index
 
     def profile(self) -> Profile:
         """The base profile with every point's timing from the rounds (points no round timed
         keep the base's)."""
-        by_key = {(p.context_len, p.batch_size, p.num_spec_tokens): p for p in self.base.latency}
         latency = []
-        for key, base_point in by_key.items():
-            samples = [ms for _round, ms in self._decode.get(key, [])]  # type: ignore[arg-type]
+        for point in self.base.latency:
+            context = point.context_len or 0
+            key = (context, point.batch_size, point.num_spec_tokens)
+            samples = [ms for _round, ms in self._decode[key]]
             latency.append(
-                _latency_point(
-                    base_point.batch_size, base_point.num_spec_tokens, key[0] or 0, samples
-                )
+                _latency_point(point.batch_size, point.num_spec_tokens, context, samples)
                 if samples
-                else base_point
+                else point
             )
         prefill = []
-        for point in self.base.prefill:
-            samples = [ms for _round, ms in self._prefill.get(point.num_tokens, [])]
-            prefill.append(_prefill_point(point.num_tokens, samples) if samples else point)
+        for prefill_point in self.base.prefill:
+            size = prefill_point.num_tokens
+            samples = [ms for _round, ms in self._prefill[size]]
+            prefill.append(_prefill_point(size, samples) if samples else prefill_point)
         metadata = dict(self.base.metadata)
         metadata["timing_rounds"] = {"rounds": self.num_rounds, "share": self.share}
         return dataclasses.replace(
@@ -684,6 +672,22 @@ def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) ->
     )
 
 
+def _time_prefill(
+    engine: SpecDecodeEngine, rng: np.random.Generator, avoid_ids: Sequence[int], num_tokens: int
+) -> float:
+    """Wall ms of one prefill of a synthetic prompt of `num_tokens` tokens in one chunk."""
+    vocab = engine.target.config.vocab_size
+    slot = engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))
+    elapsed_ms = _timed_ms(
+        engine.device,
+        lambda: engine.prefill(
+            np.array([slot], dtype=np.int64), np.array([num_tokens], dtype=np.int64)
+        ),
+    )
+    engine.free_slot(slot)
+    return elapsed_ms
+
+
 def _prefill_point(num_tokens: int, samples_ms: list[float]) -> PrefillPoint:
     return PrefillPoint(
         num_tokens=num_tokens,
@@ -703,20 +707,8 @@ def measure_prefill(
     """One prefill point per prompt size: a whole prompt in one chunk, batch size 1. Sizes are
     timed in a fresh random order each round; a prefill that falls as the prompt grows is
     measured again (all sizes) up to `config.max_remeasure` times."""
-    vocab = engine.target.config.vocab_size
     sizes = sorted(config.prefill_token_counts)
-
-    def time_prefill(num_tokens: int) -> float:
-        slot = engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))
-        elapsed_ms = _timed_ms(
-            engine.device,
-            lambda: engine.prefill(
-                np.array([slot], dtype=np.int64), np.array([num_tokens], dtype=np.int64)
-            ),
-        )
-        engine.free_slot(slot)
-        return elapsed_ms
-
+    time_prefill = functools.partial(_time_prefill, engine, rng, avoid_ids)
     points: list[PrefillPoint] = []
     for attempt in range(config.max_remeasure + 1):
         samples = _timed_rounds(time_prefill, sizes, config, rng)

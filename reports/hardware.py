@@ -400,14 +400,33 @@ def hardware_markdown(
         f"{summary['max_abs_acceptance_error_pct']:.1f}%. Trial spread = (max - min) / median "
         "of the measured trials. Every metric: validation.md, cells.csv.",
         "",
+        *_pricing_lines(config),
         *speed_adjusted_lines(cells, summary),
         *_error_split_markdown(cells),
         "",
-        "Files: cells.csv, validation.md, crossover.csv, speedup.json, profile.json, config.json, "
-        "tpot_vs_concurrency.png, crossover.png, k_over_time.png.",
+        "Files: cells.csv, validation.md, crossover.csv, speedup.json, profile.json, "
+        "profile_retimed.json, config.json, tpot_vs_concurrency.png, crossover.png, "
+        "k_over_time.png.",
         "",
     ]
     return "\n".join(lines)
+
+
+def _pricing_lines(config: dict[str, Any]) -> list[str]:
+    """How the simulated side was priced: the re-timed profile, and the acceptance model."""
+    retime = config.get("retime") or {}
+    if retime.get("status") == "on":
+        timing = (
+            f"by the profile re-timed around the real runs ({retime.get('rounds')} timing "
+            f"rounds, {retime.get('share')} of the points each; {retime.get('profile')})"
+        )
+    else:
+        timing = f"by profile.json as measured (re-timing {retime.get('status', 'off')})"
+    return [
+        f"The simulated side is priced {timing}; its acceptance model is "
+        f"`{config.get('acceptance_model')}` (docs/models.md 2).",
+        "",
+    ]
 
 
 def plot_crossover(rows: Sequence[CrossoverRow], path: Path) -> bool:

@@ -59,6 +59,7 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
 
     report = (out / "report.md").read_text()
     for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
+                     "priced by the profile re-timed around the real runs",
                      "| static:2 | 1 |", "dsd hardware-report --quick"):  # fmt: skip
         assert fragment in report, fragment
     # Strict JSON (no NaN): the plain arm has no acceptance length.
