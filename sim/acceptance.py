@@ -18,7 +18,8 @@ their K returns `num_spec_tokens` itself as d (the executor's fast path tests id
   d drawn from s_i, a = min(d, leading successes)). The population mean of r_{j,i} is r_i, but
   the mean of per-request TPOT is not ITL / mean AL (Jensen).
 - `EmpiricalAcceptance`: requests differ as the measured ones did. Each request is given one
-  recorded request's (d, a) histogram (seeded, by req_id) and samples (d, a) from it each step.
+  recorded request's (d, a) histogram (seeded, by req_id) and samples (d, a) from it each step;
+  a request whose prompt the profile recorded with its draft sequence replays that instead.
 - `sim.replay.ReplayAcceptance`: replays what a real run's drafter proposed and the target
   accepted, position by position (exact at temperature 0).
 - `CategoryAcceptance`: routes requests to one model per `RequestSpec.tag`.
