@@ -4,7 +4,7 @@ The measured side of a report (cells.csv: measured and replayed mean TPOT per ce
 hour of a quiet machine; the simulated side takes seconds. This re-runs only the simulated side
 of every cell, from the report's own profile and config (priced by its `profile_retimed.json`
 when the report re-timed), with the acceptance models asked for (and `--latency-model`), and
-prints each one's error against the same measurements:
+prints each one's mean-TPOT (and mean-TTFT) error against the same measurements:
 
     python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any, cast
+
+import numpy as np
 
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
@@ -100,12 +102,13 @@ def rescore(
             resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
             if retimed is not None:
                 resolved = with_latency_from(resolved, retimed)
-            tpot = "mean_tpot_ms"
+            tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
+            simulated = simulated_run(resolved).metrics
             cell = CellResult(
                 row["policy"],
                 concurrency,
-                measured={tpot: float(row[f"measured_{tpot}"])},
-                simulated={tpot: simulated_run(resolved).metrics[tpot]},
+                measured={key: float(row[f"measured_{key}"]) for key in (tpot, ttft)},
+                simulated={key: simulated[key] for key in (tpot, ttft)},
                 replayed={tpot: float(row[f"replayed_{tpot}"])},
             )
             cells.append(cell)
@@ -114,11 +117,13 @@ def rescore(
                 f"ms, measured {cell.measured[tpot]:.1f}, error {cell.error_pct(tpot):+.1f}%"
             )
         summary = tpot_error_summary(cells)
+        ttft_errors = np.abs([cell.error_pct(ttft) for cell in cells])
         lines.append(
             f"{model}: |mean-TPOT error| median {summary['median_abs_tpot_error_pct']:.1f}%, "
             f"max {summary['max_abs_tpot_error_pct']:.1f}%; acceptance part median "
             f"{summary['median_abs_acceptance_error_pct']:.1f}%, "
-            f"max {summary['max_abs_acceptance_error_pct']:.1f}%"
+            f"max {summary['max_abs_acceptance_error_pct']:.1f}%; |mean-TTFT error| median "
+            f"{np.median(ttft_errors):.1f}%, max {np.max(ttft_errors):.1f}%"
         )
     return lines
 

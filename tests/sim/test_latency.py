@@ -217,10 +217,16 @@ def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
     mixed = make_batch([3, 1], prefill_chunks=[100, 300])
     decode_ms = fused.step_ms(decode_only)
     assert fused.step_ms(mixed) == pytest.approx(decode_ms + cost.curve_ms(401) - cost.curve_ms(1))
-    assert separate.step_ms(mixed) == pytest.approx(decode_ms + cost.curve_ms(2 * 300))
+    # one forward of two rows padded to 300: one row's full cost, the other's marginal cost
+    padded_two = cost.curve_ms(300) + cost.marginal_ms(300)
+    assert separate.step_ms(mixed) == pytest.approx(decode_ms + padded_two)
     prefill_only = make_batch([], prefill_chunks=[100, 300, 50])
     assert fused.step_ms(prefill_only) == pytest.approx(cost.curve_ms(450))
-    assert separate.step_ms(prefill_only) == pytest.approx(cost.curve_ms(3 * 300))
+    padded_three = cost.curve_ms(300) + 2 * cost.marginal_ms(300)
+    assert separate.step_ms(prefill_only) == pytest.approx(padded_three)
+    # a single chunk is one prompt's prefill, whichever forward runs it
+    single = make_batch([], prefill_chunks=[300])
+    assert separate.step_ms(single) == pytest.approx(fused.step_ms(single))
     assert separate.decode_itl_ms(4, 3) == fused.decode_itl_ms(4, 3)
 
 
