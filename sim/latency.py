@@ -598,8 +598,9 @@ class SeparatePrefill:
     further row: padded(P, W) = curve(W) + (P - 1) x marginal(W) (the forward's fixed cost is
     paid once; each row's attention is over its own W tokens, so P rows do not cost one prompt
     of P x W tokens, whose attention would be quadratic in P x W). On the 2-core CPU with
-    SmolLM2-135M, P = 2, 4, 8 rows of 200 tokens took 1019, 2083, 3953 ms against 1013, 1971,
-    3887 ms so priced (one 1,600-token prompt: 6290 ms). A step costs decode + padded(P, W), a
+    SmolLM2-135M, P = 2, 4, 8 rows of 200 tokens took 1019, 1951, 3945 ms against 1020, 1970,
+    3871 ms so priced, and one prompt of P x 200 tokens 1094, 2391, 6191 ms
+    (benchmarks/padded_prefill.py). A step costs decode + padded(P, W), a
     prefill-only step padded(P, W), instead of the fused decode + marginal(sum of chunks).
     Decode-only steps are the inner model's.
     """
