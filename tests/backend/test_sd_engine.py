@@ -282,3 +282,21 @@ def test_greedy_output_equals_target_greedy_with_ngram_drafts(target, bounds) ->
 def test_ngram_drafts_need_no_draft_model_or_cache(target) -> None:  # type: ignore[no-untyped-def]
     engine = make_engine(target, NgramDraft(NgramConfig(1, 3)), k_max=3)
     assert engine.model_draft is None and engine.draft_cache is None
+
+
+def test_padded_prefill_benchmark_prices_p_rows_and_refuses_bad_input(capsys) -> None:
+    """benchmarks/padded_prefill.py on the tiny model: one row per P, and one-line errors."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "padded_prefill.py"
+    spec = importlib.util.spec_from_file_location("padded_prefill", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--model", "tiny", "--width", "8", "--rows", "2,3", "--repeats", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [row[0] for row in rows] == ["2", "3"] and all(float(v) > 0 for row in rows for v in row)
+    assert module.main(["--rows", "0"]) == 2
+    assert module.main(["--model", "no-such-model"]) == 2
+    assert "error:" in capsys.readouterr().err
