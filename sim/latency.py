@@ -584,12 +584,31 @@ def context_latency_fn(
 
 
 # --------------------------------------------------------------------------------------------
-# Prefill as a forward of its own
+# How dsd's torch engine composes a step: prefill as a forward of its own, padded attention
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class SeparatePrefill:
+class _StepCostWrapper:
+    """A model that changes how the wrapped model prices some steps: prefill pricing and the
+    policy's ITL(B, K) are the wrapped model's."""
+
+    inner: TableLatencyModel | ParametricLatencyModel | PaddedAttention
+
+    @property
+    def prefill(self) -> PrefillCost:
+        return self.inner.prefill
+
+    @property
+    def prefill_source(self) -> PrefillSource:
+        return self.inner.prefill_source
+
+    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
+        return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
+
+
+@dataclass(frozen=True)
+class SeparatePrefill(_StepCostWrapper):
     """A latency model for an engine that runs a step's prefill chunks as their own forward.
 
     dsd's torch engine (`backend.engine.SpecDecodeEngine`) runs the decode rows' SD step, then
@@ -605,16 +624,7 @@ class SeparatePrefill:
     Decode-only steps are the inner model's.
     """
 
-    # the fused model it corrects (padded attention included when the engine pads)
-    inner: TableLatencyModel | ParametricLatencyModel | PaddedAttention
-
-    @property
-    def prefill(self) -> PrefillCost:
-        return self.inner.prefill
-
-    @property
-    def prefill_source(self) -> PrefillSource:
-        return self.inner.prefill_source
+    # inner: the fused model it corrects (padded attention included when the engine pads)
 
     def step_ms(self, batch: ScheduledBatch) -> float:
         num_decode = batch.num_decode_reqs
@@ -630,12 +640,9 @@ class SeparatePrefill:
         fused = self.inner.step_ms(batch)
         return fused - prefill.marginal_ms(float(chunks.sum())) + padded
 
-    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
-        return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
-
 
 @dataclass(frozen=True)
-class PaddedAttention:
+class PaddedAttention(_StepCostWrapper):
     """A latency model for an engine whose decode rows all attend over the longest row's span.
 
     dsd's torch engine gathers every row's KV cache to one padded length (the step's longest
@@ -644,15 +651,7 @@ class PaddedAttention:
     models are unaffected.
     """
 
-    inner: TableLatencyModel | ParametricLatencyModel  # the model of ragged attention
-
-    @property
-    def prefill(self) -> PrefillCost:
-        return self.inner.prefill
-
-    @property
-    def prefill_source(self) -> PrefillSource:
-        return self.inner.prefill_source
+    # inner: the model of ragged attention (`build` wraps a table or parametric model)
 
     def step_ms(self, batch: ScheduledBatch) -> float:
         num_decode = batch.num_decode_reqs
@@ -661,9 +660,6 @@ class PaddedAttention:
         contexts = batch.num_computed_tokens.copy()  # [B]
         contexts[:num_decode] = contexts[:num_decode].max()
         return self.inner.step_ms(dataclasses.replace(batch, num_computed_tokens=contexts))
-
-    def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
-        return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
 
 
 @dataclass(frozen=True)
