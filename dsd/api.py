@@ -789,9 +789,9 @@ class HardwarePlan:
     allow_noisy_profile: bool
 
 
-# About 90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (profile ~8 min, speedup
-# ~6 min, validation ~75 min, of which the timing rounds ~15: half the profile's points after
-# every real run, so each point has ~70 samples spread over the hour). 96 output tokens per
+# 65-90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (2026-11-25: 65 minutes, of
+# which the profile 6; the validation's timing rounds re-time half the profile's points after
+# every real run, so each point has ~70 samples spread over the run). 96 output tokens per
 # request, as in the issue's reference timings. Two contexts bracket the cells' (prompts of
 # 60-210 tokens plus 96 outputs), so the latency table has a context axis; prefill sizes cover
 # one prompt and the few padded together when requests finish in one step. Five trials per
