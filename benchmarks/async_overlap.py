@@ -8,8 +8,9 @@ step on a worker thread while the next one is planned (the engine's default), an
 serially (`LoopConfig(overlap=False)`). The simulator runs the same configs on the profile
 (sync and async: its async charges max(device, planning) + the rest of the host time). Printed
 per C: the profile's host time as a share of the step, measured output-throughput ratios
-async/sync and async-serial/sync (median and range over repeats), and the simulated async/sync
-ratio. The issue's goal: real async >= sync wherever host time is >= 5% of the step, and the
+async/sync and async-serial/sync (mean over repeats with its 95% interval, the arms of a repeat
+paired as they ran back to back; median and range), and the simulated async/sync ratio. The
+issue's goal: real async >= sync wherever host time is >= 5% of the step, and the
 simulated ratio within 2 percentage points of the measured one.
 
     python benchmarks/async_overlap.py                          # tiny pair: host time matters
@@ -36,6 +37,7 @@ from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.policies.profile import Profile
+from dsd.reports.paired import Gap, paired_gap
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.engine import LoopConfig
 
@@ -57,8 +59,13 @@ def _simulated(pair: Any, config: dict[str, Any], scheduling: str) -> float:
     return float(run.metrics["output_throughput"])
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})"
+def _spread(ratios: list[float], gap: Gap) -> str:
+    """Mean ratio with its 95% interval over repeats, then median and range."""
+    interval = "" if gap.num_seeds < 2 else f" [{1 + gap.low:.3f}, {1 + gap.high:.3f}]"
+    return (
+        f"{1 + gap.mean:.3f}{interval} (median {statistics.median(ratios):.3f}, "
+        f"{min(ratios):.3f}-{max(ratios):.3f})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,12 +113,17 @@ def main(argv: list[str] | None = None) -> int:
                 max_num_seqs=concurrency,
                 output_len=args.output_len,
             )
-            ratios: dict[str, list[float]] = {"async": [], "async-serial": []}
+            throughputs: dict[str, list[float]] = {arm: [] for arm in ARMS}
             for repeat in range(args.repeats):
                 order = ARMS[repeat % 3 :] + ARMS[: repeat % 3]  # rotated: drift spreads
-                throughput = {arm: _measured(pair, config, arm) for arm in order}
-                for arm in ratios:
-                    ratios[arm].append(throughput[arm] / throughput["sync"])
+                for arm in order:
+                    throughputs[arm].append(_measured(pair, config, arm))
+            ratios = {
+                arm: [a / s for a, s in zip(throughputs[arm], throughputs["sync"], strict=True)]
+                for arm in ("async", "async-serial")
+            }
+            # the three arms of a repeat ran back to back: pair them (machine drift cancels)
+            gaps = {arm: paired_gap(throughputs[arm], throughputs["sync"]) for arm in ratios}
             simulated = _simulated(pair, config, "async") / _simulated(pair, config, "sync")
             share = _host_share(host, concurrency, args.k)
             rows.append(
@@ -120,13 +132,24 @@ def main(argv: list[str] | None = None) -> int:
                     "host_share_of_step": share,
                     "measured_async_over_sync": ratios["async"],
                     "measured_async_serial_over_sync": ratios["async-serial"],
+                    "measured_throughput": throughputs,
+                    **{
+                        # None with one repeat (no interval)
+                        f"measured_{arm.replace('-', '_')}_over_sync_ci95": (
+                            [1 + gaps[arm].low, 1 + gaps[arm].high]
+                            if gaps[arm].num_seeds > 1
+                            else None
+                        )
+                        for arm in gaps
+                    },
                     "simulated_async_over_sync": simulated,
                 }
             )
             print(
                 f"C={concurrency:<3} host {100 * share:5.1f}% of the step | measured async/sync "
-                f"{_spread(ratios['async'])}, serial async/sync "
-                f"{_spread(ratios['async-serial'])} | simulated {simulated:.3f}",
+                f"{_spread(ratios['async'], gaps['async'])}, serial async/sync "
+                f"{_spread(ratios['async-serial'], gaps['async-serial'])} | simulated "
+                f"{simulated:.3f}",
                 flush=True,
             )
     except InputError as exc:
