@@ -106,6 +106,9 @@ class TorchExecutor:
             [token for token in range(vocab) if token not in specials], dtype=np.int64
         )
         self._is_cuda = self.engine.device.type == "cuda"
+        # Async scheduling runs the step on a worker thread (sim.engine) only where that pays:
+        # CUDA kernels run while the host plans; a CPU step holds the GIL the planning needs.
+        self.overlaps_host = self._is_cuda
 
     # ------------------------------------------------------------------------ Executor
     def add_request(self, req_id: int, spec: RequestSpec) -> None:

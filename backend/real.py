@@ -28,13 +28,19 @@ from dsd.sim.resolve import ResolvedRun, config_workload, resolve
 def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
     """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0. Its
     simulated twin charges steps as the engine runs them: prefill chunks in a forward of their
-    own, and every decode row's attention over the longest row's span."""
+    own, every decode row's attention over the longest row's span, and async steps overlapped
+    with the planning only on CUDA (as the engine loop runs them)."""
     if config.scheduler != "dsd":
         raise InputError("scheduler: real runs use dsd's scheduler (--scheduler vllm simulates)")
     if pair.draft is None:
         config = dataclasses.replace(config, k_max=0)
     resolved = resolve(config, workload=pair.real_workload(config_workload(config)))
-    return dataclasses.replace(resolved, prefill_forward="separate", attention_span="padded")
+    return dataclasses.replace(
+        resolved,
+        prefill_forward="separate",
+        attention_span="padded",
+        host_overlap=pair.device.type == "cuda",
+    )
 
 
 def torch_executor(

@@ -101,7 +101,7 @@ def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:
         jitter=jitter,
         host_overhead_model=resolved.host_overhead_model,
         host_planning_ms=resolved.host_planning_ms,
-        overlap_planning=config.scheduling == "async",
+        overlap_planning=config.scheduling == "async" and resolved.host_overlap,
     )
 
 

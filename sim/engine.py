@@ -36,7 +36,11 @@ Real overlap (wall clock, async): step t runs on a worker thread (`executor.exec
 releases the GIL in its kernels) while this thread plans and commits step t+1; the loop then
 waits for step t's outcome. Requests sent meanwhile reach the executor (`add_request`) only
 after step t returns, before step t+1 runs, so the executor is never touched by two threads.
-`LoopConfig(overlap=False)` runs async steps serially (the executor on this thread).
+`LoopConfig(overlap=False)` runs async steps serially (the executor on this thread); the
+default (None) overlaps where the executor's `overlaps_host` says it pays: dsd's engine on CUDA,
+whose kernels run while the host plans. On a CPU the worker's Python-heavy step and the
+planning contend for the GIL and every step pays two thread hand-offs: measured on the 2-core
+machine, that costs more than the planning it hides (docs/simulator.md).
 
 What this module deliberately does not do: compute latency (the executor does), choose K (the
 policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
@@ -110,8 +114,9 @@ class LoopConfig:
     # scheduling overlaps with the previous step (the profiler's host-overhead split).
     time_planning: bool = False
     # Wall clock + async scheduling: execute step t on a worker thread while step t+1 is
-    # planned (the real engine's overlap; see the module docstring). False: serially.
-    overlap: bool = True
+    # planned (the real engine's overlap; see the module docstring). False: serially. None:
+    # where the executor says the overlap pays (`overlaps_host`: dsd's engine on CUDA).
+    overlap: bool | None = None
 
     def __post_init__(self) -> None:
         if self.clock not in ("model", "wall"):
@@ -324,10 +329,11 @@ class Engine:
     @contextlib.contextmanager
     def _step_worker(self) -> Iterator[ThreadPoolExecutor | None]:
         """The thread that runs steps under real overlap (wall clock, async), else None."""
+        overlap = self.config.overlap
+        if overlap is None:
+            overlap = getattr(self.executor, "overlaps_host", False) is True
         overlapped = (
-            self.config.clock == "wall"
-            and self.scheduler.config.scheduling == "async"
-            and self.config.overlap
+            self.config.clock == "wall" and self.scheduler.config.scheduling == "async" and overlap
         )
         if not overlapped:
             yield None

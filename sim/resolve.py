@@ -153,6 +153,10 @@ class ResolvedRun:
     # What a decode row's attention reads: its own context ("ragged", vLLM) or the step's
     # longest row's span ("padded", dsd's torch engine: `resolve_real`)
     attention_span: AttentionSpan = "ragged"
+    # Whether async scheduling hides the planning part of the host time behind the device:
+    # vLLM's engine, and dsd's on CUDA; dsd's engine on a CPU runs async steps serially
+    # (`resolve_real` sets False there)
+    host_overlap: bool = True
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -380,9 +384,9 @@ def host_overhead_description(resolved: ResolvedRun) -> dict[str, Any]:
     else:
         info["ms"] = resolved.host_overhead_ms
         info["planning_ms"] = resolved.host_planning_ms
-    # async scheduling plans step t+1 during step t (vLLM, and dsd's engine loop): the
+    # async scheduling plans step t+1 during step t (vLLM, and dsd's engine on CUDA): the
     # planning part of the host time hides behind the device
-    info["planning_overlaps"] = resolved.config.scheduling == "async"
+    info["planning_overlaps"] = resolved.config.scheduling == "async" and resolved.host_overlap
     return info
 
 

@@ -19,6 +19,7 @@ from dsd.sim.config import RunConfig
 from dsd.sim.executor import FittedExecutor
 from dsd.sim.latency import TableLatencyModel
 from dsd.sim.resolve import resolve, resolved_config_dict
+from dsd.traces.workload import RequestSpec
 
 MODEL = HostOverhead(
     plain=HostOverheadLine(intercept_ms=1.0, per_row_ms=0.5),
@@ -206,3 +207,27 @@ def test_async_hides_the_planning_host_time_in_a_run(
     record = resolved_config_dict(config, resolved)["resolved"]["host_overhead"]
     assert record["planning_ms"] == 3.0
     assert record["planning_overlaps"] == (scheduling == "async")
+
+
+def test_a_run_that_does_not_overlap_charges_its_async_planning_in_series(tmp_path) -> None:
+    """`ResolvedRun.host_overlap` False (dsd's engine on a CPU runs async steps serially:
+    `backend.real.resolve_real`) charges async like sync, and the run's config says so."""
+    config = RunConfig(
+        profile=str(write_flat_profile(tmp_path / "p.json", itl_ms=10.0)),
+        policy="static:0",
+        scheduling="async",
+        host_overhead_ms=2.0,
+        host_planning_ms=2.0,
+        num_prompts=2,
+        output_len=8,
+    )
+    resolved = resolve(config)
+    batch = make_batch(0, [0], [0])
+    for overlap, step_ms in [(True, 10.0), (False, 12.0)]:
+        run = dataclasses.replace(resolved, host_overlap=overlap)
+        executor = fitted_executor(run)
+        assert executor.overlap_planning is overlap
+        executor.add_request(0, RequestSpec(prompt_len=4, output_len=8))
+        assert executor.execute(batch).duration_s * 1000 == pytest.approx(step_ms)
+        record = resolved_config_dict(config, run)["resolved"]["host_overhead"]
+        assert record["planning_overlaps"] is overlap
