@@ -281,3 +281,54 @@ def test_a_workloads_first_requests_do_not_depend_on_how_many_follow(name, field
     assert [replace(r, arrival_s=0.0) for r in many] == [replace(r, arrival_s=0.0) for r in few]
     scale = many[-1].arrival_s / few[-1].arrival_s if few[-1].arrival_s else 1.0
     np.testing.assert_allclose([r.arrival_s for r in many], [scale * r.arrival_s for r in few])
+
+
+# ---------------------------------------------------------------------- benchmarks/crn_bound.py
+
+
+def test_crn_bound_benchmark_splits_the_seed_and_refuses_bad_input(monkeypatch, capsys, tmp_path):
+    """benchmarks/crn_bound.py on a 4-request rollout: the grid's diagonal is an ordinary run
+    (workload and simulator from one seed), its first column and row the split designs; bad
+    input is a one-line error with exit 2."""
+    import importlib.util
+    import json
+
+    from dsd.sim.build import run_simulation
+    from dsd.sim.config import RunConfig
+    from dsd.traces.rollout import RolloutConfig
+
+    benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))  # it imports crn_variance's point
+    spec = importlib.util.spec_from_file_location("crn_bound", benchmarks / "crn_bound.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "bound.json"
+    assert module.main(["--seeds", "2", "--requests", "4", "--json", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert [row["policy"] for row in run["rows"]] == ["goodput", "online", "per-request", "bandit"]
+    for row in run["rows"]:
+        grid = np.array(row["grid_gaps_pct"])  # [w, a]
+        np.testing.assert_allclose(row["total_gaps_pct"], np.diag(grid), atol=1e-5)
+        np.testing.assert_allclose(row["workload_gaps_pct"], grid[:, 0], atol=1e-5)
+        np.testing.assert_allclose(row["acceptance_gaps_pct"], grid[0, :], atol=1e-5)
+        assert row["floor_ci95_upper95_pct"] >= row["floor_ci95_pct"] >= 0
+    bandit = run["rows"][-1]
+    point = {
+        "dataset": "rl-rollout",
+        "acceptance_model": "heterogeneous",
+        "rollout": RolloutConfig(num_requests=4, output_median=256.0, max_output_len=2048),
+        "profile": str(benchmarks.parent / module.PROFILE),
+        "seed": 1,
+    }
+    tpot = {
+        spec: run_simulation(RunConfig(policy=spec, **point)).metrics["mean_tpot_ms"]
+        for spec in ("bandit", bandit["envelope"])
+    }
+    gap = 100 * (tpot["bandit"] / tpot[bandit["envelope"]] - 1)
+    assert bandit["grid_gaps_pct"][1][1] == pytest.approx(gap, abs=1e-5)
+    capsys.readouterr()
+    for argv in (["--seeds", "1"], ["--requests", "0"]):
+        assert module.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
