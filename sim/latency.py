@@ -475,16 +475,18 @@ class ParametricLatencyModel:
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         if batch_size < 1 or num_spec_tokens < 0:
             raise ValueError(f"need B >= 1 and K >= 0, got B={batch_size}, K={num_spec_tokens}")
-        return self._decode_ms(
+        return self.forward_ms(
             float(batch_size),
             float(num_spec_tokens),
             float(batch_size * (num_spec_tokens + 1)),
             float(batch_size) * self.reference_context_len,
         )
 
-    def _decode_ms(
+    def forward_ms(
         self, num_decode: float, max_k: float, verified_tokens: float, context_tokens: float
     ) -> float:
+        """One step of `num_decode` rows verifying `verified_tokens` tokens over
+        `context_tokens` of KV, drafting `max_k` per row, by the fitted form, ms."""
         value = _parametric_ms(
             np.asarray(self.params),
             np.array([num_decode]),
@@ -501,7 +503,7 @@ class ParametricLatencyModel:
             if prefill_tokens <= 0:
                 raise ValueError(f"step {batch.step_index} schedules no tokens")
             return self.prefill.curve_ms(prefill_tokens)
-        decode = self._decode_ms(
+        decode = self.forward_ms(
             float(num_decode),
             float(ks.max()),
             float(ks.sum() + num_decode),
@@ -567,7 +569,7 @@ def context_latency_fn(
             k_values = np.asarray(ks, dtype=np.float64)  # [n]
             return np.array(
                 [
-                    parametric._decode_ms(batch_size, k, batch_size * (k + 1.0), context_tokens)
+                    parametric.forward_ms(batch_size, k, batch_size * (k + 1.0), context_tokens)
                     for k in k_values.tolist()
                 ],
                 dtype=np.float64,

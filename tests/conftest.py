@@ -46,3 +46,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def load_benchmark(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """`load_benchmark("name")`: the module benchmarks/name.py (benchmarks is not a package;
+    its folder goes on sys.path for the scripts that import a sibling)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+
+    def load(name: str):  # type: ignore[no-untyped-def]
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

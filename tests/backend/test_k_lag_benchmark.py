@@ -2,30 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / "reports" / "validation" / "2026-11-25-cpu-smollm2" / "profile.json"
 
 
-def _benchmark() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "k_lag_cost", ROOT / "benchmarks" / "k_lag_cost.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_real_mode_pairs_both_timings_and_records_their_work(tmp_path, capsys) -> None:
+def test_real_mode_pairs_both_timings_and_records_their_work(
+    load_benchmark, tmp_path, capsys
+) -> None:
     out = tmp_path / "lag.json"
     argv = ["--target", "tiny", "--draft", "ngram:2-6", "--profile", str(PROFILE)]
     argv += ["--concurrency", "1", "--repeats", "2", "--policy", "per-request", "--json", str(out)]
-    assert _benchmark().main(argv) == 0
+    assert load_benchmark("k_lag_cost").main(argv) == 0
     result = json.loads(out.read_text())
     (row,) = result["rows"]
     assert row["seeds"] == 2 and set(row["measured_tpot_ms"]) == {"next-step", "same-step"}
@@ -37,8 +27,8 @@ def test_real_mode_pairs_both_timings_and_records_their_work(tmp_path, capsys) -
     assert "per-request" in capsys.readouterr().out
 
 
-def test_bad_input_is_one_line_and_exit_2(capsys) -> None:
-    module = _benchmark()
+def test_bad_input_is_one_line_and_exit_2(load_benchmark, capsys) -> None:
+    module = load_benchmark("k_lag_cost")
     assert module.main(["--target", "tiny"]) == 2  # no --profile
     assert module.main(["--seeds", "1"]) == 2
     assert module.main(["--target", "tiny", "--profile", str(PROFILE), "--repeats", "1"]) == 2

@@ -284,16 +284,11 @@ def test_ngram_drafts_need_no_draft_model_or_cache(target) -> None:  # type: ign
     assert engine.model_draft is None and engine.draft_cache is None
 
 
-def test_padded_prefill_benchmark_prices_p_rows_and_refuses_bad_input(capsys) -> None:
+def test_padded_prefill_benchmark_prices_p_rows_and_refuses_bad_input(
+    load_benchmark, capsys
+) -> None:
     """benchmarks/padded_prefill.py on the tiny model: one row per P, and one-line errors."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "padded_prefill.py"
-    spec = importlib.util.spec_from_file_location("padded_prefill", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("padded_prefill")
     assert module.main(["--model", "tiny", "--width", "8", "--rows", "2,3", "--repeats", "1"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [row[0] for row in rows] == ["2", "3"] and all(float(v) > 0 for row in rows for v in row)

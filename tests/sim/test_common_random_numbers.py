@@ -286,11 +286,12 @@ def test_a_workloads_first_requests_do_not_depend_on_how_many_follow(name, field
 # ---------------------------------------------------------------------- benchmarks/crn_bound.py
 
 
-def test_crn_bound_benchmark_splits_the_seed_and_refuses_bad_input(monkeypatch, capsys, tmp_path):
+def test_crn_bound_benchmark_splits_the_seed_and_refuses_bad_input(
+    load_benchmark, capsys, tmp_path
+):
     """benchmarks/crn_bound.py on a 4-request rollout: the grid's diagonal is an ordinary run
     (workload and simulator from one seed), its first column and row the split designs; bad
     input is a one-line error with exit 2."""
-    import importlib.util
     import json
 
     from dsd.sim.build import run_simulation
@@ -298,11 +299,7 @@ def test_crn_bound_benchmark_splits_the_seed_and_refuses_bad_input(monkeypatch, 
     from dsd.traces.rollout import RolloutConfig
 
     benchmarks = Path(__file__).resolve().parents[2] / "benchmarks"
-    monkeypatch.syspath_prepend(str(benchmarks))  # it imports crn_variance's point
-    spec = importlib.util.spec_from_file_location("crn_bound", benchmarks / "crn_bound.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("crn_bound")  # it imports crn_variance's point
     out = tmp_path / "bound.json"
     assert module.main(["--seeds", "2", "--requests", "4", "--json", str(out)]) == 0
     run = json.loads(out.read_text())

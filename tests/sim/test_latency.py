@@ -477,3 +477,26 @@ def test_fit_reports_each_parameters_standard_error() -> None:
     constant = report.params["host_ms"] + report.params["weight_read_ms"]
     assert report.param_std["weight_read_ms"] > 0.1 * constant
     assert report.param_std["kv_read_ms_per_token"] == 0.0  # pinned: no context recorded
+
+
+def test_prefill_estimate_benchmark_compares_the_estimates_and_refuses_bad_input(
+    load_benchmark, tmp_path, capsys
+) -> None:
+    """benchmarks/prefill_estimate.py on the CPU report's profile: every measured prompt size
+    once, each estimate's error as printed; a profile without prefill points is one line, 2."""
+    import json
+
+    module = load_benchmark("prefill_estimate")
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "estimate.json"
+    assert module.main(["--profile", str(root / module.PROFILE), "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["num_tokens"] for row in rows] == [32, 64, 128, 256, 512]
+    for row in rows:
+        for name in ("decode slope", "verify slope", "parametric"):
+            ratio = row[f"{name}_ms"] / row["measured_ms"]
+            assert row[f"{name}_error_pct"] == pytest.approx(100 * (ratio - 1))
+    capsys.readouterr()
+    pr_profile = str(root / "policies/profiles/pr32374_llama31_8b_eagle_h100.json")
+    assert module.main(["--profile", pr_profile]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
