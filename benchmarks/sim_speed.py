@@ -36,8 +36,8 @@ import numpy as np
 from dsd.policies.goodput import GoodputPolicy
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
+from dsd.sim.build import build_fitted_executor
 from dsd.sim.engine import Engine, RunResult
-from dsd.sim.executor import build_fitted_executor
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload

@@ -4,7 +4,9 @@
 architecture.md): the scheduler from the resolved limits, a fresh policy from the SPEC with the
 run's policy seed stream, the workload, and the loop with its clock. Only the executor differs:
 `fitted_executor(resolved)` for the simulator (this module), `backend.executor.torch_executor`
-for the real engine. `run_simulation(config)` is the simulator's whole run in one call.
+for the real engine. `run_simulation(config)` is the simulator's whole run in one call;
+`build_fitted_executor(profile, seed, ...)` the simulator's executor without a run config
+(tests, benchmarks), built the same way.
 
 This module chooses no defaults (`sim.resolve` does) and writes no files.
 """
@@ -16,7 +18,7 @@ from importlib import metadata as importlib_metadata
 import numpy as np
 
 from dsd.common.errors import InputError
-from dsd.policies.profile import Profile
+from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.types import KPolicy
 from dsd.sim.ablation import FixedBatchLatency, FixedBatchPolicy, FreePrefillLatency
 from dsd.sim.acceptance import (
@@ -25,15 +27,17 @@ from dsd.sim.acceptance import (
     HeterogeneousAcceptance,
     PerPositionAcceptance,
 )
-from dsd.sim.config import RunConfig
+from dsd.sim.config import AcceptanceKind, RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
 from dsd.sim.executor import FittedExecutor, LatencyJitter
 from dsd.sim.latency import (
+    LatencyModelKind,
     PaddedAttention,
     ParametricLatencyModel,
     PrefillCost,
     SeparatePrefill,
     TableLatencyModel,
+    fit_latency_model,
 )
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
@@ -176,3 +180,26 @@ def _latency_model(resolved: ResolvedRun) -> LatencyModel:
     if config.fixed_batch_size is not None:
         model = FixedBatchLatency(model, prefill, int(config.fixed_batch_size))
     return model
+
+
+def build_fitted_executor(
+    profile: Profile,
+    seed: np.random.SeedSequence,
+    latency_kind: LatencyModelKind = "auto",
+    acceptance_kind: AcceptanceKind = "per-position",
+    k_max: int | None = None,
+    host_overhead_ms: float = 0.0,
+    jitter_sigma: float = 0.0,
+    host_overhead_model: HostOverhead | None = None,
+) -> FittedExecutor:
+    """A `FittedExecutor` straight from a profile, without a run config (tests, benchmarks):
+    latency from `fit_latency_model`, acceptance as a run builds it ("replay": the bundled
+    recording). `seed` is split into one stream for acceptance and one for latency noise."""
+    acceptance_seed, jitter_seed = seed.spawn(2)
+    return FittedExecutor(
+        fit_latency_model(profile, kind=latency_kind, k_max=k_max),
+        _acceptance_model(acceptance_kind, profile, acceptance_seed),
+        host_overhead_ms=host_overhead_ms,
+        jitter=LatencyJitter(jitter_sigma, jitter_seed) if jitter_sigma > 0 else None,
+        host_overhead_model=host_overhead_model,
+    )

@@ -35,15 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsd.common.arrays import IntArray
-from dsd.policies.profile import HostOverhead, Profile
-from dsd.sim.acceptance import (
-    EmpiricalAcceptance,
-    HeterogeneousAcceptance,
-    PerPositionAcceptance,
-)
-from dsd.sim.config import AcceptanceKind
-from dsd.sim.latency import LatencyModelKind, fit_latency_model
-from dsd.sim.replay import ReplayAcceptance, load_replay_recording
+from dsd.policies.profile import HostOverhead
 from dsd.sim.types import AcceptanceModel, LatencyModel, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -198,40 +190,4 @@ def as_drafted(batch: ScheduledBatch, num_drafted: IntArray) -> ScheduledBatch:
         num_spec_tokens=spec,
         num_scheduled_tokens=scheduled,
         total_num_scheduled_tokens=int(scheduled.sum()),
-    )
-
-
-def build_fitted_executor(
-    profile: Profile,
-    seed: np.random.SeedSequence,
-    latency_kind: LatencyModelKind = "auto",
-    acceptance_kind: AcceptanceKind = "per-position",
-    k_max: int | None = None,
-    host_overhead_ms: float = 0.0,
-    jitter_sigma: float = 0.0,
-    host_overhead_model: HostOverhead | None = None,
-) -> FittedExecutor:
-    """The usual wiring: latency from `fit_latency_model`, acceptance from the profile ("replay":
-    the bundled recording at its default exit layer; "empirical": the profile's per-request
-    samples). `seed` is split into one stream for acceptance and one for latency noise."""
-    acceptance_seed, jitter_seed = seed.spawn(2)
-    latency: LatencyModel = fit_latency_model(profile, kind=latency_kind, k_max=k_max)
-    acceptance: AcceptanceModel
-    if acceptance_kind == "per-position":
-        acceptance = PerPositionAcceptance.from_profile(profile, acceptance_seed)
-    elif acceptance_kind == "heterogeneous":
-        acceptance = HeterogeneousAcceptance.from_profile(profile, acceptance_seed)
-    elif acceptance_kind == "empirical":
-        acceptance = EmpiricalAcceptance.from_profile(profile, acceptance_seed)
-    elif acceptance_kind == "replay":
-        acceptance = ReplayAcceptance(load_replay_recording(), acceptance_seed)
-    else:
-        raise ValueError(f"unknown acceptance kind {acceptance_kind!r}")
-    jitter = LatencyJitter(jitter_sigma, jitter_seed) if jitter_sigma > 0 else None
-    return FittedExecutor(
-        latency,
-        acceptance,
-        host_overhead_ms=host_overhead_ms,
-        jitter=jitter,
-        host_overhead_model=host_overhead_model,
     )

@@ -29,8 +29,8 @@ from dsd.sim.acceptance import (
     HeterogeneousAcceptance,
     PerPositionAcceptance,
 )
+from dsd.sim.build import build_fitted_executor
 from dsd.sim.engine import Engine, LoopConfig
-from dsd.sim.executor import build_fitted_executor
 from dsd.sim.fakes import StaticK
 from dsd.sim.replay import ReplayAcceptance, load_replay_recording
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
