@@ -12,6 +12,12 @@ what was drafted, so its cost is the expectation over the widest row: with B iid
 
 (`expected_itl_ms`); AL(k) stays the expected output tokens, since r_i counts the steps that
 drafted fewer. With every s_i = 1 (model drafts) this is ITL(B, k) itself, the PR's rule.
+
+A greedy profile that recorded each prompt's draft sequence (`Profile.draft_sequences`, n-gram
+lookup) gives AL(k) and the drafted counts per k exactly instead (`sequence_acceptance`): each
+sequence is walked at k, a step at a time, as the engine would run it. Per-step rates measured
+at k_max under-count copy spans at small k: a run at k = 1 spends more of its steps inside the
+spans a k = 6 run crosses in one step (docs/policies.md).
 ITL(B, k) comes from the profiled table
 `batch_stats` / `Profile.latency` by piecewise-linear interpolation:
 
@@ -145,6 +151,44 @@ def acceptance_lengths(acceptance_rates: Sequence[float] | FloatArray, k_max: in
     return np.concatenate(([1.0], 1.0 + np.cumsum(rates)))  # [k_max + 1]
 
 
+@dataclass(frozen=True)
+class SequenceAcceptance:
+    """AL(k) and drafted counts per k from greedy draft sequences (`sequence_acceptance`)."""
+
+    acceptance_length: FloatArray  # [k_max + 1] output tokens per step at k = 0..k_max
+    # [k_max + 1, k_max] row k: P(d >= i) for i = 1..k_max at the steps of a run at k (0 past k)
+    draft_rates: FloatArray
+
+
+def sequence_acceptance(
+    draft_sequences: Sequence[tuple[Sequence[int], Sequence[int]]], k_max: int
+) -> SequenceAcceptance:
+    """Walk every (available, matched) sequence at each k = 0..k_max: at output position p a
+    step drafts d = min(available[p], k), accepts a = min(matched[p], d), emits a + 1 tokens and
+    moves to p + a + 1. AL(k) = tokens / steps over all sequences, and the drafted counts of
+    those steps give P(d >= i) at k."""
+    if not draft_sequences:
+        raise ValueError("no draft sequences")
+    al = np.ones(k_max + 1)  # [k_max + 1]
+    rates = np.zeros((k_max + 1, k_max))  # [k_max + 1, k_max]
+    for k in range(1, k_max + 1):
+        drafted_counts = np.zeros(k + 1)  # [k + 1] steps per drafted count d
+        tokens = 0
+        for available, matched in draft_sequences:
+            position, length = 0, len(available)
+            while position < length:
+                drafted = min(available[position], k)
+                accepted = min(matched[position], drafted)
+                drafted_counts[drafted] += 1
+                tokens += accepted + 1
+                position += accepted + 1
+        steps = drafted_counts.sum()
+        al[k] = tokens / steps
+        at_least = np.cumsum(drafted_counts[::-1])[::-1] / steps  # [k + 1] P(d >= i), i = 0..k
+        rates[k, :k] = at_least[1:]
+    return SequenceAcceptance(al, rates)
+
+
 def partial_draft_rates(
     draft_rates: Sequence[float] | FloatArray | None, k_max: int
 ) -> FloatArray | None:
@@ -209,21 +253,28 @@ def goodput_table(
     max_num_seqs: int,
     k_max: int | None = None,
     draft_rates: Sequence[float] | FloatArray | None = None,
+    sequences: SequenceAcceptance | None = None,
 ) -> GoodputTable:
     """The goodput rule evaluated for every B in 1..max_num_seqs and every k in 0..k_max.
 
     `draft_rates` (s_i; None: every step drafts its K) prices each k at its expected ITL.
+    `sequences` (from greedy draft sequences) replaces both: AL(k) and each k's own drafted
+    counts.
     """
     require_int(max_num_seqs, "max_num_seqs", 1, MAX_NUM_SEQS)
     num_k = len(acceptance_rates) if k_max is None else k_max
-    al_by_k = acceptance_lengths(acceptance_rates, num_k)  # [K+1]
     bs = np.arange(1, max_num_seqs + 1, dtype=np.int64)  # [N]
     k_values = np.arange(num_k + 1, dtype=np.int64)  # [K+1]
-    itl_by_k = expected_itl_ms(
-        itl.itl_ms_at(bs[:, None], k_values[None, :]),
-        partial_draft_rates(draft_rates, num_k),
-        bs,
-    )  # [N, K+1]
+    raw_itl = itl.itl_ms_at(bs[:, None], k_values[None, :])  # [N, K+1]
+    if sequences is None:
+        al_by_k = acceptance_lengths(acceptance_rates, num_k)  # [K+1]
+        itl_by_k = expected_itl_ms(raw_itl, partial_draft_rates(draft_rates, num_k), bs)
+    else:
+        al_by_k = sequences.acceptance_length[: num_k + 1]  # [K+1]
+        itl_by_k = raw_itl.copy()  # [N, K+1]; column k priced at run k's drafted counts
+        for k in range(1, num_k + 1):
+            rates_k = partial_draft_rates(sequences.draft_rates[k, :k], k)  # [k] or None
+            itl_by_k[:, k] = expected_itl_ms(raw_itl[:, : k + 1], rates_k, bs)[:, k]
     objective = al_by_k[None, :] / itl_by_k  # [N, K+1]
     k_star = np.argmax(objective, axis=1).astype(np.int64)  # [N]; first max = smallest k on ties
     rows = np.arange(len(bs))
@@ -274,14 +325,29 @@ class GoodputPolicy:
         profile: Profile,
         max_num_seqs: int,
         acceptance_rates: Sequence[float] | None = None,
+        use_sequences: bool = True,
     ) -> None:
+        """`use_sequences`: score a greedy profile's draft sequences where it has them (and no
+        `acceptance_rates` are given), else the per-position rates (PR #32374's rule)."""
         self.profile = profile
         self.max_num_seqs = max_num_seqs
         self.k_max = profile.k_max
         self.itl = ItlTable.from_profile(profile)
         rates = profile.acceptance_rates if acceptance_rates is None else acceptance_rates
+        # A greedy profile's draft sequences give AL and drafted counts per K exactly (given
+        # rates override them: they are what the caller wants scored)
+        sequences = (
+            sequence_acceptance(profile.draft_sequences, profile.k_max)
+            if use_sequences and acceptance_rates is None and profile.draft_sequences
+            else None
+        )
         self.table = goodput_table(
-            self.itl, rates, max_num_seqs, profile.k_max, draft_rates=profile.draft_rates
+            self.itl,
+            rates,
+            max_num_seqs,
+            profile.k_max,
+            draft_rates=profile.draft_rates,
+            sequences=sequences,
         )
         # choose_k runs every step: K* per B as a tuple of ints (row i is B = i + 1), rebuilt
         # if `table` is replaced.

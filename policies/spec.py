@@ -6,7 +6,9 @@ SPEC grammar: `NAME[:ARGUMENT]`.
   `num_speculative_tokens`).
 - `table:JSON_OR_PATH`: a vLLM range table, inline (`table:[[1,8,3],[9,256,1]]`) or a JSON file
   holding the list or a speculative config with `num_speculative_tokens_per_batch_size`.
-- `goodput`: PR #32374's rule on the profile (needs a profile).
+- `goodput[:acceptance=sequences|rates]`: PR #32374's rule on the profile (needs a profile);
+  `sequences` (default) scores AL and drafted counts per K from a greedy profile's draft
+  sequences where it has them, `rates` from the per-position rates as the PR does.
 - `online[:key=value,...]`: goodput with rates learned at run time; keys are the fields of
   `policies.online.OnlineConfig` (warmup_steps, prior_strength, decay, recompute_tolerance).
 - `per-request[:key=value,...]`: K per request from per-request acceptance posteriors (needs a
@@ -86,11 +88,6 @@ class PolicyContext:
 PolicyBuilder = Callable[[str | None, PolicyContext], KPolicy]
 
 
-def _no_argument(name: str, argument: str | None) -> None:
-    if argument is not None:
-        raise InputError(f"policy {name!r} takes no argument, got {name}:{argument}")
-
-
 def _needs_profile(name: str, context: PolicyContext) -> Profile:
     if context.profile is None:
         raise InputError(f"policy {name!r} needs a profile (--profile)")
@@ -115,9 +112,24 @@ def _build_table(argument: str | None, context: PolicyContext) -> KPolicy:
     return RangeTablePolicy(read_ranges(argument), context.k_max, context.max_num_seqs)
 
 
+GOODPUT_ACCEPTANCE = ("sequences", "rates")
+
+
 def _build_goodput(argument: str | None, context: PolicyContext) -> KPolicy:
-    _no_argument("goodput", argument)
-    return GoodputPolicy(_needs_profile("goodput", context), context.max_num_seqs)
+    acceptance = "sequences"
+    if argument is not None and argument.strip():
+        key, _, value = argument.partition("=")
+        if key.strip() != "acceptance" or value.strip() not in GOODPUT_ACCEPTANCE:
+            raise InputError(
+                f"goodput: the one key is acceptance={'|'.join(GOODPUT_ACCEPTANCE)}, "
+                f"got {argument!r}"
+            )
+        acceptance = value.strip()
+    return GoodputPolicy(
+        _needs_profile("goodput", context),
+        context.max_num_seqs,
+        use_sequences=acceptance == "sequences",
+    )
 
 
 def _parse_keys(

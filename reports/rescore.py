@@ -4,7 +4,9 @@ The measured side of a report (cells.csv: measured and replayed mean TPOT per ce
 hour of a quiet machine; the simulated side takes seconds. This re-runs only the simulated side
 of every cell, from the report's own profile and config (priced by its `profile_retimed.json`
 when the report re-timed), with the acceptance models asked for (and `--latency-model`), and
-prints each one's mean-TPOT (and mean-TTFT) error against the same measurements:
+prints each one's mean-TPOT (and mean-TTFT) error against the same measurements (`--policy
+SPEC`, repeatable: also each SPEC's simulated gap to the best static K on each concurrency's
+workload, every K = 0..k_max simulated):
 
     python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
@@ -52,10 +54,15 @@ def keyed_profile(profile: Profile) -> tuple[Profile, str]:
 
 
 def rescore(
-    folder: Path, models: list[AcceptanceKind], latency_model: LatencyModelKind = "auto"
+    folder: Path,
+    models: list[AcceptanceKind],
+    latency_model: LatencyModelKind = "auto",
+    policies: tuple[str, ...] = (),
 ) -> list[str]:
     """One summary line per acceptance model (and per cell under it). The simulated side is
-    priced as the report priced it: by `profile_retimed.json` when the report re-timed."""
+    priced as the report priced it: by `profile_retimed.json` when the report re-timed.
+    `policies`: also simulate these SPECs and every static K = 0..k_max on each concurrency's
+    workload, and print each one's mean-TPOT gap to the best static K (simulated only)."""
     from dsd.backend.pair import load_pair
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
@@ -74,36 +81,47 @@ def rescore(
     retimed = load_profile(retimed_path) if retimed_path.is_file() else None
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
+    # Simulate each policy as it ran: a plain `goodput` scored the per-position rates before
+    # greedy draft sequences were scored (reports without `goodput_acceptance`)
+    goodput_as_run = f"goodput:acceptance={config.get('goodput_acceptance', 'rates')}"
     lines = [
         f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "
         + ("profile_retimed.json" if retimed is not None else "profile.json")
+        + f"; goodput as run: {goodput_as_run}"
     ]
+
+    def simulate(policy: str, recorded: dict[str, Any], model: AcceptanceKind) -> dict[str, Any]:
+        """A cell's simulated metrics with `policy` on the cell's workload and limits."""
+        concurrency = int(recorded["max_concurrency"])
+        workload = WorkloadOptions(
+            num_prompts=int(recorded["num_prompts"]),
+            max_concurrency=concurrency,
+            output_len=config.get("output_len"),
+            seed=int(config["seed"]),
+        )
+        run = RunConfig(
+            **workload.arguments(),
+            dataset=str(config["dataset"]),
+            profile=str(folder / "profile.json"),
+            policy=policy,
+            max_num_seqs=int(recorded["max_num_seqs"]),
+            k_max=int(recorded["k_max"]),
+            acceptance_model=model,
+            latency_model=latency_model,
+        )
+        resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
+        if retimed is not None:
+            resolved = with_latency_from(resolved, retimed)
+        return simulated_run(resolved).metrics
+
+    tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
     for model in models:
         cells = []
         for row in rows:
             concurrency = int(row["max_concurrency"])
             recorded = limits[(row["policy"], concurrency)]
-            workload = WorkloadOptions(
-                num_prompts=int(recorded["num_prompts"]),
-                max_concurrency=concurrency,
-                output_len=config.get("output_len"),
-                seed=int(config["seed"]),
-            )
-            run = RunConfig(
-                **workload.arguments(),
-                dataset=str(config["dataset"]),
-                profile=str(folder / "profile.json"),
-                policy=row["policy"],
-                max_num_seqs=int(recorded["max_num_seqs"]),
-                k_max=int(recorded["k_max"]),
-                acceptance_model=model,
-                latency_model=latency_model,
-            )
-            resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
-            if retimed is not None:
-                resolved = with_latency_from(resolved, retimed)
-            tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
-            simulated = simulated_run(resolved).metrics
+            policy = goodput_as_run if row["policy"] == "goodput" else row["policy"]
+            simulated = simulate(policy, recorded, model)
             cell = CellResult(
                 row["policy"],
                 concurrency,
@@ -125,6 +143,20 @@ def rescore(
             f"max {summary['max_abs_acceptance_error_pct']:.1f}%; |mean-TTFT error| median "
             f"{np.median(ttft_errors):.1f}%, max {np.max(ttft_errors):.1f}%"
         )
+        for concurrency in sorted({int(row["max_concurrency"]) for row in rows}):
+            if not policies:
+                break
+            recorded = next(c for (_, c_), c in limits.items() if c_ == concurrency)
+            static = [f"static:{k}" for k in range(int(recorded["k_max"]) + 1)]
+            tpots = {spec: simulate(spec, recorded, model)[tpot] for spec in (*static, *policies)}
+            best = min(static, key=tpots.__getitem__)
+            gaps = ", ".join(
+                f"{spec} {100 * (tpots[spec] / tpots[best] - 1):+.1f}%" for spec in policies
+            )
+            lines.append(
+                f"{model} C={concurrency}: best static {best} {tpots[best]:.1f} ms (simulated); "
+                f"gap to it: {gaps}"
+            )
     return lines
 
 
@@ -135,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         "--acceptance-model", action="append", choices=ACCEPTANCE_MODEL_KINDS, required=True
     )
     parser.add_argument("--latency-model", choices=("auto", "table", "parametric"), default="auto")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="also simulate this SPEC and static K = 0..k_max per C; print its gap (repeatable)",
+    )
     args = parser.parse_args(argv)
     for name in ("config.json", "cells.csv", "profile.json"):
         if not (args.folder / name).is_file():
@@ -147,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             args.folder,
             cast(list[AcceptanceKind], args.acceptance_model),
             cast(LatencyModelKind, args.latency_model),
+            tuple(args.policy),
         ):
             print(line, flush=True)
     except InputError as error:

@@ -125,3 +125,37 @@ def test_goodput_table_rows_are_consistent() -> None:
     rows = np.arange(256)
     assert np.allclose(table.goodput, table.acceptance_length / table.itl_ms)
     assert np.allclose(table.goodput, table.goodput_by_k[rows, table.k_star])
+
+
+def test_sequence_acceptance_walks_each_sequence_at_each_k() -> None:
+    """By hand: available (0, 3, 3, 3, 0, 0), matched (0, 3, 1, 0, 0, 0).
+    K=1: positions 0 (d 0), 1 (d 1, a 1), 3 (d 1, a 0), 4, 5: 5 steps, 6 tokens, 2 drafted.
+    K=2: positions 0, 1 (d 2, a 2), 4, 5: 4 steps, 6 tokens, one step drafted 2."""
+    from dsd.policies.goodput import sequence_acceptance
+
+    result = sequence_acceptance([((0, 3, 3, 3, 0, 0), (0, 3, 1, 0, 0, 0))], 2)
+    np.testing.assert_allclose(result.acceptance_length, [1.0, 6 / 5, 6 / 4])
+    np.testing.assert_allclose(result.draft_rates, [[0, 0], [2 / 5, 0], [1 / 4, 1 / 4]])
+
+
+def test_goodput_scores_a_greedy_profiles_draft_sequences_unless_asked_for_rates() -> None:
+    """The CPU report's SmolLM2 + n-gram profile: per-step rates measured at K_max = 6 say
+    K = 6 at B = 2; walking the recorded sequences at each K (copy spans take more steps at
+    small K) says K = 3, the K the simulator's static sweep finds best there."""
+    from pathlib import Path
+
+    from dsd.policies.goodput import sequence_acceptance
+    from dsd.policies.profile_io import load_profile
+    from dsd.policies.spec import parse_policy
+
+    path = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    profile = load_profile(path / "profile.json")
+    by_spec = {
+        spec: parse_policy(spec, profile=profile, k_max=6, max_num_seqs=8)
+        for spec in ("goodput", "goodput:acceptance=sequences", "goodput:acceptance=rates")
+    }
+    k_star = {spec: policy.table.k_star.tolist() for spec, policy in by_spec.items()}
+    assert k_star["goodput"] == k_star["goodput:acceptance=sequences"]
+    assert k_star["goodput:acceptance=rates"][1] == 6 and k_star["goodput"][1] == 3
+    walked = sequence_acceptance(profile.draft_sequences, 6).acceptance_length
+    np.testing.assert_allclose(by_spec["goodput"].table.acceptance_length[1], walked[3])

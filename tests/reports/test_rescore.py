@@ -47,3 +47,22 @@ def test_a_malformed_report_is_one_line_error(tmp_path, capsys) -> None:
     assert main([str(tmp_path), "--acceptance-model", "empirical"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not as dsd hardware-report writes them" in err
+
+
+def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> None:
+    """The CPU report's simulated side, re-run: its fidelity as committed (goodput cells
+    simulated as they ran, with the per-position rates), and `--policy` gaps to the best
+    static K of a K = 0..k_max sweep per concurrency."""
+    from pathlib import Path
+
+    from dsd.reports.rescore import rescore
+
+    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    lines = rescore(folder, ["empirical"], policies=("goodput",))
+    assert lines[0].endswith("goodput as run: goodput:acceptance=rates")
+    summary = next(line for line in lines if line.startswith("empirical: |mean-TPOT error|"))
+    assert "median 2.2%, max 7.5%" in summary
+    gaps = [line for line in lines if line.startswith("empirical C=")]
+    assert [line.split(":")[0] for line in gaps] == [f"empirical C={c}" for c in (1, 2, 4, 8)]
+    assert all("gap to it: goodput " in line for line in gaps)
+    assert "best static static:0" in gaps[-1] and gaps[-1].endswith("goodput +0.0%")
