@@ -183,6 +183,8 @@ def sequence_acceptance(
                 tokens += accepted + 1
                 position += accepted + 1
         steps = drafted_counts.sum()
+        if steps == 0:
+            raise ValueError("draft sequences without a position")
         al[k] = tokens / steps
         at_least = np.cumsum(drafted_counts[::-1])[::-1] / steps  # [k + 1] P(d >= i), i = 0..k
         rates[k, :k] = at_least[1:]
