@@ -7,6 +7,7 @@ reports record `thread_settings()` next to `common.machine`'s CPU model and load
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch
@@ -29,4 +30,18 @@ def thread_settings() -> dict[str, Any]:
         "torch_inter_op_threads": torch.get_num_interop_threads(),
         **{name: os.environ.get(name) for name in THREAD_ENV_VARS},
         "cpu_count": os.cpu_count(),
+    }
+
+
+def measured_run_settings(load_before: float) -> dict[str, Any]:
+    """What a timed benchmark records beside its figures: threads, CPU model, the load average
+    before (`load_before`, read when it started) and now, and its command line."""
+    from dsd.common.machine import cpu_model, load_average
+
+    return {
+        "threads": thread_settings(),
+        "cpu": cpu_model(),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "command": " ".join(sys.argv),
     }

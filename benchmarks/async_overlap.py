@@ -33,10 +33,10 @@ from typing import Any
 
 from dsd import api
 from dsd.backend.real import resolve_real, torch_executor
-from dsd.backend.threads import thread_settings
+from dsd.backend.threads import measured_run_settings
 from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
-from dsd.common.machine import cpu_model, load_average
+from dsd.common.machine import load_average
 from dsd.policies.profile import Profile
 from dsd.reports.paired import Gap, paired_gap
 from dsd.sim.build import build_engine, fitted_executor
@@ -170,12 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         "k": args.k,
         "device": args.device,
         "repeats": args.repeats,
-        "threads": thread_settings(),
-        "cpu": cpu_model(),
-        "load_average_before": load_before,
-        "load_average_after": load_average(),
         "profile": profile_path,
-        "command": " ".join(sys.argv),
+        **measured_run_settings(load_before),
     }
     print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
     if args.json:

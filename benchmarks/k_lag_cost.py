@@ -37,7 +37,7 @@ from typing import Any
 
 from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
-from dsd.common.machine import cpu_model, load_average
+from dsd.common.machine import load_average
 from dsd.reports.paired import Gap, paired_gap
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
@@ -185,18 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings: dict[str, Any] = {"profile": args.profile if real else PROFILE}
     if real:
-        from dsd.backend.threads import thread_settings
+        from dsd.backend.threads import measured_run_settings
 
         settings |= {
             "target": args.target,
             "draft": args.draft,
             "device": args.device,
             "repeats": args.repeats,
-            "threads": thread_settings(),
-            "cpu": cpu_model(),
-            "load_average_before": load_before,
-            "load_average_after": load_average(),
-            "command": " ".join(sys.argv),
+            **measured_run_settings(load_before),
         }
         print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
     if args.json:
