@@ -316,6 +316,25 @@ def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> in
     return int(min(int(k_by_batch[batch_size - 1]), max(view.k_max, 0)))
 
 
+GOODPUT_ACCEPTANCE = ("sequences", "rates")
+
+
+@dataclass(frozen=True)
+class GoodputConfig:
+    """Knobs of the goodput rule (SPEC `goodput:key=value`)."""
+
+    # "sequences": score a greedy profile's draft sequences where it has them (and no
+    # acceptance rates are given); "rates": the per-position rates (PR #32374's rule)
+    acceptance: str = "sequences"
+
+    def __post_init__(self) -> None:
+        if self.acceptance not in GOODPUT_ACCEPTANCE:
+            raise InputError(
+                f"goodput: acceptance must be {' or '.join(GOODPUT_ACCEPTANCE)}, "
+                f"got {self.acceptance!r}"
+            )
+
+
 class GoodputPolicy:
     """K* = argmax_k AL(k) / ITL(B, k) from the profile, precomputed for B = 1..max_num_seqs
     (ITL in expectation over drafted counts when the profile's draft rates are below 1)."""
@@ -327,10 +346,9 @@ class GoodputPolicy:
         profile: Profile,
         max_num_seqs: int,
         acceptance_rates: Sequence[float] | None = None,
-        use_sequences: bool = True,
+        config: GoodputConfig | None = None,
     ) -> None:
-        """`use_sequences`: score a greedy profile's draft sequences where it has them (and no
-        `acceptance_rates` are given), else the per-position rates (PR #32374's rule)."""
+        self.config = config or GoodputConfig()
         self.profile = profile
         self.max_num_seqs = max_num_seqs
         self.k_max = profile.k_max
@@ -340,7 +358,9 @@ class GoodputPolicy:
         # rates override them: they are what the caller wants scored)
         sequences = (
             sequence_acceptance(profile.draft_sequences, profile.k_max)
-            if use_sequences and acceptance_rates is None and profile.draft_sequences
+            if self.config.acceptance == "sequences"
+            and acceptance_rates is None
+            and profile.draft_sequences
             else None
         )
         self.table = goodput_table(

@@ -61,7 +61,7 @@ from dsd.policies.context_aware import (
     read_context_ranges,
 )
 from dsd.policies.envelope import EnvelopePolicy, StaticSweep
-from dsd.policies.goodput import GoodputPolicy
+from dsd.policies.goodput import GoodputConfig, GoodputPolicy
 from dsd.policies.online import OnlineAcceptancePolicy, OnlineConfig
 from dsd.policies.per_request import PerRequestConfig, PerRequestPolicy
 from dsd.policies.profile import Profile
@@ -112,24 +112,9 @@ def _build_table(argument: str | None, context: PolicyContext) -> KPolicy:
     return RangeTablePolicy(read_ranges(argument), context.k_max, context.max_num_seqs)
 
 
-GOODPUT_ACCEPTANCE = ("sequences", "rates")
-
-
 def _build_goodput(argument: str | None, context: PolicyContext) -> KPolicy:
-    acceptance = "sequences"
-    if argument is not None and argument.strip():
-        key, _, value = argument.partition("=")
-        if key.strip() != "acceptance" or value.strip() not in GOODPUT_ACCEPTANCE:
-            raise InputError(
-                f"goodput: the one key is acceptance={'|'.join(GOODPUT_ACCEPTANCE)}, "
-                f"got {argument!r}"
-            )
-        acceptance = value.strip()
-    return GoodputPolicy(
-        _needs_profile("goodput", context),
-        context.max_num_seqs,
-        use_sequences=acceptance == "sequences",
-    )
+    config = GoodputConfig(**_parse_keys("goodput", argument, GoodputConfig))
+    return GoodputPolicy(_needs_profile("goodput", context), context.max_num_seqs, config=config)
 
 
 def _parse_keys(

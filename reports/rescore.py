@@ -143,9 +143,8 @@ def rescore(
             f"max {summary['max_abs_acceptance_error_pct']:.1f}%; |mean-TTFT error| median "
             f"{np.median(ttft_errors):.1f}%, max {np.max(ttft_errors):.1f}%"
         )
-        for concurrency in sorted({int(row["max_concurrency"]) for row in rows}):
-            if not policies:
-                break
+        concurrencies = sorted({int(row["max_concurrency"]) for row in rows})
+        for concurrency in concurrencies if policies else []:
             recorded = next(c for (_, c_), c in limits.items() if c_ == concurrency)
             static = [f"static:{k}" for k in range(int(recorded["k_max"]) + 1)]
             tpots = {spec: simulate(spec, recorded, model)[tpot] for spec in (*static, *policies)}
