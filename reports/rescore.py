@@ -67,6 +67,7 @@ def rescore(
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
     from dsd.backend.validate import CellResult, simulated_run
+    from dsd.policies.spec import parse_policy
     from dsd.reports.validation import tpot_error_summary
     from dsd.sim.config import RunConfig
     from dsd.sim.resolve import with_latency_from
@@ -79,6 +80,14 @@ def rescore(
     profile, how = keyed_profile(load_profile(folder / "profile.json"))
     retimed_path = folder / "profile_retimed.json"
     retimed = load_profile(retimed_path) if retimed_path.is_file() else None
+    first = config["cells"][0]
+    for spec in policies:  # a bad SPEC is refused before any simulation runs
+        parse_policy(
+            spec,
+            profile=profile,
+            k_max=int(first["k_max"]),
+            max_num_seqs=int(first["max_num_seqs"]),
+        )
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
     # Simulate each policy as it ran: a plain `goodput` scored the per-position rates before

@@ -66,3 +66,14 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
     assert [line.split(":")[0] for line in gaps] == [f"empirical C={c}" for c in (1, 2, 4, 8)]
     assert all("gap to it: goodput " in line for line in gaps)
     assert "best static static:0" in gaps[-1] and gaps[-1].endswith("goodput +0.0%")
+
+
+def test_a_bad_policy_spec_is_refused_before_any_simulation(capsys) -> None:
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    argv = [str(folder), "--acceptance-model", "empirical", "--policy", "goodput:acceptance=x"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the first line of results
+    assert captured.err == "error: goodput: acceptance must be sequences or rates, got 'x'\n"
