@@ -20,7 +20,8 @@ import io
 import itertools
 import json
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,17 @@ def _tpot(cell: Cell) -> float:
         return math.nan
 
 
+def _tpot_outside_prefill_steps(cell: Cell) -> float:
+    """Median over the trials of mean TPOT less its part in steps that also ran prompts (NaN
+    where the trials did not record that part)."""
+    values = [
+        float(trial["mean_tpot_ms"]) - float(trial["mean_tpot_in_prefill_steps_ms"])
+        for trial in cell.measured_trials
+        if "mean_tpot_in_prefill_steps_ms" in trial
+    ]
+    return statistics.median(values) if values else math.nan
+
+
 def static_k(policy: str) -> int | None:
     """K of a `static:K` SPEC, else None."""
     base, _, value = policy.partition(":")
@@ -77,20 +89,25 @@ class CrossoverRow:
         return (self.dynamic_tpot_ms[policy] / self.envelope_tpot_ms - 1.0) * 100.0
 
 
-def crossover(cells: Sequence[Cell]) -> list[CrossoverRow]:
-    """One row per C that has at least one static cell, by C."""
+def crossover(
+    cells: Sequence[Cell], tpot_of: Callable[[Cell], float] = _tpot
+) -> list[CrossoverRow]:
+    """One row per C that has at least one static cell, by C; `tpot_of` is each cell's
+    measured figure (mean TPOT unless given)."""
     by_c: dict[int, list[Cell]] = {}
     for cell in cells:
         if cell.max_concurrency is not None:
             by_c.setdefault(int(cell.max_concurrency), []).append(cell)
     rows = []
     for concurrency in sorted(by_c):
-        statics = {k: _tpot(c) for c in by_c[concurrency] if (k := static_k(c.policy)) is not None}
+        statics = {
+            k: tpot_of(c) for c in by_c[concurrency] if (k := static_k(c.policy)) is not None
+        }
         statics = {k: t for k, t in statics.items() if math.isfinite(t)}
         if not statics:
             continue
         k_star = min(statics, key=lambda k: (statics[k], k))
-        dynamic = {c.policy: _tpot(c) for c in by_c[concurrency] if static_k(c.policy) is None}
+        dynamic = {c.policy: tpot_of(c) for c in by_c[concurrency] if static_k(c.policy) is None}
         rows.append(
             CrossoverRow(
                 concurrency, k_star, statics[k_star], dict(sorted(statics.items())), dynamic
@@ -214,6 +231,27 @@ def _crossover_markdown(rows: Sequence[CrossoverRow]) -> list[str]:
                 cells.append("")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _outside_prefill_steps_lines(cells: Sequence[Cell]) -> list[str]:
+    """The crossover again on the TPOT of the decode steps alone ([] where no trial recorded
+    `mean_tpot_in_prefill_steps_ms`)."""
+    rows = crossover(cells, _tpot_outside_prefill_steps)
+    if not rows:
+        return []
+    return [
+        "",
+        "### The same, outside prefill steps",
+        "",
+        "Mean TPOT less its part in steps that also ran other requests' prompts "
+        "(`mean_tpot_in_prefill_steps_ms`, median over the trials): the decode steps alone, "
+        "where K acts. A K policy does not choose when prompts run, yet K moves them: with "
+        "equal output lengths K = 0 finishes a wave of requests in the same step, so the next "
+        "wave's prompts run while nothing decodes, and K > 0 staggers the finishes, so each "
+        "prompt stalls the requests still decoding (docs/policies.md).",
+        "",
+        *_crossover_markdown(rows),
+    ]
 
 
 def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
@@ -384,6 +422,7 @@ def hardware_markdown(
             *_crossover_markdown(rows),
             *_beats_envelope_lines(rows, cells),
             *_noise_floor_lines(cells),
+            *_outside_prefill_steps_lines(cells),
         ]
     summary = tpot_error_summary(cells)
     lines += [

@@ -6,7 +6,9 @@ of every cell, from the report's own profile and config (priced by its `profile_
 when the report re-timed), with the acceptance models asked for (and `--latency-model`), and
 prints each one's mean-TPOT (and mean-TTFT) error against the same measurements (`--policy
 SPEC`, repeatable: also each SPEC's simulated gap to the best static K on each concurrency's
-workload, every K = 0..k_max simulated):
+workload, every K = 0..k_max simulated; once on mean TPOT and once on the TPOT of the decode
+steps alone, without the steps that also ran other requests' prefills; `--prompts-per-
+concurrency N` runs those on N x C prompts instead of the cell's own):
 
     python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
@@ -58,11 +60,13 @@ def rescore(
     models: list[AcceptanceKind],
     latency_model: LatencyModelKind = "auto",
     policies: tuple[str, ...] = (),
+    prompts_per_concurrency: int | None = None,
 ) -> list[str]:
     """One summary line per acceptance model (and per cell under it). The simulated side is
     priced as the report priced it: by `profile_retimed.json` when the report re-timed.
     `policies`: also simulate these SPECs and every static K = 0..k_max on each concurrency's
-    workload, and print each one's mean-TPOT gap to the best static K (simulated only)."""
+    workload (`prompts_per_concurrency` x C prompts where given), and print each one's gap to
+    the best static K (simulated only) in mean TPOT and in the TPOT outside prefill steps."""
     from dsd.backend.pair import load_pair
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
@@ -99,11 +103,14 @@ def rescore(
         + f"; goodput as run: {goodput_as_run}"
     ]
 
-    def simulate(policy: str, recorded: dict[str, Any], model: AcceptanceKind) -> dict[str, Any]:
-        """A cell's simulated metrics with `policy` on the cell's workload and limits."""
+    def simulate(
+        policy: str, recorded: dict[str, Any], model: AcceptanceKind, num_prompts: int | None = None
+    ) -> dict[str, Any]:
+        """A cell's simulated metrics with `policy` on the cell's workload (`num_prompts` of
+        the report's prompt set where given) and limits."""
         concurrency = int(recorded["max_concurrency"])
         workload = WorkloadOptions(
-            num_prompts=int(recorded["num_prompts"]),
+            num_prompts=num_prompts or int(recorded["num_prompts"]),
             max_concurrency=concurrency,
             output_len=config.get("output_len"),
             seed=int(config["seed"]),
@@ -124,6 +131,7 @@ def rescore(
         return simulated_run(resolved).metrics
 
     tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
+    in_prefill_steps = "mean_tpot_in_prefill_steps_ms"
     for model in models:
         cells = []
         for row in rows:
@@ -155,16 +163,27 @@ def rescore(
         concurrencies = sorted({int(row["max_concurrency"]) for row in rows})
         for concurrency in concurrencies if policies else []:
             recorded = next(c for (_, c_), c in limits.items() if c_ == concurrency)
+            num_prompts = (
+                None if prompts_per_concurrency is None else prompts_per_concurrency * concurrency
+            )
             static = [f"static:{k}" for k in range(int(recorded["k_max"]) + 1)]
-            tpots = {spec: simulate(spec, recorded, model)[tpot] for spec in (*static, *policies)}
-            best = min(static, key=tpots.__getitem__)
-            gaps = ", ".join(
-                f"{spec} {100 * (tpots[spec] / tpots[best] - 1):+.1f}%" for spec in policies
-            )
-            lines.append(
-                f"{model} C={concurrency}: best static {best} {tpots[best]:.1f} ms (simulated); "
-                f"gap to it: {gaps}"
-            )
+            metrics = {
+                spec: simulate(spec, recorded, model, num_prompts) for spec in (*static, *policies)
+            }
+            prompts = f", {num_prompts} prompts" if num_prompts else ""
+            decode_steps = {spec: m[tpot] - m[in_prefill_steps] for spec, m in metrics.items()}
+            for what, tpots in (
+                ("", {spec: m[tpot] for spec, m in metrics.items()}),
+                ("outside prefill steps: ", decode_steps),
+            ):
+                best = min(static, key=tpots.__getitem__)
+                gaps = ", ".join(
+                    f"{spec} {100 * (tpots[spec] / tpots[best] - 1):+.1f}%" for spec in policies
+                )
+                lines.append(
+                    f"{model} C={concurrency}: {what}best static {best} {tpots[best]:.1f} ms "
+                    f"(simulated{prompts}); gap to it: {gaps}"
+                )
     return lines
 
 
@@ -181,7 +200,18 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also simulate this SPEC and static K = 0..k_max per C; print its gap (repeatable)",
     )
+    parser.add_argument(
+        "--prompts-per-concurrency",
+        type=int,
+        metavar="N",
+        help="with --policy: simulate the gaps on N x C prompts of the report's prompt set",
+    )
     args = parser.parse_args(argv)
+    if args.prompts_per_concurrency is not None and (
+        not args.policy or args.prompts_per_concurrency < 1
+    ):
+        print("error: --prompts-per-concurrency needs --policy and N >= 1", file=sys.stderr)
+        return 2
     for name in ("config.json", "cells.csv", "profile.json"):
         if not (args.folder / name).is_file():
             print(
@@ -194,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             cast(list[AcceptanceKind], args.acceptance_model),
             cast(LatencyModelKind, args.latency_model),
             tuple(args.policy),
+            args.prompts_per_concurrency,
         ):
             print(line, flush=True)
     except InputError as error:

@@ -27,9 +27,14 @@ Definitions (as `vllm bench serve` computes them; times in ms in the result):
   drafts), spec_decode_acceptance_length = 1 + accepted / num_drafts (0.0 without drafts),
   spec_decode_per_position_acceptance_rates[i] = accepted at position i / num_drafts ([]
   without drafts: with K varying, later positions read low, as in vLLM).
-- ours, under our own names: acceptance_length (NaN without drafts, so K = 0 reads "n/a") and
-  per_position_acceptance_given_drafted[i] = accepted at i / drafted at i (NaN where nothing
-  was drafted at i: the acceptance a position has when it is drafted, whatever K was).
+- ours, under our own names: mean_tpot_in_prefill_steps_ms = the mean over the same requests
+  of (time the request spent after its first token in steps that also computed prefill chunks)
+  / (output_tokens - 1): the part of mean TPOT that other requests' prefills add (a step that
+  runs prefill chunks next to decode rows lasts longer for every decode row in it);
+  mean_tpot_ms minus it is the TPOT of the decode steps alone. acceptance_length (NaN without
+  drafts, so K = 0 reads "n/a") and per_position_acceptance_given_drafted[i] = accepted at i /
+  drafted at i (NaN where nothing was drafted at i: the acceptance a position has when it is
+  drafted, whatever K was).
 
 What this module deliberately does not do: decide anything, know about SimPy, or write output
 files (the step sink decides where step rows go; ITL spill files are private and temporary).
@@ -113,6 +118,9 @@ class MetricsRecorder:
         self.first_token_s = np.full(num_requests, np.nan)  # [N] first chunk time
         self.finish_s = np.full(num_requests, np.nan)  # [N] last chunk time
         self.num_output_tokens = np.zeros(num_requests, dtype=np.int64)  # [N]
+        # [N] time a request spent, after its first token, in steps that also computed prefill
+        # chunks (other requests' prompts): the part of its TPOT that prefill stalls make
+        self.prefill_step_s = np.zeros(num_requests)
         self._num_chunks = np.zeros(num_requests, dtype=np.int64)  # [N] counted at compaction
         # Chunks (request, step that emitted tokens for it) not yet turned into ITLs: per
         # pending step the emitting request ids [E], the step's end time and E; plus the
@@ -164,6 +172,8 @@ class MetricsRecorder:
             self._block_k_counts[index] = np.bincount(
                 batch.num_spec_tokens[:num_decode], minlength=self.k_max + 1
             )
+            if num_decode < emitted.shape[0]:  # prefill rows follow the decode rows
+                self.prefill_step_s[batch.req_ids[:num_decode]] += duration_s
         num_emitted = int(np.add.reduce(emitted))
         self._block_rows.append(
             (
@@ -333,6 +343,11 @@ class MetricsRecorder:
                 (e2el_s - ttft_s) / (self.num_output_tokens - 1),
                 np.nan,
             )
+            in_prefill_steps_s = np.where(
+                self.num_output_tokens > 1,
+                self.prefill_step_s / (self.num_output_tokens - 1),
+                np.nan,
+            )
         # The recorder's own arrays, not copies: it records nothing more once asked (the run is
         # over), and a DataFrame built from these copies them anyway.
         return {
@@ -345,6 +360,7 @@ class MetricsRecorder:
             "finish_s": self.finish_s,
             "ttft_ms": ttft_s * 1000.0,
             "tpot_ms": tpot_s * 1000.0,
+            "tpot_in_prefill_steps_ms": in_prefill_steps_s * 1000.0,
             "e2el_ms": e2el_s * 1000.0,
         }
 
@@ -446,11 +462,13 @@ class MetricsRecorder:
         num_output = self.num_output_tokens[completed]
         multi = num_output > 1
         tpot_s = (e2el_s[multi] - ttft_s[multi]) / (num_output[multi] - 1)
+        in_prefill_steps_s = self.prefill_step_s[completed][multi] / (num_output[multi] - 1)
         return bench_metrics_from(
             prompt_len=self.prompt_len[completed],
             num_output_tokens=num_output,
             ttft_s=ttft_s,
             tpot_s=tpot_s,
+            tpot_in_prefill_steps_s=in_prefill_steps_s,
             itl_ms=self.itl_ms(),
             e2el_s=e2el_s,
             duration_s=float(self.finish_s[completed].max()) if completed.any() else 0.0,
@@ -529,6 +547,7 @@ def bench_metrics_from(
     num_output_tokens: IntArray,
     ttft_s: FloatArray,
     tpot_s: FloatArray,
+    tpot_in_prefill_steps_s: FloatArray,
     itl_ms: PooledValues,
     e2el_s: FloatArray,
     duration_s: float,
@@ -588,6 +607,11 @@ def bench_metrics_from(
     result["per_position_acceptance_given_drafted"] = [float(r) for r in given_drafted]
     result["spec_decode_drafted_at_pos"] = spec_stats.drafted_at_pos.tolist()
     result["spec_decode_accepted_at_pos"] = spec_stats.accepted_at_pos.tolist()
+    # ours: the part of mean TPOT spent in steps that also computed prefill chunks (0.0 with
+    # no TPOT, like vLLM's empty means)
+    result["mean_tpot_in_prefill_steps_ms"] = (
+        float(np.mean(tpot_in_prefill_steps_s)) * 1000.0 if tpot_in_prefill_steps_s.size else 0.0
+    )
     result["k_histogram"] = {k: int(n) for k, n in enumerate(k_histogram.tolist()) if n}
     result["num_steps"] = num_steps
     return result

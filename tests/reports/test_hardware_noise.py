@@ -34,3 +34,25 @@ def test_a_policy_that_did_a_static_ks_work_is_not_said_to_beat_it() -> None:
     assert "goodput at C=8 (-4.7%; did static:0's exact work: noise)" in text
     assert "per-request at C=8 (-7.6%)" in text
     assert "identical work" in text and "static:0, goodput at C=8: 14.9%" in text
+
+
+def test_the_crossover_outside_prefill_steps_is_the_median_of_each_trials_difference() -> None:
+    def cell(policy: str, trials: list[tuple[float, float]]) -> CellResult:
+        metrics = [
+            {"mean_tpot_ms": tpot, "mean_tpot_in_prefill_steps_ms": stalls}
+            for tpot, stalls in trials
+        ]
+        return CellResult(policy, 8, metrics[0], {}, measured_trials=tuple(metrics))
+
+    cells = [
+        cell("static:0", [(100.0, 0.0), (104.0, 0.0), (102.0, 0.0)]),  # in step: no stalls
+        cell("static:1", [(103.0, 15.0), (105.0, 18.0), (101.0, 12.0)]),  # 88, 87, 89
+        cell("goodput", [(101.0, 0.0), (99.0, 0.0), (103.0, 0.0)]),
+    ]
+    text = hardware_markdown({"command": "x"}, None, crossover(cells), cells)
+    total, outside = text.split("### The same, outside prefill steps")
+    assert "| 8 | **100.0** | 103.0 | 0 | 101.0 (+1.0%) |" in total
+    assert "| 8 | 102.0 | **88.0** | 1 | 101.0 (+14.8%) |" in outside
+    # trials that did not record the part leave the table out
+    plain = [CellResult(c.policy, 8, c.measured, {}) for c in cells]
+    assert "outside prefill steps" not in hardware_markdown({}, None, crossover(plain), plain)

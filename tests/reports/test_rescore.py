@@ -63,9 +63,25 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
     summary = next(line for line in lines if line.startswith("empirical: |mean-TPOT error|"))
     assert "median 2.2%, max 7.5%" in summary
     gaps = [line for line in lines if line.startswith("empirical C=")]
-    assert [line.split(":")[0] for line in gaps] == [f"empirical C={c}" for c in (1, 2, 4, 8)]
+    assert [line.split(":")[0] for line in gaps] == [
+        f"empirical C={c}" for c in (1, 1, 2, 2, 4, 4, 8, 8)
+    ]
     assert all("gap to it: goodput " in line for line in gaps)
-    assert "best static static:0" in gaps[-1] and gaps[-1].endswith("goodput +0.0%")
+    total, decode_steps = gaps[-2:]  # C=8: mean TPOT, then outside prefill steps
+    assert "best static static:0" in total and total.endswith("goodput +0.0%")
+    # K = 0 keeps the C = 8 requests in step (same output lengths), so their prompts run when
+    # nothing decodes; outside prefill steps K = 1 beats it, and goodput (K = 0 at B = 8) not
+    assert "outside prefill steps: best static static:1" in decode_steps
+    assert not decode_steps.endswith("goodput +0.0%")
+
+
+def test_prompts_per_concurrency_needs_a_policy(capsys) -> None:
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    argv = [str(folder), "--acceptance-model", "empirical", "--prompts-per-concurrency", "4"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "error: --prompts-per-concurrency needs --policy and N >= 1\n"
 
 
 def test_a_bad_policy_spec_is_refused_before_any_simulation(capsys) -> None:

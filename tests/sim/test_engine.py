@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from utils import create_scheduler
 
 from dsd.sim.engine import Engine, EngineEvent, LoopConfig
@@ -210,3 +212,50 @@ def test_executor_sees_every_request_before_it_is_scheduled():
     assert scheduled == [0, 1]
     # the finished request is announced to the executor in the next batch
     assert any(0 in b.finished_req_ids for b in executor.batches)
+
+
+def test_tpot_in_prefill_steps_counts_the_steps_that_also_ran_a_prompt():
+    # K=0, 10 ms steps, at most 2 requests in flight; r2 is sent when r0 finishes (30 ms):
+    #   step 0 [0, 10): prefill r0, r1       step 3 [30, 40): decode r1 + prefill r2
+    #   steps 1-2: decode r0, r1 (r0 done)   steps 4-5: decode r1, r2 (both done at 60 ms)
+    # r1 decodes from 10 to 60 ms (5 gaps, TPOT 10 ms), 10 ms of it in step 3 -> 2 ms per token;
+    # r0 and r2 decode only in steps without a prompt -> 0.
+    requests = [RequestSpec(4, 3), RequestSpec(4, 6), RequestSpec(4, 3)]
+    result = run(requests, StaticK(0), max_concurrency=2, k_max=0)
+    table = result.requests.set_index("req_id")
+    assert table["tpot_ms"].tolist() == pytest.approx([10.0, 10.0, 10.0])
+    assert table["tpot_in_prefill_steps_ms"].tolist() == pytest.approx([0.0, 2.0, 0.0])
+    assert result.metrics["mean_tpot_in_prefill_steps_ms"] == pytest.approx(2.0 / 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 40), st.integers(2, 30)), min_size=1, max_size=12),
+    max_concurrency=st.integers(1, 5),
+    k=st.integers(0, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_tpot_in_prefill_steps_is_the_prefill_steps_inside_each_requests_decode(
+    lengths, max_concurrency, k, seed
+):
+    """Per request: the steps with prefill rows (B > D) that end inside its decode window
+    (first token, finish], over its output tokens - 1; never more than its TPOT. No preemption
+    here (ample KV), so a decoding request is a row of every step of its window."""
+    requests = [RequestSpec(prompt, output) for prompt, output in lengths]
+    executor = RandomAcceptanceExecutor(STEP_S, [0.7, 0.5, 0.3], np.random.default_rng(seed))
+    result = run(requests, StaticK(k), executor, max_concurrency=max_concurrency, k_max=3)
+    steps = result.steps
+    ends = (steps["start_s"] + steps["duration_s"]).to_numpy()
+    with_prefill = (steps["batch_size"] > steps["num_decode_reqs"]).to_numpy()
+    for row in result.requests.itertuples():
+        if row.num_output_tokens < 2:
+            continue
+        inside = (ends > row.first_token_s + 1e-12) & (ends <= row.finish_s + 1e-12)
+        want_s = steps["duration_s"].to_numpy()[inside & with_prefill].sum()
+        want_ms = 1000.0 * want_s / (row.num_output_tokens - 1)
+        assert row.tpot_in_prefill_steps_ms == pytest.approx(want_ms)
+        assert row.tpot_in_prefill_steps_ms <= row.tpot_ms + 1e-9
+    multi = result.requests[result.requests["num_output_tokens"] > 1]
+    assert result.metrics["mean_tpot_in_prefill_steps_ms"] == pytest.approx(
+        multi["tpot_in_prefill_steps_ms"].mean() if len(multi) else 0.0
+    )

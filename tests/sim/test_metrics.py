@@ -18,6 +18,7 @@ def metrics(**overrides):
         "num_output_tokens": np.array([1, 5, 9]),
         "ttft_s": np.array([0.1, 0.2, 0.3]),
         "tpot_s": np.array([0.01, 0.02]),
+        "tpot_in_prefill_steps_s": np.array([0.0, 0.004]),
         "itl_s": np.array([0.01, 0.02, 0.03, 0.04]),
         "e2el_s": np.array([0.1, 0.28, 0.46]),
         "duration_s": 2.0,
@@ -52,9 +53,14 @@ def test_stats_use_population_std_and_linear_percentiles_in_ms():
 
 
 def test_empty_lists_read_as_zero_like_vllm():
-    m = metrics(tpot_s=np.zeros(0), itl_s=np.zeros(0))
+    m = metrics(tpot_s=np.zeros(0), tpot_in_prefill_steps_s=np.zeros(0), itl_s=np.zeros(0))
     assert m["mean_tpot_ms"] == 0.0
+    assert m["mean_tpot_in_prefill_steps_ms"] == 0.0
     assert m["p99_itl_ms"] == 0.0
+
+
+def test_tpot_in_prefill_steps_is_a_mean_over_the_tpot_requests_in_ms():
+    assert metrics()["mean_tpot_in_prefill_steps_ms"] == pytest.approx(2.0)
 
 
 def test_extra_percentiles_get_vllm_key_names():
