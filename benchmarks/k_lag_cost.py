@@ -94,20 +94,7 @@ class _RealLag:
         self.pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
 
     def _config(self, policy: str, concurrency: int, k_timing: str) -> RunConfig:
-        return self.api.run_config(
-            profile=self.profile,
-            policy=policy,
-            dataset="instructcoder",
-            num_prompts=2 * concurrency,
-            max_concurrency=concurrency,
-            max_num_seqs=concurrency,
-            output_len=96,
-            k_max=6,
-            seed=0,
-            k_timing=k_timing,
-            # a keyed greedy profile replays each prompt's recorded drafts (the report's model)
-            acceptance_model="empirical",
-        )
+        return self.api.hardware_cell_config(self.profile, policy, concurrency, k_timing=k_timing)
 
     def _measured(self, config: RunConfig) -> dict[str, float]:
         from dsd.backend.real import real_engine, resolve_real

@@ -841,6 +841,39 @@ QUICK_HARDWARE_PLAN = HardwarePlan(
 )
 
 
+def hardware_cell_config(
+    profile: str,
+    policy: str,
+    concurrency: int,
+    *,
+    plan: HardwarePlan = FULL_HARDWARE_PLAN,
+    prompts_per_concurrency: int | None = None,
+    dataset: str = "instructcoder",
+    k_max: int = 6,
+    seed: int = 0,
+    **fields: Any,
+) -> RunConfig:
+    """One validation cell of a hardware report, as `hardware_report` runs it: `plan`'s
+    prompts per concurrency (or `prompts_per_concurrency`) x C prompts of `dataset`, its output
+    length, max_num_seqs = C, and the empirical acceptance model (the cell's prompts are among
+    the profiled ones, so each replays its recorded drafts). `fields`: other run fields
+    (k_timing, ...). For benchmarks that measure on the report's workload."""
+    per_concurrency = prompts_per_concurrency or plan.prompts_per_concurrency
+    return run_config(
+        profile=profile,
+        policy=policy,
+        dataset=dataset,
+        num_prompts=per_concurrency * concurrency,
+        max_concurrency=concurrency,
+        max_num_seqs=concurrency,
+        output_len=plan.output_len,
+        k_max=k_max,
+        seed=seed,
+        acceptance_model="empirical",
+        **fields,
+    )
+
+
 def hardware_report(
     *,
     out: str | Path,

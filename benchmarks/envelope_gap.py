@@ -1,0 +1,202 @@
+"""Dynamic policies against static K on the real engine: paired gaps, split at prefill steps.
+
+The workload of the CPU hardware report's cells (2 x C InstructCoder prompts, 96 output tokens,
+EOS ignored, greedy, sync; `dsd.api.hardware_cell_config`), every SPEC of a concurrency run
+once per repeat, in an order rotated from repeat to repeat (minute-scale drift of a shared
+machine then lands on every SPEC alike). Per SPEC, medians over the repeats of
+
+- mean TPOT (`vllm bench serve`'s),
+- its part in steps that also ran other requests' prompts (`mean_tpot_in_prefill_steps_ms`),
+- the rest: the TPOT of the decode steps alone, where K acts,
+
+with the simulator's figures for the same runs beside them (`--profile` drives the policies and
+the simulator; `--price-with P` prices the simulated steps with another profile, as the report
+prices with its re-timed one). Then each dynamic SPEC's paired gap (mean over repeats of
+SPEC / static - 1, 95% interval) to the static K with the lowest median, on mean TPOT and on
+the decode steps alone. Each run's steps and verified tokens are recorded: runs that did the
+same work differ only by the machine.
+
+    python benchmarks/envelope_gap.py --target smollm2-135m --draft ngram:2-6 \\
+        --profile reports/validation/2026-11-25-cpu-smollm2/profile.json \\
+        --price-with reports/validation/2026-11-25-cpu-smollm2/profile_retimed.json \\
+        --concurrency 8 --static 0,1,2 --policy goodput --repeats 5 --json out.json
+
+On a shared CPU: pin threads (`--threads`, default 1), keep the machine quiet; the command
+records the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from typing import Any
+
+from dsd.cli.flags import int_list
+from dsd.common.errors import InputError
+from dsd.common.machine import load_average
+from dsd.policies.profile_io import load_profile
+from dsd.policies.spec import parse_policy
+from dsd.reports.paired import paired_gap
+from dsd.sim.config import RunConfig
+
+TPOT = "mean_tpot_ms"
+IN_PREFILL_STEPS = "mean_tpot_in_prefill_steps_ms"
+
+
+def _figures(metrics: dict[str, Any], steps: Any) -> dict[str, float]:
+    """TPOT, its prefill-step part, the decode-step rest; the run's steps and tokens."""
+    return {
+        "tpot_ms": float(metrics[TPOT]),
+        "in_prefill_steps_ms": float(metrics[IN_PREFILL_STEPS]),
+        "decode_steps_ms": float(metrics[TPOT]) - float(metrics[IN_PREFILL_STEPS]),
+        "num_steps": float(len(steps)),
+        "num_tokens": float(steps["num_tokens"].sum() + steps["num_spec_tokens"].sum()),
+    }
+
+
+class _Runs:
+    """The pair, and its real and simulated runs of a cell."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from dsd import api
+
+        self.api = api
+        self.profile = args.profile
+        self.prompts_per_concurrency = args.prompts_per_concurrency
+        self.price_with = None if args.price_with is None else load_profile(args.price_with)
+        self.pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
+
+    def config(self, policy: str, concurrency: int) -> RunConfig:
+        return self.api.hardware_cell_config(
+            self.profile,
+            policy,
+            concurrency,
+            prompts_per_concurrency=self.prompts_per_concurrency,
+        )
+
+    def measured(self, config: RunConfig) -> dict[str, float]:
+        from dsd.backend.real import real_engine, resolve_real
+
+        result = real_engine(resolve_real(config, self.pair), self.pair, ignore_eos=True).run()
+        return _figures(dict(result.metrics), result.steps)
+
+    def simulated(self, config: RunConfig) -> dict[str, float]:
+        from dsd.backend.real import resolve_real
+        from dsd.backend.validate import simulated_run
+        from dsd.sim.resolve import with_latency_from
+
+        resolved = resolve_real(config, self.pair)
+        if self.price_with is not None:
+            resolved = with_latency_from(resolved, self.price_with)
+        result = simulated_run(resolved)
+        return _figures(dict(result.metrics), result.steps)
+
+
+def _median(runs: list[dict[str, float]], key: str) -> float:
+    return float(statistics.median(run[key] for run in runs))
+
+
+def measure(runs: _Runs, specs: list[str], concurrency: int, repeats: int) -> dict[str, Any]:
+    """Every SPEC at one C, `repeats` times in rotated order; medians, gaps, simulated."""
+    configs = {spec: runs.config(spec, concurrency) for spec in specs}
+    measured: dict[str, list[dict[str, float]]] = {spec: [] for spec in specs}
+    for repeat in range(repeats):
+        shift = repeat % len(specs)
+        for spec in specs[shift:] + specs[:shift]:
+            measured[spec].append(runs.measured(configs[spec]))
+            print(f"  C={concurrency} repeat {repeat + 1} {spec} done", file=sys.stderr, flush=True)
+    simulated = {spec: runs.simulated(configs[spec]) for spec in specs}
+    print(
+        f"C={concurrency} (medians of {repeats}; simulated in brackets)\n"
+        f"{'policy':<14} {'mean TPOT ms':>20} {'in prefill steps':>20} {'decode steps':>20}"
+        f"  steps/tokens per run"
+    )
+    for spec in specs:
+        cells = [
+            f"{_median(measured[spec], key):.1f} [{simulated[spec][key]:.1f}]"
+            for key in ("tpot_ms", "in_prefill_steps_ms", "decode_steps_ms")
+        ]
+        work = sorted({(int(r["num_steps"]), int(r["num_tokens"])) for r in measured[spec]})
+        print(f"{spec:<14} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {work}")
+    statics = [spec for spec in specs if spec.startswith("static:")]
+    gaps: dict[str, dict[str, Any]] = {}
+    for key in ("tpot_ms", "decode_steps_ms") if statics else ():
+        best = min(statics, key=lambda spec: _median(measured[spec], key))
+        for spec in specs:
+            if spec in statics:
+                continue
+            values = [run[key] for run in measured[spec]]
+            gap = paired_gap(values, [run[key] for run in measured[best]])
+            sim_gap = simulated[spec][key] / simulated[best][key] - 1
+            gaps.setdefault(spec, {})[key] = {
+                "best_static": best,
+                "gap_pct": 100 * gap.mean,
+                "half_width_pct": 100 * gap.half_width,
+                "simulated_gap_pct": 100 * sim_gap,
+            }
+            print(
+                f"{spec} vs best static ({best}) on {key}: {100 * gap.mean:+.1f}% "
+                f"(+-{100 * gap.half_width:.1f}, 95%, paired); simulated {100 * sim_gap:+.1f}%"
+            )
+    return {
+        "concurrency": concurrency,
+        "measured": measured,
+        "simulated": simulated,
+        "gaps": gaps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", required=True, help="the target model (as dsd run --target)")
+    parser.add_argument("--draft", default="ngram:2-6", help="the draft")
+    parser.add_argument("--profile", required=True, help="the pair's profile (policies, sim)")
+    parser.add_argument("--price-with", help="a profile that prices the simulated steps")
+    parser.add_argument("--concurrency", default="4", help="comma-separated C")
+    parser.add_argument("--static", default="0,1,2,3", help="comma-separated static K")
+    parser.add_argument("--policy", action="append", help="dynamic SPEC (repeatable; goodput)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of every SPEC per C")
+    parser.add_argument("--prompts-per-concurrency", type=int, default=2, help="cell prompts / C")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--json", help="also write every run's figures here")
+    args = parser.parse_args(argv)
+    if args.repeats < 2:
+        print("error: --repeats: need >= 2 for an interval", file=sys.stderr)
+        return 2
+    load_before = load_average()
+    try:
+        concurrencies = int_list("--concurrency", args.concurrency, 1)
+        static = int_list("--static", args.static, 0)
+        specs = [f"static:{k}" for k in static] + (args.policy or ["goodput"])
+        profile = load_profile(args.profile)
+        for spec in specs:  # a bad SPEC is refused before anything loads or runs
+            parse_policy(spec, profile=profile, k_max=6, max_num_seqs=max(concurrencies))
+        runs = _Runs(args)
+        rows = [measure(runs, specs, c, args.repeats) for c in concurrencies]
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from dsd.backend.threads import measured_run_settings
+
+    settings = {
+        "target": args.target,
+        "draft": args.draft,
+        "profile": args.profile,
+        "price_with": args.price_with,
+        "device": args.device,
+        "repeats": args.repeats,
+        "prompts_per_concurrency": args.prompts_per_concurrency,
+        **measured_run_settings(load_before),
+    }
+    print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({**settings, "rows": rows}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
