@@ -737,8 +737,10 @@ def _validation(
         "fast_path": fast_path,
         "ignore_eos": True,
         "profile_problems": [str(problem) for problem in problems],
-        # what a plain `goodput` SPEC scored (rescore reads it; older reports lack it: "rates")
+        # what a plain `goodput` / `online` SPEC scored (rescore reads them; older reports
+        # lack them: "rates")
         "goodput_acceptance": "sequences",
+        "online_acceptance": "sequences",
         "retime": (
             {"status": retime_note}
             if timing is None

@@ -17,6 +17,13 @@ a test can show the collapse; do not use it for anything else.
   feedback counts positions that were drafted, so the runtime counts estimate the rate given
   drafted, q_i = P(a >= i | d >= i): the prior is q_i = r_i / s_i, and the table uses
   r_i = q_i s_i (exact, since a >= i implies d >= i) with the expected ITL over drafted counts;
+- with a greedy profile's draft sequences (`acceptance=sequences`, the default where the
+  profile has them) the table scores goodput's walked AL(k) and drafted counts
+  (`policies.goodput.sequence_acceptance`), scaled by what was learned: AL(k) = 1 +
+  (AL_walk(k) - 1) * sum_{i<=k} r_i(estimated) / sum_{i<=k} r_i(profile). So it starts as
+  goodput does and moves by the ratio of learned to profiled accepted tokens at each k (the
+  per-position rates, measured at K_max, mis-state AL at small k, docs/policies.md);
+  `acceptance=rates` scores the rates themselves;
 - the K table (goodput over B = 1..max_num_seqs) is recomputed only when some rate moved more
   than `recompute_tolerance` since the last table, so a step costs O(B * K_max) to count plus
   O(K_max) to update.
@@ -33,7 +40,15 @@ import numpy as np
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError
-from dsd.policies.goodput import ItlTable, goodput_table, lookup_batch_k, partial_draft_rates
+from dsd.policies.goodput import (
+    GOODPUT_ACCEPTANCE,
+    ItlTable,
+    SequenceAcceptance,
+    goodput_table,
+    lookup_batch_k,
+    partial_draft_rates,
+    sequence_acceptance,
+)
 from dsd.policies.profile import Profile
 from dsd.policies.types import StepFeedback, StepView, position_counts
 
@@ -51,8 +66,16 @@ class OnlineConfig:
     decay: float = 0.98
     # Rebuild the K table when some estimated rate moved more than this since the last build.
     recompute_tolerance: float = 0.02
+    # "sequences": scale a greedy profile's walked draft sequences by the learned rates (where
+    # the profile has them); "rates": score the learned per-position rates themselves
+    acceptance: str = "sequences"
 
     def __post_init__(self) -> None:
+        if self.acceptance not in GOODPUT_ACCEPTANCE:
+            raise InputError(
+                f"online: acceptance must be {' or '.join(GOODPUT_ACCEPTANCE)}, "
+                f"got {self.acceptance!r}"
+            )
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
             raise InputError(f"online: warmup_steps must be an integer, got {self.warmup_steps!r}")
         if self.warmup_steps < 0:
@@ -92,11 +115,34 @@ class OnlineAcceptancePolicy:
         self.num_observed_steps = 0
         self.num_table_builds = 0
         self.table_rates = self.prior_rates.copy()  # [k_max] rates behind the current table
+        self.sequences: SequenceAcceptance | None = (
+            sequence_acceptance(profile.draft_sequences, self.k_max)
+            if self.config.acceptance == "sequences" and profile.draft_sequences
+            else None
+        )
         self._build_table(self.prior_rates)
+
+    def scaled_sequences(self, rates: FloatArray) -> SequenceAcceptance | None:
+        """The walked sequences with AL(k) - 1 scaled by the learned over profiled accepted
+        tokens at k (None without sequences)."""
+        if self.sequences is None:
+            return None
+        learned = np.cumsum(rates)  # [k_max] expected accepted tokens at k = 1..k_max
+        profiled = np.cumsum(self.prior_rates)  # [k_max]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(profiled > 0, learned / profiled, 1.0)  # [k_max]
+        walked = self.sequences.acceptance_length  # [k_max + 1]
+        scaled = np.concatenate(([1.0], 1.0 + (walked[1:] - 1.0) * ratio))  # [k_max + 1]
+        return SequenceAcceptance(scaled, self.sequences.draft_rates)
 
     def _build_table(self, rates: FloatArray) -> None:
         self.table = goodput_table(
-            self.itl, rates, self.max_num_seqs, self.k_max, draft_rates=self.draft_rates
+            self.itl,
+            rates,
+            self.max_num_seqs,
+            self.k_max,
+            draft_rates=self.draft_rates,
+            sequences=self.scaled_sequences(rates),
         )
         self.table_rates = rates.copy()
         self.num_table_builds += 1

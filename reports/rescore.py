@@ -94,13 +94,17 @@ def rescore(
         )
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
-    # Simulate each policy as it ran: a plain `goodput` scored the per-position rates before
-    # greedy draft sequences were scored (reports without `goodput_acceptance`)
-    goodput_as_run = f"goodput:acceptance={config.get('goodput_acceptance', 'rates')}"
+    # Simulate each policy as it ran: a plain `goodput` or `online` scored the per-position
+    # rates before greedy draft sequences were scored (reports without `goodput_acceptance`,
+    # `online_acceptance`)
+    as_run = {
+        name: f"{name}:acceptance={config.get(f'{name}_acceptance', 'rates')}"
+        for name in ("goodput", "online")
+    }
     lines = [
         f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "
         + ("profile_retimed.json" if retimed is not None else "profile.json")
-        + f"; goodput as run: {goodput_as_run}"
+        + f"; as run: {', '.join(as_run.values())}"
     ]
 
     def simulate(
@@ -137,7 +141,7 @@ def rescore(
         for row in rows:
             concurrency = int(row["max_concurrency"])
             recorded = limits[(row["policy"], concurrency)]
-            policy = goodput_as_run if row["policy"] == "goodput" else row["policy"]
+            policy = as_run.get(row["policy"], row["policy"])
             simulated = simulate(policy, recorded, model)
             cell = CellResult(
                 row["policy"],

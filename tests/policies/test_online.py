@@ -160,9 +160,68 @@ def test_positions_never_drafted_stay_at_their_prior() -> None:
         ({"prior_strength": 0.0}, "prior_strength must be > 0"),  # no prior: the naive estimator
         ({"warmup_steps": -1}, "warmup_steps must be >= 0"),
         ({"recompute_tolerance": -0.1}, "recompute_tolerance must be >= 0"),
+        ({"acceptance": "walk"}, "acceptance must be sequences or rates"),
     ],
 )
 def test_bad_online_config_is_an_input_error(kwargs: dict[str, float], fragment: str) -> None:
     with pytest.raises(InputError) as info:
         OnlineConfig(**kwargs)  # type: ignore[arg-type]
     assert fragment in str(info.value)
+
+
+def _cpu_profile():  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from dsd.policies.profile_io import load_profile
+
+    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    return load_profile(folder / "profile.json")
+
+
+def test_online_starts_from_goodputs_table_with_sequences_and_from_the_rates_without() -> None:
+    """A greedy profile's draft sequences: online decides as goodput does until it learns;
+    `acceptance=rates` decides as goodput's rates rule (K = 6 at B = 2 on this profile)."""
+    from dsd.policies.spec import parse_policy
+
+    profile = _cpu_profile()
+    tables = {
+        spec: parse_policy(spec, profile=profile, k_max=6, max_num_seqs=8).table
+        for spec in ("online", "goodput", "online:acceptance=rates", "goodput:acceptance=rates")
+    }
+    assert tables["online"].k_star.tolist() == tables["goodput"].k_star.tolist()
+    np.testing.assert_allclose(tables["online"].goodput_by_k, tables["goodput"].goodput_by_k)
+    rates_rule = tables["online:acceptance=rates"].k_star.tolist()
+    assert rates_rule == tables["goodput:acceptance=rates"].k_star.tolist() and rates_rule[1] == 6
+    assert tables["online"].k_star[1] == 3
+
+
+def test_online_scales_the_walked_acceptance_by_learned_over_profiled_tokens() -> None:
+    """After steps that accept every draft, AL(k) - 1 of the walk grows by the ratio of the
+    learned to the profiled sum of r_i up to k; the drafted counts stay the walk's."""
+    from dsd.policies.goodput import sequence_acceptance
+
+    profile = _cpu_profile()
+    policy = OnlineAcceptancePolicy(profile, 8, OnlineConfig(warmup_steps=0))
+    walked = sequence_acceptance(profile.draft_sequences, 6)
+    six = np.array([6, 6])
+    for index in range(40):
+        policy.observe(StepFeedback(index, 0.0, 2, np.arange(2), six, six, 0.05))
+    learned = policy.estimated_rates()
+    scaled = policy.scaled_sequences(learned)
+    assert scaled is not None
+    ratio = np.cumsum(learned) / np.cumsum(profile.acceptance_rates)
+    assert (ratio > 1).all()
+    want = 1 + (walked.acceptance_length[1:] - 1) * ratio
+    np.testing.assert_allclose(scaled.acceptance_length[1:], want)
+    np.testing.assert_array_equal(scaled.draft_rates, walked.draft_rates)
+    assert policy.table.k_star[3] > 1  # more acceptance than profiled: drafts pay at B = 4
+
+
+def test_a_profile_without_sequences_scores_the_rates_either_way() -> None:
+    profile = h100_profile()
+    assert not profile.draft_sequences
+    for acceptance in ("sequences", "rates"):
+        policy = OnlineAcceptancePolicy(profile, 64, OnlineConfig(acceptance=acceptance))
+        assert policy.sequences is None
+        reference = GoodputPolicy(profile, 64)
+        assert policy.table.k_star.tolist() == reference.table.k_star.tolist()

@@ -59,7 +59,7 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
 
     folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
     lines = rescore(folder, ["empirical"], policies=("goodput",))
-    assert lines[0].endswith("goodput as run: goodput:acceptance=rates")
+    assert lines[0].endswith("as run: goodput:acceptance=rates, online:acceptance=rates")
     summary = next(line for line in lines if line.startswith("empirical: |mean-TPOT error|"))
     assert "median 2.2%, max 7.5%" in summary
     gaps = [line for line in lines if line.startswith("empirical C=")]
