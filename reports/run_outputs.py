@@ -315,6 +315,10 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
         lines.append(f"{title:-^50}")
         for stat, label in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
             lines.append(_line(f"{label} {short} (ms):", float(result[f"{stat}_{key}_ms"])))
+        if key == "tpot" and "mean_tpot_in_prefill_steps_ms" in result:
+            # ours: the part of mean TPOT spent in steps that also ran other requests' prompts
+            stalls = float(result["mean_tpot_in_prefill_steps_ms"])
+            lines.append(_line("Mean TPOT in prefill steps (ms):", stalls))
     lines.append("{:-^50}".format("Speculative Decoding"))
     lines.append(_line("Acceptance rate (%):", float(result["spec_decode_acceptance_rate"])))
     lines.append(_line("Acceptance length:", float(result["acceptance_length"])))

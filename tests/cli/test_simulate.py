@@ -109,6 +109,7 @@ def test_summary_has_the_vllm_layout_the_spec_block_and_the_model_line(
         "============ Serving Benchmark Result ============",
         "Successful requests:                     8",
         "Mean TPOT (ms):",
+        "Mean TPOT in prefill steps (ms):",
         "---------------Speculative Decoding---------------",
         "Acceptance length:",
         "K=3:",
