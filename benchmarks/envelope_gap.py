@@ -1,9 +1,11 @@
 """Dynamic policies against static K on the real engine: paired gaps, split at prefill steps.
 
 The workload of the CPU hardware report's cells (2 x C InstructCoder prompts, 96 output tokens,
-EOS ignored, greedy, sync; `dsd.api.hardware_cell_config`), every SPEC of a concurrency run
-once per repeat, in an order rotated from repeat to repeat (minute-scale drift of a shared
-machine then lands on every SPEC alike). Per SPEC, medians over the repeats of
+EOS ignored, greedy, sync; `dsd.api.hardware_cell_config`). Each repeat runs every SPEC of a
+concurrency at once, interleaved a step at a time (`dsd.sim.engine.run_interleaved`: each
+engine's clock holds only its own steps), so the drift of a shared machine over seconds lands
+on every SPEC alike; the engines' order rotates from repeat to repeat. Per SPEC, medians over
+the repeats of
 
 - mean TPOT (`vllm bench serve`'s),
 - its part in steps that also ran other requests' prompts (`mean_tpot_in_prefill_steps_ms`),
@@ -76,11 +78,16 @@ class _Runs:
             prompts_per_concurrency=self.prompts_per_concurrency,
         )
 
-    def measured(self, config: RunConfig) -> dict[str, float]:
+    def measured(self, configs: list[RunConfig]) -> list[dict[str, float]]:
+        """The real runs of `configs`, interleaved a step at a time."""
         from dsd.backend.real import real_engine, resolve_real
+        from dsd.sim.engine import run_interleaved
 
-        result = real_engine(resolve_real(config, self.pair), self.pair, ignore_eos=True).run()
-        return _figures(dict(result.metrics), result.steps)
+        engines = [
+            real_engine(resolve_real(config, self.pair), self.pair, ignore_eos=True)
+            for config in configs
+        ]
+        return [_figures(dict(r.metrics), r.steps) for r in run_interleaved(engines)]
 
     def simulated(self, config: RunConfig) -> dict[str, float]:
         from dsd.backend.real import resolve_real
@@ -99,17 +106,18 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
 
 
 def measure(runs: _Runs, specs: list[str], concurrency: int, repeats: int) -> dict[str, Any]:
-    """Every SPEC at one C, `repeats` times in rotated order; medians, gaps, simulated."""
+    """Every SPEC at one C, `repeats` interleaved runs; medians, gaps, simulated."""
     configs = {spec: runs.config(spec, concurrency) for spec in specs}
     measured: dict[str, list[dict[str, float]]] = {spec: [] for spec in specs}
     for repeat in range(repeats):
         shift = repeat % len(specs)
-        for spec in specs[shift:] + specs[:shift]:
-            measured[spec].append(runs.measured(configs[spec]))
-            print(f"  C={concurrency} repeat {repeat + 1} {spec} done", file=sys.stderr, flush=True)
+        order = specs[shift:] + specs[:shift]
+        for spec, figures in zip(order, runs.measured([configs[s] for s in order]), strict=True):
+            measured[spec].append(figures)
+        print(f"  C={concurrency} repeat {repeat + 1} done", file=sys.stderr, flush=True)
     simulated = {spec: runs.simulated(configs[spec]) for spec in specs}
     print(
-        f"C={concurrency} (medians of {repeats}; simulated in brackets)\n"
+        f"C={concurrency} (medians of {repeats} interleaved runs; simulated in brackets)\n"
         f"{'policy':<14} {'mean TPOT ms':>20} {'in prefill steps':>20} {'decode steps':>20}"
         f"  steps/tokens per run"
     )

@@ -42,6 +42,10 @@ whose kernels run while the host plans. On a CPU the worker's Python-heavy step 
 planning contend for the GIL and every step pays two thread hand-offs: measured on the 2-core
 machine, that costs more than the planning it hides (docs/simulator.md).
 
+`run_interleaved(engines)` runs several closed-loop engines one step each in turn: under the
+wall clock each step is timed from when its engine resumed, so machine drift over seconds lands
+on every engine alike (paired A/B measurements on a shared machine).
+
 What this module deliberately does not do: compute latency (the executor does), choose K (the
 policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 """
@@ -51,10 +55,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
 import simpy
@@ -271,21 +275,31 @@ class Engine:
             wake.succeed()
 
     def run(self) -> RunResult:
-        if self._ran:
-            raise RuntimeError("Engine.run() may be called once")
-        self._ran = True
-        if all(request.arrival_s == 0 for request in self.workload.requests):
-            config = self.config
-            self._fast_forward = (
-                self.scheduler.config.scheduling == "sync"
-                and config.clock == "model"
-                and not (config.record_events or config.check_invariants or config.time_planning)
-                and batch_size_only(self.policy)
-                and getattr(self.executor, "repeats_plain_steps", False) is True
-            )
+        if self._start():
             self._run_without_simpy()
         else:
             self._run_with_simpy()
+        return self._result()
+
+    def _start(self) -> bool:
+        """Mark the engine used; True when every request arrives at 0 (a closed loop: the loop
+        runs without SimPy, and may fast-forward plain decode stretches)."""
+        if self._ran:
+            raise RuntimeError("Engine.run() may be called once")
+        self._ran = True
+        if not all(request.arrival_s == 0 for request in self.workload.requests):
+            return False
+        config = self.config
+        self._fast_forward = (
+            self.scheduler.config.scheduling == "sync"
+            and config.clock == "model"
+            and not (config.record_events or config.check_invariants or config.time_planning)
+            and batch_size_only(self.policy)
+            and getattr(self.executor, "repeats_plain_steps", False) is True
+        )
+        return True
+
+    def _result(self) -> RunResult:
         scheduler = self.scheduler
         metrics = self._metrics
         result = RunResult(
@@ -322,9 +336,12 @@ class Engine:
         """The loop alone (every request arrives at 0): the clock moves only by steps."""
         with self._step_worker() as worker:
             for delay_s in self._loop(worker):
-                if delay_s is None:
-                    raise RuntimeError("nothing to run and no request left to arrive")
-                self.now_s = self.now_s + delay_s  # as SimPy's clock: now + delay
+                self._advance(delay_s)
+
+    def _advance(self, delay_s: float | None) -> None:
+        if delay_s is None:
+            raise RuntimeError("nothing to run and no request left to arrive")
+        self.now_s = self.now_s + delay_s  # as SimPy's clock: now + delay
 
     @contextlib.contextmanager
     def _step_worker(self) -> Iterator[ThreadPoolExecutor | None]:
@@ -488,3 +505,34 @@ class Engine:
     def _check(self) -> None:
         if self.config.check_invariants:
             self.scheduler.check_invariants()
+
+
+def run_interleaved(engines: Sequence[Engine]) -> list[RunResult]:
+    """Closed-loop engines run one step each in turn until every one has finished; their
+    results, in order. Each engine keeps its own clock, scheduler and executor, so under the
+    model clock every result is exactly its `run()`'s. Under the wall clock each step is timed
+    from when its engine resumed: a step never includes the other engines' steps, and a
+    machine whose speed drifts over seconds slows every engine alike (A/B measurements on a
+    shared machine: `benchmarks/envelope_gap.py --interleave`)."""
+    if not all(
+        request.arrival_s == 0 for engine in engines for request in engine.workload.requests
+    ):
+        raise ValueError("run_interleaved needs closed-loop workloads (every arrival at 0)")
+    for engine in engines:
+        engine._start()
+    with contextlib.ExitStack() as stack:
+        loops = [engine._loop(stack.enter_context(engine._step_worker())) for engine in engines]
+        running = list(range(len(engines)))
+        while running:
+            for index in list(running):
+                engine = engines[index]
+                engine._wall_mark_s = time.perf_counter()  # the others' steps are not its time
+                delay_s = next(loops[index], _FINISHED)
+                if delay_s is _FINISHED:
+                    running.remove(index)
+                else:
+                    engine._advance(cast(float | None, delay_s))
+    return [engine._result() for engine in engines]
+
+
+_FINISHED = object()  # run_interleaved: an engine's loop returned

@@ -1,4 +1,4 @@
-"""benchmarks/envelope_gap.py on the tiny model: rotated repeats, split figures, paired gaps."""
+"""benchmarks/envelope_gap.py on the tiny model: interleaved repeats, split figures, paired gaps."""
 
 from __future__ import annotations
 

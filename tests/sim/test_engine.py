@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from utils import create_scheduler
 
-from dsd.sim.engine import Engine, EngineEvent, LoopConfig
+from dsd.sim.engine import Engine, EngineEvent, LoopConfig, run_interleaved
 from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
 from dsd.traces.workload import RequestSpec, Workload
 
@@ -259,3 +262,66 @@ def test_tpot_in_prefill_steps_is_the_prefill_steps_inside_each_requests_decode(
     assert result.metrics["mean_tpot_in_prefill_steps_ms"] == pytest.approx(
         multi["tpot_in_prefill_steps_ms"].mean() if len(multi) else 0.0
     )
+
+
+def _engine(requests, policy, executor, clock="model", max_concurrency=2):
+    workload = Workload("test", tuple(requests), max_concurrency=max_concurrency)
+    return Engine(create_scheduler(k_max=3), executor, policy, workload, LoopConfig(clock=clock))
+
+
+def test_interleaved_engines_give_exactly_their_solo_runs_under_the_model_clock():
+    arms = [  # (requests, K, acceptance seed): different lengths, so they finish apart
+        ([RequestSpec(8, 30), RequestSpec(5, 12), RequestSpec(9, 20)], 3, 1),
+        ([RequestSpec(4, 7)], 0, 2),
+        ([RequestSpec(6, 25), RequestSpec(6, 25)], 1, 3),
+    ]
+
+    def engines():
+        return [
+            _engine(
+                requests,
+                StaticK(k),
+                RandomAcceptanceExecutor(STEP_S, [0.7, 0.5, 0.3], np.random.default_rng(seed)),
+            )
+            for requests, k, seed in arms
+        ]
+
+    solo = [engine.run() for engine in engines()]
+    together = run_interleaved(engines())
+    for alone, interleaved in zip(solo, together, strict=True):
+        # NaN keys (K = 0 has no acceptance) compare equal as JSON
+        assert json.dumps(interleaved.metrics, sort_keys=True) == json.dumps(
+            alone.metrics, sort_keys=True
+        )
+        assert interleaved.steps.equals(alone.steps)
+
+
+class _SleepingExecutor(ScriptedExecutor):
+    """Sleeps `sleep_s` in every step (a wall-clock step of known length)."""
+
+    def __init__(self, sleep_s):
+        super().__init__(STEP_S)
+        self.sleep_s = sleep_s
+
+    def execute(self, batch):
+        time.sleep(self.sleep_s)
+        return super().execute(batch)
+
+
+def test_interleaved_wall_clock_steps_are_each_engines_own():
+    """A 2 ms engine beside a 30 ms one: were the other's step counted, its steps would last
+    >= 32 ms; each engine's clock holds its own steps only."""
+    fast, slow = (
+        _engine([RequestSpec(4, 10)], StaticK(0), _SleepingExecutor(sleep_s), clock="wall")
+        for sleep_s in (0.002, 0.03)
+    )
+    fast_run, slow_run = run_interleaved([fast, slow])
+    assert fast_run.steps["duration_s"].median() < 0.02
+    assert slow_run.steps["duration_s"].median() >= 0.03
+    assert fast_run.metrics["completed"] == slow_run.metrics["completed"] == 1
+
+
+def test_interleaving_needs_closed_loop_workloads():
+    arriving = _engine([RequestSpec(4, 3, arrival_s=0.5)], StaticK(0), ScriptedExecutor(STEP_S))
+    with pytest.raises(ValueError, match="closed-loop"):
+        run_interleaved([arriving])
