@@ -116,9 +116,10 @@ def measure(runs: _Runs, specs: list[str], concurrency: int, repeats: int) -> di
             measured[spec].append(figures)
         print(f"  C={concurrency} repeat {repeat + 1} done", file=sys.stderr, flush=True)
     simulated = {spec: runs.simulated(configs[spec]) for spec in specs}
+    width = max(14, *(len(spec) for spec in specs))
     print(
         f"C={concurrency} (medians of {repeats} interleaved runs; simulated in brackets)\n"
-        f"{'policy':<14} {'mean TPOT ms':>20} {'in prefill steps':>20} {'decode steps':>20}"
+        f"{'policy':<{width}} {'mean TPOT ms':>20} {'in prefill steps':>20} {'decode steps':>20}"
         f"  steps/tokens per run"
     )
     for spec in specs:
@@ -127,7 +128,7 @@ def measure(runs: _Runs, specs: list[str], concurrency: int, repeats: int) -> di
             for key in ("tpot_ms", "in_prefill_steps_ms", "decode_steps_ms")
         ]
         work = sorted({(int(r["num_steps"]), int(r["num_tokens"])) for r in measured[spec]})
-        print(f"{spec:<14} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {work}")
+        print(f"{spec:<{width}} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {work}")
     statics = [spec for spec in specs if spec.startswith("static:")]
     gaps: dict[str, dict[str, Any]] = {}
     for key in ("tpot_ms", "decode_steps_ms") if statics else ():
