@@ -513,7 +513,7 @@ def run_interleaved(engines: Sequence[Engine]) -> list[RunResult]:
     model clock every result is exactly its `run()`'s. Under the wall clock each step is timed
     from when its engine resumed: a step never includes the other engines' steps, and a
     machine whose speed drifts over seconds slows every engine alike (A/B measurements on a
-    shared machine: `benchmarks/envelope_gap.py --interleave`)."""
+    shared machine: `benchmarks/envelope_gap.py`)."""
     if not all(
         request.arrival_s == 0 for engine in engines for request in engine.workload.requests
     ):
