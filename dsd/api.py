@@ -645,6 +645,27 @@ def validate(
     return cells
 
 
+def validation_cell_config(
+    profile: str,
+    policy: str,
+    concurrency: int,
+    prompts_per_concurrency: int,
+    *,
+    max_num_seqs: int | None = None,
+    **fields: Any,
+) -> RunConfig:
+    """One validation cell: `prompts_per_concurrency` x C requests at concurrency C, with
+    max_num_seqs = C unless given; `fields`: other run fields (dataset, output_len, ...)."""
+    return run_config(
+        profile=profile,
+        policy=policy,
+        num_prompts=prompts_per_concurrency * concurrency,
+        max_concurrency=concurrency,
+        max_num_seqs=concurrency if max_num_seqs is None else max_num_seqs,
+        **fields,
+    )
+
+
 def _validation(
     pair: ModelPair,
     *,
@@ -682,16 +703,8 @@ def _validation(
         raise InputError(
             f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
         )
-    max_num_seqs = fields.pop("max_num_seqs", None)
     configs = [
-        run_config(
-            profile=profile,
-            policy=spec,
-            num_prompts=num_prompts_per_concurrency * concurrency,
-            max_concurrency=concurrency,
-            max_num_seqs=concurrency if max_num_seqs is None else max_num_seqs,
-            **fields,
-        )
+        validation_cell_config(profile, spec, concurrency, num_prompts_per_concurrency, **fields)
         for concurrency in max_concurrency
         for spec in policies
     ]
@@ -855,19 +868,18 @@ def hardware_cell_config(
     seed: int = 0,
     **fields: Any,
 ) -> RunConfig:
-    """One validation cell of a hardware report, as `hardware_report` runs it: `plan`'s
+    """One validation cell of a hardware report (`validation_cell_config`), as
+    `hardware_report` runs it: `plan`'s
     prompts per concurrency (or `prompts_per_concurrency`) x C prompts of `dataset`, its output
     length, max_num_seqs = C, and the empirical acceptance model (the cell's prompts are among
     the profiled ones, so each replays its recorded drafts). `fields`: other run fields
     (k_timing, ...). For benchmarks that measure on the report's workload."""
-    per_concurrency = prompts_per_concurrency or plan.prompts_per_concurrency
-    return run_config(
-        profile=profile,
-        policy=policy,
+    return validation_cell_config(
+        profile,
+        policy,
+        concurrency,
+        prompts_per_concurrency or plan.prompts_per_concurrency,
         dataset=dataset,
-        num_prompts=per_concurrency * concurrency,
-        max_concurrency=concurrency,
-        max_num_seqs=concurrency,
         output_len=plan.output_len,
         k_max=k_max,
         seed=seed,
