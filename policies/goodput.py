@@ -319,6 +319,14 @@ def lookup_batch_k(k_by_batch: IntArray, view: StepView, policy_name: str) -> in
 GOODPUT_ACCEPTANCE = ("sequences", "rates")
 
 
+def check_acceptance(policy: str, acceptance: str) -> None:
+    """The `acceptance` key of goodput and online: one of GOODPUT_ACCEPTANCE."""
+    if acceptance not in GOODPUT_ACCEPTANCE:
+        raise InputError(
+            f"{policy}: acceptance must be {' or '.join(GOODPUT_ACCEPTANCE)}, got {acceptance!r}"
+        )
+
+
 @dataclass(frozen=True)
 class GoodputConfig:
     """Knobs of the goodput rule (SPEC `goodput:key=value`)."""
@@ -328,11 +336,7 @@ class GoodputConfig:
     acceptance: str = "sequences"
 
     def __post_init__(self) -> None:
-        if self.acceptance not in GOODPUT_ACCEPTANCE:
-            raise InputError(
-                f"goodput: acceptance must be {' or '.join(GOODPUT_ACCEPTANCE)}, "
-                f"got {self.acceptance!r}"
-            )
+        check_acceptance("goodput", self.acceptance)
 
 
 class GoodputPolicy:

@@ -41,9 +41,9 @@ import numpy as np
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError
 from dsd.policies.goodput import (
-    GOODPUT_ACCEPTANCE,
     ItlTable,
     SequenceAcceptance,
+    check_acceptance,
     goodput_table,
     lookup_batch_k,
     partial_draft_rates,
@@ -71,11 +71,7 @@ class OnlineConfig:
     acceptance: str = "sequences"
 
     def __post_init__(self) -> None:
-        if self.acceptance not in GOODPUT_ACCEPTANCE:
-            raise InputError(
-                f"online: acceptance must be {' or '.join(GOODPUT_ACCEPTANCE)}, "
-                f"got {self.acceptance!r}"
-            )
+        check_acceptance("online", self.acceptance)
         if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int):
             raise InputError(f"online: warmup_steps must be an integer, got {self.warmup_steps!r}")
         if self.warmup_steps < 0:
