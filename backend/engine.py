@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from dsd.backend.kv_cache import KVCache
-from dsd.backend.model import Transformer, new_kv_cache
+from dsd.backend.model import ForwardGroup, Transformer, new_kv_cache
 from dsd.backend.ngram import NgramConfig, propose_ngram_rows
 from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
@@ -133,6 +133,16 @@ class StepResult:
     def emitted(self, row: int) -> IntArray:
         """The a + 1 output tokens of one row."""
         return self.output_token_ids[row, : int(self.num_accepted[row]) + 1]
+
+
+@dataclass(frozen=True)
+class PrefillSpan:
+    """The checked chunks of one prefill: which slots, up to where, and their forward group."""
+
+    slots: IntArray  # [P]
+    end: IntArray  # [P] cache length after the chunk
+    completes: IntArray  # [P] bool: the chunk reaches the last known token
+    group: ForwardGroup  # the chunks as a target forward group (logits at each row's last token)
 
 
 class SpecDecodeEngine:
@@ -237,10 +247,18 @@ class SpecDecodeEngine:
         to the known tokens). A row whose chunk reaches the last known token samples the next
         token (appended to the slot); returns [P] those ids, -1 for rows still prefilling.
         """
+        span = self._prefill_span(slot_ids, num_chunk_tokens)
+        if span is None:
+            return np.zeros(0, dtype=np.int64)
+        logits = self.target.forward_groups([span.group], self.target_cache)[0][:, 0]  # [P, V]
+        return self._finish_prefill(span, logits)
+
+    def _prefill_span(self, slot_ids: IntArray, num_chunk_tokens: IntArray) -> PrefillSpan | None:
+        """The checked chunks of a prefill and their target forward group; None if no rows."""
         slots = np.asarray(slot_ids, dtype=np.int64)
         chunks = np.asarray(num_chunk_tokens, dtype=np.int64)
         if slots.size == 0:
-            return np.zeros(0, dtype=np.int64)
+            return None
         self._check_in_use(slots)
         if (chunks < 1).any():
             raise ValueError(f"prefill chunks must be >= 1 token, got {chunks.tolist()}")
@@ -249,11 +267,13 @@ class SpecDecodeEngine:
         if (start >= known).any():
             raise ValueError("prefill of a slot whose known tokens are all in the cache")
         end = np.minimum(start + chunks, known)  # [P]
-        completes = end == known  # [P]
+        group = self._span_group(slots, start, end, need_logits=True)
+        return PrefillSpan(slots=slots, end=end, completes=end == known, group=group)
 
-        logits = self._forward_span(
-            self.target, None, self.target_cache, slots, start, end, need_logits=True
-        )  # [P, V]
+    def _finish_prefill(self, span: PrefillSpan, logits: torch.Tensor) -> IntArray:
+        """After the target forward of `span` (logits [P, V] of each row's last token): advance
+        the target cache, fill the draft's, sample first tokens -> [P] ids, -1 if unfinished."""
+        slots, end = span.slots, span.end
         self.target_cache.lengths[slots] = end
         if self.model_draft is not None and self.draft_cache is not None:
             # The draft covers the same span; it starts where its cache ends (catching up if it
@@ -271,8 +291,8 @@ class SpecDecodeEngine:
 
         next_ids = sample_tokens(logits, self.config.temperature, self.generator)  # [P]
         next_host = next_ids.cpu().numpy().astype(np.int64)  # the one host sync of the prefill
-        first_tokens = np.where(completes, next_host, PLACEHOLDER_TOKEN_ID)  # [P]
-        for row in np.flatnonzero(completes):
+        first_tokens = np.where(span.completes, next_host, PLACEHOLDER_TOKEN_ID)  # [P]
+        for row in np.flatnonzero(span.completes):
             self._append(int(slots[row]), first_tokens[row : row + 1])
         return first_tokens
 
@@ -283,12 +303,42 @@ class SpecDecodeEngine:
         checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
         if checked is None:
             return empty_step_result()
-        return self._run_step(*checked)
+        return self._run_step(*checked)[0]
+
+    @torch.inference_mode()
+    def step_with_prefill(
+        self,
+        slot_ids: IntArray,
+        num_spec_tokens: IntArray,
+        prefill_slot_ids: IntArray,
+        num_chunk_tokens: IntArray,
+    ) -> tuple[StepResult, IntArray]:
+        """`step` for the decoding slots and `prefill` for the prefilling ones, with ONE target
+        forward for both (vLLM's mixed batch): the verify block and the prefill chunks are two
+        groups of `Transformer.forward_groups`, so the weights are read once and no decode row
+        is padded to a chunk's length. Same results as `step` then `prefill`."""
+        if np.intersect1d(slot_ids, prefill_slot_ids).size:
+            raise ValueError("a slot both decodes and prefills in one step")
+        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
+        if checked is None:
+            return empty_step_result(), self.prefill(prefill_slot_ids, num_chunk_tokens)
+        span = self._prefill_span(prefill_slot_ids, num_chunk_tokens)
+        if span is None:
+            return self._run_step(*checked)[0], np.zeros(0, dtype=np.int64)
+        result, prefill_logits = self._run_step(*checked, prefill=span)
+        assert prefill_logits is not None
+        return result, self._finish_prefill(span, prefill_logits)
 
     def _run_step(
-        self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
-    ) -> StepResult:
-        """The reference step on checked inputs (the fast path overrides it)."""
+        self,
+        slots: IntArray,
+        spec: IntArray,
+        lengths: IntArray,
+        k_step: int,
+        prefill: PrefillSpan | None = None,
+    ) -> tuple[StepResult, torch.Tensor | None]:
+        """The reference step on checked inputs (the fast path overrides it); with `prefill`,
+        its chunks run in the verify forward -> (result, their last tokens' logits [P, V])."""
         num_rows = slots.size
         device = self.device
         last_tokens = self.token_ids[slots, lengths]  # [B]
@@ -318,13 +368,16 @@ class SpecDecodeEngine:
         inputs = torch.cat(
             (torch.from_numpy(last_tokens).to(device)[:, None], draft_ids), dim=1
         )  # [B, K+1]
-        target_logits = self.target(
+        verify = ForwardGroup(
             inputs,
             torch.from_numpy(positions).to(device),
-            self.target_cache,
             torch.from_numpy(slots).to(device),
             kv_len=int((lengths + spec).max()) + 1,
-        )  # [B, K+1, V]
+        )
+        groups = [verify] if prefill is None else [verify, prefill.group]
+        logits = self.target.forward_groups(groups, self.target_cache)
+        target_logits = logits[0]  # [B, K+1, V]
+        prefill_logits = None if prefill is None else logits[1][:, 0]  # [P, V]
         spec_t = torch.from_numpy(spec).to(device)  # [B]
         if self.config.temperature == 0.0:
             accepted_t, output_t = greedy_accept(draft_ids, target_logits, spec_t)
@@ -341,9 +394,10 @@ class SpecDecodeEngine:
         num_accepted = accepted_t.cpu().numpy().astype(np.int64)  # [B]
         output_ids = output_t.cpu().numpy().astype(np.int64)  # [B, K+1]
 
-        return self._roll_back(
+        result = self._roll_back(
             slots, lengths, drafting_rows, k_step, num_accepted, output_ids, spec
         )
+        return result, prefill_logits
 
     def _lookup_drafts(
         self, slots: IntArray, spec: IntArray, lengths: IntArray
@@ -424,6 +478,27 @@ class SpecDecodeEngine:
         draft_ids = torch.stack(drafted, dim=1)  # [R, K]
         return draft_ids, (torch.stack(probs, dim=1) if probs else None)  # [R, K, V]
 
+    def _span_group(
+        self, slots: IntArray, start: IntArray, end: IntArray, need_logits: bool
+    ) -> ForwardGroup:
+        """Each slot's known tokens [start, end) as one forward group (ragged rows padded to
+        the trash position), with logits at each row's last token if `need_logits`."""
+        widths = end - start  # [R] >= 1
+        width = int(widths.max())
+        offsets = np.arange(width)[None, :]  # [1, W]
+        is_real = offsets < widths[:, None]  # [R, W]
+        positions = np.where(is_real, start[:, None] + offsets, self.trash_position)  # [R, W]
+        token_pos = np.where(is_real, positions, 0)  # [R, W]
+        tokens = self.token_ids[slots[:, None], token_pos]  # [R, W]
+        last_index = torch.from_numpy(widths - 1).to(self.device)[:, None]  # [R, 1]
+        return ForwardGroup(
+            torch.from_numpy(tokens).to(self.device),
+            torch.from_numpy(positions).to(self.device),
+            torch.from_numpy(slots).to(self.device),
+            kv_len=int(end.max()),
+            logit_indices=last_index if need_logits else last_index[:, :0],
+        )
+
     def _forward_span(
         self,
         model: Transformer,
@@ -434,27 +509,12 @@ class SpecDecodeEngine:
         end: IntArray,
         need_logits: bool,
     ) -> torch.Tensor:
-        """Feed each slot's known tokens [start, end) (ragged, padded to the trash position).
+        """Feed each slot's known tokens [start, end) through `model` (`_span_group`).
 
         Returns [R, V] logits of each row's last fed token (or an empty tensor if not needed).
         """
-        widths = end - start  # [R] >= 1
-        width = int(widths.max())
-        offsets = np.arange(width)[None, :]  # [1, W]
-        is_real = offsets < widths[:, None]  # [R, W]
-        positions = np.where(is_real, start[:, None] + offsets, self.trash_position)  # [R, W]
-        token_pos = np.where(is_real, positions, 0)  # [R, W]
-        tokens = self.token_ids[slots[:, None], token_pos]  # [R, W]
-        last_index = torch.from_numpy(widths - 1).to(self.device)[:, None]  # [R, 1]
-        logits = model(
-            torch.from_numpy(tokens).to(self.device),
-            torch.from_numpy(positions).to(self.device),
-            cache,
-            torch.from_numpy(slots).to(self.device),
-            num_layers=num_layers,
-            kv_len=int(end.max()),
-            logit_indices=last_index if need_logits else last_index[:, :0],
-        )  # [R, 1 or 0, V]
+        group = self._span_group(slots, start, end, need_logits)
+        logits = model.forward_groups([group], cache, num_layers)[0]  # [R, 1 or 0, V]
         out: torch.Tensor = logits[:, 0] if need_logits else logits
         return out
 

@@ -9,9 +9,11 @@ Per `execute(batch)`:
    dropped, known tokens kept: a preempted request is recomputed from scratch later);
 2. allocate a slot for each of `new_req_ids` holding all its known tokens (the prompt, plus the
    output tokens so far after a preemption, exactly what the scheduler recomputes);
-3. one SD step for the decode rows with the batch's per-row K, then one prefill forward for the
-   prefill rows' chunks (two target forwards in the step; mixing both in one padded forward
-   would pad every decode row to the chunk length);
+3. one SD step for the decode rows with the batch's per-row K and the prefill rows' chunks:
+   by default ("fused", vLLM's mixed batch) in ONE target forward, the verify block and the
+   chunks as two groups (`Transformer.forward_groups`: weights read once, no decode row padded
+   to a chunk's length); "separate" runs the chunks in a forward of their own after the step
+   (what the fixed-shape fast path must do);
 4. duration = perf_counter around all of it, after `torch.cuda.synchronize()` on CUDA.
 
 Truth about positions: the executor uses the engine's OWN per-slot lengths for where tokens go,
@@ -34,13 +36,20 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
 from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
+from dsd.sim.latency import PREFILL_FORWARDS, PrefillForward
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
+
+
+def engine_prefill_forward(fast_path: str) -> PrefillForward:
+    """How the real engine runs a step's prefill chunks: in the verify forward ("fused") on the
+    reference step, in a forward of their own on the fixed-shape fast path."""
+    return "fused" if fast_path == "off" else "separate"
 
 
 @dataclass
@@ -70,11 +79,27 @@ class TorchExecutor:
         eos_token_ids: Sequence[int] | None = None,
         ignore_eos: bool = False,
         fast_path: str = "off",
+        prefill_forward: PrefillForward | None = None,
     ) -> None:
         """`tokenize`: prompt text -> ids (requests with text need it); `eos_token_ids`: ids
         that stop a request (default: the target config's); `ignore_eos`: never stop early
         (like `vllm bench serve --ignore-eos`), so output lengths follow the workload;
-        `fast_path`: "off" (reference step), "eager" or "cuda-graphs" (`backend.fast_path`)."""
+        `fast_path`: "off" (reference step), "eager" or "cuda-graphs" (`backend.fast_path`);
+        `prefill_forward`: a step's prefill chunks in the decode rows' verify forward ("fused",
+        reference step only) or in a forward of their own ("separate"); None: the fast path's
+        way (`engine_prefill_forward`)."""
+        if prefill_forward is None:
+            prefill_forward = engine_prefill_forward(fast_path)
+        if prefill_forward not in PREFILL_FORWARDS:
+            raise ValueError(
+                f"prefill_forward must be one of {PREFILL_FORWARDS}, got {prefill_forward!r}"
+            )
+        if prefill_forward == "fused" and fast_path != "off":
+            raise ValueError(
+                f"prefill_forward 'fused' needs fast_path 'off' (the {fast_path} step has a "
+                "fixed shape, with no room for prefill chunks)"
+            )
+        self.prefill_forward = prefill_forward
         self.engine: SpecDecodeEngine = build_spec_decode_engine(
             target,
             draft,
@@ -167,14 +192,24 @@ class TorchExecutor:
         num_accepted = np.zeros(num_decode, dtype=np.int64)  # [D]
         num_drafted = np.zeros(num_decode, dtype=np.int64)  # [D]
 
-        if num_decode:
-            result = engine.step(slots[:num_decode], batch.num_spec_tokens[:num_decode])
+        decode_slots, spec = slots[:num_decode], batch.num_spec_tokens[:num_decode]
+        prefill_slots, chunks = slots[num_decode:], batch.num_scheduled_tokens[num_decode:]
+        result: StepResult | None = None
+        first_tokens: IntArray | None = None
+        if num_decode and prefill_slots.size and self.prefill_forward == "fused":
+            result, first_tokens = engine.step_with_prefill(
+                decode_slots, spec, prefill_slots, chunks
+            )
+        else:
+            if num_decode:
+                result = engine.step(decode_slots, spec)
+            if prefill_slots.size:
+                first_tokens = engine.prefill(prefill_slots, chunks)
+        if result is not None:
             num_accepted = result.num_accepted
             num_drafted = result.num_drafted
             stop_index[:num_decode] = self._first_stop(result.output_token_ids, num_accepted)
-        if num_rows > num_decode:
-            prefill_slots = slots[num_decode:]
-            first_tokens = engine.prefill(prefill_slots, batch.num_scheduled_tokens[num_decode:])
+        if first_tokens is not None:
             completed = first_tokens >= 0  # [P]
             if not np.array_equal(completed, batch.completes_prompt[num_decode:]):
                 raise RuntimeError(

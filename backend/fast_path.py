@@ -46,6 +46,7 @@ from dsd.backend.engine import (
     AnyDraft,
     Draft,
     NgramDraft,
+    PrefillSpan,
     SpecDecodeConfig,
     SpecDecodeEngine,
     StepResult,
@@ -289,10 +290,20 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         )
 
     def _run_step(
-        self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
-    ) -> StepResult:
+        self,
+        slots: IntArray,
+        spec: IntArray,
+        lengths: IntArray,
+        k_step: int,
+        prefill: PrefillSpan | None = None,
+    ) -> tuple[StepResult, torch.Tensor | None]:
         """The step at a fixed shape on checked inputs (`step` checks them, as for the
-        reference)."""
+        reference). A fixed-shape step has no room for prefill chunks."""
+        if prefill is not None:
+            raise ValueError(
+                "the fast path runs prefill as its own forward; a fused step needs the "
+                "reference engine (fast path off)"
+            )
         num_rows = slots.size
         drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
         if k_step > 0:
@@ -309,9 +320,10 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]
 
-        return self._roll_back(
+        result = self._roll_back(
             slots, lengths, drafting_rows, k_step, num_accepted, output_ids, spec
         )
+        return result, None
 
     def _catch_up_draft(self, slots: IntArray, lengths: IntArray) -> None:
         """Eager forward of the tokens the draft has not seen, so its cache holds [0, L)."""

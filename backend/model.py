@@ -25,6 +25,7 @@ sliding windows, MoE or tensor parallelism, or pick attention kernels (plain SDP
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -429,6 +430,18 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(input_dtype)
 
 
+@dataclass(frozen=True)
+class ForwardGroup:
+    """One padded [B, T] block of tokens of a forward (`Transformer.forward` runs one,
+    `Transformer.forward_groups` several in one pass)."""
+
+    input_ids: torch.Tensor  # [B, T] int64
+    positions: torch.Tensor  # [B, T] int64, position of each token in its sequence
+    slot_ids: torch.Tensor | None = None  # [B] int64 cache slot of each row (with a cache)
+    kv_len: int | None = None  # attend to cache positions [0, kv_len); None: the whole cache
+    logit_indices: torch.Tensor | None = None  # [B, N] tokens to compute logits at; None: all
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention that reads/writes one layer of a slot-indexed KV cache."""
 
@@ -450,19 +463,45 @@ class Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, T, hidden]
-        cos: torch.Tensor,  # [B, T, D]
-        sin: torch.Tensor,  # [B, T, D]
-        positions: torch.Tensor,  # [B, T] int64
+        x: torch.Tensor,  # [N, hidden] the tokens of every group, flat
+        groups: Sequence[ForwardGroup],  # N = sum of each group's B x T
+        ropes: Sequence[tuple[torch.Tensor, torch.Tensor]],  # per group: cos, sin [B, T, D]
         cache_k: torch.Tensor | None,  # [S, max_len, Hkv, D] this layer, or None (no cache)
         cache_v: torch.Tensor | None,  # [S, max_len, Hkv, D]
-        slot_ids: torch.Tensor | None,  # [B] int64
-        kv_len: int | None,  # attend to cache positions [0, kv_len); > every position
     ) -> torch.Tensor:
-        batch, num_tokens, _ = x.shape
-        q = self.q_proj(x).view(batch, num_tokens, self.num_heads, self.head_dim)  # [B, T, H, D]
-        k = self.k_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim)  # [B,T,Hkv,D]
-        v = self.v_proj(x).view(batch, num_tokens, self.num_kv_heads, self.head_dim)  # [B,T,Hkv,D]
+        """[N, hidden]: the projections run once over all N tokens (one read of each weight),
+        attention within each group."""
+        q_all = self.q_proj(x)  # [N, H * D]
+        k_all = self.k_proj(x)  # [N, Hkv * D]
+        v_all = self.v_proj(x)  # [N, Hkv * D]
+        outs: list[torch.Tensor] = []
+        start = 0
+        for group, (cos, sin) in zip(groups, ropes, strict=True):
+            batch, num_tokens = group.input_ids.shape
+            end = start + batch * num_tokens
+            q = q_all[start:end].view(batch, num_tokens, self.num_heads, self.head_dim)
+            k = k_all[start:end].view(batch, num_tokens, self.num_kv_heads, self.head_dim)
+            v = v_all[start:end].view(batch, num_tokens, self.num_kv_heads, self.head_dim)
+            out = self._attend(q, k, v, cos, sin, group, cache_k, cache_v)  # [B, T, H * D]
+            outs.append(out.reshape(end - start, -1))
+            start = end
+        projected: torch.Tensor = self.o_proj(outs[0] if len(outs) == 1 else torch.cat(outs))
+        return projected  # [N, hidden]
+
+    def _attend(
+        self,
+        q: torch.Tensor,  # [B, T, H, D]
+        k: torch.Tensor,  # [B, T, Hkv, D]
+        v: torch.Tensor,  # [B, T, Hkv, D]
+        cos: torch.Tensor,  # [B, T, D]
+        sin: torch.Tensor,  # [B, T, D]
+        group: ForwardGroup,
+        cache_k: torch.Tensor | None,
+        cache_v: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One group's attention -> [B, T, H * D]."""
+        batch, num_tokens = group.input_ids.shape
+        positions, slot_ids, kv_len = group.positions, group.slot_ids, group.kv_len
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -480,7 +519,7 @@ class Attention(nn.Module):
             span = cache_k.shape[1] if kv_len is None else kv_len
             keys = cache_k[slot_ids, :span]  # [B, S_kv, Hkv, D]
             values = cache_v[slot_ids, :span]  # [B, S_kv, Hkv, D]
-            key_positions = torch.arange(span, device=x.device).expand(batch, span)  # [B, S_kv]
+            key_positions = torch.arange(span, device=q.device).expand(batch, span)  # [B, S_kv]
         mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S_kv]
 
         # Grouped-query attention without copying each KV head `group` times (repeat_interleave
@@ -492,9 +531,7 @@ class Attention(nn.Module):
             attn_mask=mask[:, None, :, :],  # [B, 1, T, S_kv]
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, T, D]
-        out = out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
-        projected: torch.Tensor = self.o_proj(out)  # [B, T, hidden]
-        return projected
+        return out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
 
 
 class MLP(nn.Module):
@@ -570,34 +607,66 @@ class Transformer(nn.Module):
         those tokens (a prefill chunk needs one row of logits, not T x V); the result is then
         [B, N, V].
         """
+        group = ForwardGroup(input_ids, positions, slot_ids, kv_len, logit_indices)
+        return self.forward_groups([group], kv_cache, num_layers)[0]
+
+    def forward_groups(
+        self,
+        groups: Sequence[ForwardGroup],
+        kv_cache: KVCache | None = None,
+        num_layers: int | None = None,
+    ) -> list[torch.Tensor]:
+        """`forward` of several padded blocks in ONE pass: per group its logits, as `forward`
+        would return them for that group alone.
+
+        Every linear layer (and the head) runs once over the tokens of all groups, so each weight
+        is read once; attention runs per group. This is how a step that verifies decode rows of
+        1 + K tokens and computes prefill chunks of hundreds runs as one forward without padding
+        the decode rows to the chunk length. The groups' slots must differ.
+        """
         depth = self.config.num_layers if num_layers is None else num_layers
         if not 1 <= depth <= self.config.num_layers:
             raise ValueError(f"num_layers must be in [1, {self.config.num_layers}], got {depth}")
-        if kv_cache is not None and (slot_ids is None or kv_cache.num_layers < depth):
+        if not groups:
+            raise ValueError("forward_groups needs at least one group")
+        if kv_cache is not None and (
+            any(g.slot_ids is None for g in groups) or kv_cache.num_layers < depth
+        ):
             raise ValueError("a KV cache needs slot_ids and at least num_layers layers")
-        hidden = self.embed_tokens(input_ids)  # [B, T, hidden]
+        flat_ids = [g.input_ids.reshape(-1) for g in groups]
+        hidden = self.embed_tokens(flat_ids[0] if len(groups) == 1 else torch.cat(flat_ids))
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
-        cos, sin = rope_cos_sin(inv_freq, positions, hidden.dtype)  # [B, T, D] each
+        ropes = [rope_cos_sin(inv_freq, g.positions, hidden.dtype) for g in groups]  # [B, T, D]
         for index in range(depth):
             layer: DecoderLayer = self.layers[index]  # type: ignore[assignment]
             cache_k = kv_cache.k[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
             cache_v = kv_cache.v[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
             hidden = hidden + layer.self_attn(
-                layer.input_layernorm(hidden),
-                cos,
-                sin,
-                positions,
-                cache_k,
-                cache_v,
-                slot_ids,
-                kv_len,
-            )
+                layer.input_layernorm(hidden), groups, ropes, cache_k, cache_v
+            )  # [N, hidden]
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        if logit_indices is not None:
-            gather_index = logit_indices[:, :, None].expand(-1, -1, hidden.shape[-1])  # [B,N,hid]
-            hidden = hidden.gather(1, gather_index)  # [B, N, hidden]
-        hidden = self.norm(hidden)  # [B, T or N, hidden]
-        logits: torch.Tensor  # [B, T or N, V]
+
+        # The head only at the tokens each group wants logits of, all groups in one matmul.
+        heads: list[torch.Tensor] = []
+        sizes = [ids.numel() for ids in flat_ids]
+        for group, part in zip(groups, torch.split(hidden, sizes), strict=True):
+            block = part.view(*group.input_ids.shape, -1)  # [B, T, hidden]
+            if group.logit_indices is not None:
+                gather_index = group.logit_indices[:, :, None].expand(-1, -1, block.shape[-1])
+                block = block.gather(1, gather_index)  # [B, N, hidden]
+            heads.append(block)
+        logits = self._head(
+            heads[0] if len(heads) == 1 else torch.cat([h.reshape(-1, h.shape[-1]) for h in heads])
+        )
+        if len(heads) == 1:
+            return [logits]
+        parts = torch.split(logits, [h.shape[0] * h.shape[1] for h in heads])
+        return [p.view(h.shape[0], h.shape[1], -1) for p, h in zip(parts, heads, strict=True)]
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head -> float32 logits."""
+        hidden = self.norm(hidden)
+        logits: torch.Tensor
         if self.lm_head is not None:
             logits = self.lm_head(hidden)
         elif self.tied_head_kernels is not None and not torch.is_grad_enabled():

@@ -1,12 +1,15 @@
 """Measure a (target, draft, device) setup into a `policies.profile.Profile`.
 
-Three measurements, all on the real SD engine (`backend.engine` or its fast path):
+Measurements, all on the real SD engine (`backend.engine` or its fast path):
 - **decode ITL(B, K, context)**: B slots hold synthetic prompts of `context_len` tokens; each
   timed step is one `engine.step` at K for every row, after warm-up steps, with
   `torch.cuda.synchronize()` before reading the clock on CUDA. After every step the slots are
   truncated back to `context_len` tokens, so every timed step sees the same context (and the
   draft's catch-up is the steady-state one token at most). Median, p10, p90 and n per point.
 - **prefill cost**: one request's prompt of N tokens in one chunk (target and draft), for a few N.
+- **prefill in decode steps** (reference step only: the engine runs a chunk in the decode
+  rows' forward): per N, what a chunk adds to a K = 0 decode step of the smallest and largest
+  B, from paired rounds of the mixed step and the decode step alone (`time_mixed_steps`).
 - **acceptance**: the prompt set run through the engine at K = k_max (greedy or sampled at the
   profile's temperature) until each request has its output tokens or an EOS; over the rows that
   asked for k_max, per position i the count of steps that drafted d >= i tokens (an n-gram
@@ -16,11 +19,12 @@ Three measurements, all on the real SD engine (`backend.engine` or its fast path
 - **host overhead of the engine loop**: the real loop `dsd validate` runs (`sim.engine.Engine`
   with the wall clock, `sim.scheduler`, a static policy, `backend.executor.TorchExecutor`) on
   short closed-loop workloads at C = B for every profiled B, once at K = 0 and once at K_max.
-  Per iteration: loop wall time minus the time inside the model forwards (`engine.step` and
-  `engine.prefill`, timed by thin wrappers). That difference (scheduler plan/commit/update,
-  policy choose_k/observe, metrics, the executor's Python bookkeeping, SimPy) is what the
-  step timing above does not see. `fit_host_overhead` fits intercept + per_row x B by least
-  squares (non-negative) on the per-B medians, separately for steps without and with drafts.
+  Per iteration: loop wall time minus the time inside the model forwards (`engine.step`,
+  `engine.prefill` and `engine.step_with_prefill`, timed by thin wrappers). That difference
+  (scheduler plan/commit/update, policy choose_k/observe, metrics, the executor's Python
+  bookkeeping, SimPy) is what the step timing above does not see. `fit_host_overhead` fits
+  intercept + per_row x B by least squares (non-negative) on the per-B medians, separately
+  for steps without and with drafts.
 
 The decode ITL covers the engine step only (draft, verify, accept, the one host sync); the loop's
 host work is the separate host-overhead model, which the simulator adds per step.
@@ -46,6 +50,7 @@ import scipy.optimize
 import torch
 
 from dsd.backend.engine import AnyDraft, NgramDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.executor import engine_prefill_forward
 from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
@@ -59,6 +64,7 @@ from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
     LatencyPoint,
+    PrefillInDecodePoint,
     PrefillPoint,
     Profile,
     lower_triangular_rows,
@@ -81,6 +87,7 @@ from dsd.traces.workload import RequestSpec, Workload
 
 ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
 Point = TypeVar("Point", bound=Hashable)  # what one timed measurement is of: (B, K), a size
+_Result = TypeVar("_Result")  # what a timed engine method returns
 
 
 @dataclass(frozen=True)
@@ -371,9 +378,75 @@ class _DecodeSlots:
             )
         return elapsed_ms
 
+    def time_mixed(
+        self, item: MixedItem, rng: np.random.Generator, avoid_ids: Sequence[int]
+    ) -> float:
+        """Wall ms of one `MixedItem`: a decode step of B rows at K, a prefill of N tokens
+        alone (a fresh slot, in one chunk), or both in one step ("separate": `step` then
+        `prefill`; "fused": `step_with_prefill`). State is put back after each."""
+        kind, b, k, num_tokens = item
+        if kind == "decode":
+            return self.time_step((b, k))
+        engine = self.engine
+        if kind == "prefill":
+            return _time_prefill(engine, rng, avoid_ids, num_tokens)
+        vocab = engine.target.config.vocab_size
+        slot = np.array(
+            [engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))], dtype=np.int64
+        )
+        rows, spec, chunk = self.slots[:b], np.full(b, k, dtype=np.int64), np.array([num_tokens])
+        if kind == "fused":
+            elapsed_ms = _timed_ms(
+                engine.device, lambda: engine.step_with_prefill(rows, spec, slot, chunk)
+            )
+        elif kind == "separate":
+            elapsed_ms = _timed_ms(
+                engine.device, lambda: (engine.step(rows, spec), engine.prefill(slot, chunk))
+            )
+        else:
+            raise ValueError(f"unknown mixed-step item kind {kind!r}")
+        _truncate(engine, rows, self.known)
+        engine.free_slot(int(slot[0]))
+        return elapsed_ms
+
     def free(self) -> None:
         for slot in self.slots:
             self.engine.free_slot(int(slot))
+
+
+# One timed unit of `time_mixed_steps`: (kind, B, K, N). kind "decode": a step of B rows at K
+# (N = 0); "prefill": N prompt tokens alone (B = K = 0); "separate" / "fused": both in a step.
+MixedItem = tuple[str, int, int, int]
+
+
+def time_mixed_steps(
+    engine: SpecDecodeEngine,
+    config: ProfileConfig,
+    items: Sequence[MixedItem],
+    context_len: int,
+    on_progress: ProgressCallback | None = None,
+    rng: np.random.Generator | None = None,
+) -> dict[MixedItem, list[float]]:
+    """Timed samples of every item, `config.num_warmup` untimed then `config.num_iters` timed
+    rounds, each item once per round in a fresh random order (so samples of one round are
+    paired: a mixed step minus its decode step is that round's added cost of the chunk).
+    Decode rows hold `context_len` tokens; the engine needs max(config B) + 1 slots. `rng`:
+    synthetic ids and orders (default: seeded by `config.seed`)."""
+    rng = np.random.default_rng(config.seed) if rng is None else rng
+    avoid = special_ids(engine.target)
+    decode = _DecodeSlots(engine, config, rng, avoid, context_len)
+    try:
+        return _timed_rounds(
+            lambda item: decode.time_mixed(item, rng, avoid),
+            list(items),
+            config,
+            rng,
+            on_round=None
+            if on_progress is None
+            else functools.partial(_round_done, on_progress, "mixed steps"),
+        )
+    finally:
+        decode.free()
 
 
 def _timed_rounds(
@@ -527,7 +600,8 @@ def special_ids(target: Transformer) -> list[int]:
 
 
 class TimingRounds:
-    """A profile's decode and prefill points timed again between the real runs of a validation.
+    """A profile's decode, prefill and prefill-in-decode points timed again between the real
+    runs of a validation.
 
     A shared machine drifts: the same B = 1 decode step of SmolLM2-135M ran at 63-94 ms
     (median of 40 steps) within two minutes on the 2-core CPU, and 59 vs 82 ms three hours
@@ -562,6 +636,11 @@ class TimingRounds:
             {(p.context_len or 0, p.batch_size, p.num_spec_tokens) for p in profile.latency}
         )
         self.prefill_sizes = sorted({p.num_tokens for p in profile.prefill})
+        # (decode rows, chunk tokens) of the prefill-in-decode points, timed as the profiler
+        # does: a fused step beside rows of the shortest context, minus the decode step alone
+        self.in_decode_keys = sorted(
+            {(p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode}
+        )
         k_max = max(k for _c, _b, k in self.decode_keys)
         batch_sizes = sorted({b for _c, b, _k in self.decode_keys})
         # The profiler records known tokens (context + the first sampled token) per row
@@ -578,7 +657,9 @@ class TimingRounds:
                 # max(B) decode slots per context, and one for a prefill
                 num_slots=max(batch_sizes) * len(contexts) + 1,
                 max_model_len=max(
-                    max(contexts) + k_max + 2, max(self.prefill_sizes, default=1) + 2
+                    max(contexts) + k_max + 2,
+                    max(self.prefill_sizes, default=1) + 2,
+                    max((n for _d, n in self.in_decode_keys), default=1) + 2,
                 ),
                 k_max=max(k_max, 1),
                 seed=seed,
@@ -598,6 +679,9 @@ class TimingRounds:
             key: [] for key in self.decode_keys
         }
         self._prefill: dict[int, list[tuple[int, float]]] = {n: [] for n in self.prefill_sizes}
+        self._in_decode: dict[tuple[int, int], list[tuple[int, float]]] = {
+            key: [] for key in self.in_decode_keys
+        }
         self.num_rounds = 0
 
     def round(self) -> int:
@@ -605,12 +689,20 @@ class TimingRounds:
         index = self.num_rounds
         todo: list[tuple[str, Any]] = [("decode", key) for key in self.decode_keys]
         todo += [("prefill", size) for size in self.prefill_sizes]
+        todo += [("in_decode", key) for key in self.in_decode_keys]
         count = max(1, math.ceil(self.share * len(todo)))
         for choice in self._rng.permutation(len(todo))[:count]:
             kind, key = todo[int(choice)]
             if kind == "decode":
                 context, b, k = key
                 self._decode[key].append((index, self._slots[context].time_step((b, k))))
+            elif kind == "in_decode":
+                rows, num_tokens = key
+                slots = self._slots[min(self._slots)]
+                decode_ms = slots.time_step((rows, 0))
+                fused = ("fused", rows, 0, num_tokens)
+                added_ms = slots.time_mixed(fused, self._rng, self._avoid) - decode_ms
+                self._in_decode[key].append((index, added_ms))
             else:
                 elapsed_ms = _time_prefill(self._engine, self._rng, self._avoid, key)
                 self._prefill[key].append((index, elapsed_ms))
@@ -635,10 +727,31 @@ class TimingRounds:
             size = prefill_point.num_tokens
             samples = [ms for _round, ms in self._prefill[size]]
             prefill.append(_prefill_point(size, samples) if samples else prefill_point)
+        in_decode = []
+        for in_decode_point in self.base.prefill_in_decode:
+            samples = [
+                ms
+                for _round, ms in self._in_decode[
+                    (in_decode_point.decode_rows, in_decode_point.num_tokens)
+                ]
+            ]
+            in_decode.append(
+                dataclasses.replace(
+                    in_decode_point,
+                    added_ms=max(float(np.median(samples)), 0.0),
+                    n=len(samples),
+                )
+                if samples
+                else in_decode_point
+            )
         metadata = dict(self.base.metadata)
         metadata["timing_rounds"] = {"rounds": self.num_rounds, "share": self.share}
         return dataclasses.replace(
-            self.base, latency=tuple(latency), prefill=tuple(prefill), metadata=metadata
+            self.base,
+            latency=tuple(latency),
+            prefill=tuple(prefill),
+            prefill_in_decode=tuple(in_decode),
+            metadata=metadata,
         )
 
     def speed(self, rounds: Sequence[int]) -> float:
@@ -695,6 +808,38 @@ def _prefill_point(num_tokens: int, samples_ms: list[float]) -> PrefillPoint:
         n=len(samples_ms),
         mean_ms=max(float(np.mean(samples_ms)), 1e-6),
     )
+
+
+def measure_prefill_in_decode(
+    engine: SpecDecodeEngine,
+    config: ProfileConfig,
+    rng: np.random.Generator,
+    on_progress: ProgressCallback | None = None,
+) -> list[PrefillInDecodePoint]:
+    """What a prefill chunk of each `config.prefill_token_counts` size adds to a decode step
+    (K = 0) of the smallest and the largest profiled B, when both run in one forward
+    (`step_with_prefill`): per round the mixed step minus the decode step, paired, then the
+    median. Decode rows hold min(context_lens) tokens. Needs the reference step (a fixed-shape
+    fast path step has no room for chunks) and max(B) + 1 slots."""
+    rows = sorted({min(config.batch_sizes), max(config.batch_sizes)})
+    sizes = sorted(config.prefill_token_counts)
+    items: list[MixedItem] = [("decode", d, 0, 0) for d in rows]
+    items += [("fused", d, 0, n) for d in rows for n in sizes]
+    samples = time_mixed_steps(engine, config, items, min(config.context_lens), on_progress, rng)
+    points = []
+    for d in rows:
+        decode = np.asarray(samples[("decode", d, 0, 0)])
+        for n in sizes:
+            added = np.asarray(samples[("fused", d, 0, n)]) - decode  # [rounds], paired
+            points.append(
+                PrefillInDecodePoint(
+                    num_tokens=n,
+                    decode_rows=d,
+                    added_ms=max(float(np.median(added)), 0.0),
+                    n=int(added.size),
+                )
+            )
+    return points
 
 
 def measure_prefill(
@@ -822,7 +967,8 @@ class HostOverheadSample:
 
 
 class ForwardTimer:
-    """Wraps one SpecDecodeEngine's `step` and `prefill` with a clock and sums their time.
+    """Wraps one SpecDecodeEngine's forwards (`step`, `prefill`, `step_with_prefill`) with a
+    clock and sums their time.
 
     The wrappers are instance attributes that shadow the methods, so the engine and the
     executor are unchanged. On CUDA the device is synchronized before each clock read.
@@ -832,23 +978,17 @@ class ForwardTimer:
         self._clock = clock
         self._device = engine.device
         self._total_s = 0.0
-        inner_step = engine.step
-        inner_prefill = engine.prefill
+        for name in ("step", "prefill", "step_with_prefill"):
+            setattr(engine, name, self._timed(getattr(engine, name)))
 
-        def timed_step(slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
+    def _timed(self, method: Callable[..., _Result]) -> Callable[..., _Result]:
+        def timed(*args: Any) -> _Result:
             start_s = self._start()
-            result = inner_step(slot_ids, num_spec_tokens)
+            out = method(*args)
             self._stop(start_s)
-            return result
+            return out
 
-        def timed_prefill(slot_ids: IntArray, num_chunk_tokens: IntArray) -> IntArray:
-            start_s = self._start()
-            first_tokens = inner_prefill(slot_ids, num_chunk_tokens)
-            self._stop(start_s)
-            return first_tokens
-
-        engine.step = timed_step  # type: ignore[method-assign]
-        engine.prefill = timed_prefill  # type: ignore[method-assign]
+        return timed
 
     def _start(self) -> float:
         _device_sync(self._device)
@@ -1026,6 +1166,9 @@ def measure_host_overhead(
         for k in (0, config.k_max):
             run_config, workload = host_overhead_run(batch_size, k, config)
             resolved = resolve(run_config, workload=workload)
+            resolved = dataclasses.replace(
+                resolved, prefill_forward=engine_prefill_forward(config.fast_path)
+            )
             executor = torch_executor(
                 resolved,
                 target,
@@ -1099,7 +1242,8 @@ def profile_pair(
         target,
         draft,
         SpecDecodeConfig(
-            num_slots=max(config.batch_sizes),
+            # one more than max(B): a prefill chunk beside max(B) decode rows
+            num_slots=max(config.batch_sizes) + 1,
             max_model_len=max_model_len,
             k_max=k_max,
             temperature=config.temperature,
@@ -1113,6 +1257,9 @@ def profile_pair(
     latency = measure_decode(engine, config, rng, avoid, on_progress, quality)
     latency = refine_batch_sizes(engine, config, latency, rng, avoid, on_progress, quality)
     prefill = measure_prefill(engine, config, rng, avoid, on_progress)
+    in_decode: list[PrefillInDecodePoint] = []
+    if engine_prefill_forward(config.fast_path) == "fused":
+        in_decode = measure_prefill_in_decode(engine, config, rng, on_progress)
     problems = check_latency(latency, config.quality_limits) + check_prefill(
         prefill, config.quality_limits
     )
@@ -1174,6 +1321,19 @@ def profile_pair(
             "num_warmup": config.num_warmup,
             "num_iters": config.num_iters,
             "seed": config.seed,
+            # how the prefill_in_decode points were measured (absent: not measured, the fast
+            # path runs prefill as a forward of its own)
+            **(
+                {
+                    "prefill_in_decode": {
+                        "context_len": min(config.context_lens),
+                        "decode_rows": sorted({p.decode_rows for p in in_decode}),
+                        "k": 0,
+                    }
+                }
+                if in_decode
+                else {}
+            ),
             "acceptance": {
                 "num_requests": len(prompts),
                 "num_steps": counts.num_steps,
@@ -1190,6 +1350,7 @@ def profile_pair(
         drafted_at_pos=counts.drafted_at_pos,
         accepted_at_pos=counts.accepted_at_pos,
         prefill=tuple(prefill),
+        prefill_in_decode=tuple(in_decode),
         per_request_rates=counts.per_request_rates,
         temperature=config.temperature,
         host_overhead=host_overhead,

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from dsd.backend.engine import AnyDraft
-from dsd.backend.executor import TorchExecutor
+from dsd.backend.executor import TorchExecutor, engine_prefill_forward
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.common.errors import InputError
@@ -25,11 +25,12 @@ from dsd.sim.metrics import StepSink
 from dsd.sim.resolve import ResolvedRun, config_workload, resolve
 
 
-def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
+def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> ResolvedRun:
     """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0. Its
-    simulated twin charges steps as the engine runs them: prefill chunks in a forward of their
-    own, every decode row's attention over the longest row's span, and async steps overlapped
-    with the planning only on CUDA (as the engine loop runs them)."""
+    simulated twin charges steps as the engine (with `fast_path`) runs them: prefill chunks in
+    the verify forward or in one of their own (`engine_prefill_forward`), every decode row's
+    attention over the longest row's span, and async steps overlapped with the planning only
+    on CUDA (as the engine loop runs them)."""
     if config.scheduler != "dsd":
         raise InputError("scheduler: real runs use dsd's scheduler (--scheduler vllm simulates)")
     if pair.draft is None:
@@ -37,7 +38,7 @@ def resolve_real(config: RunConfig, pair: ModelPair) -> ResolvedRun:
     resolved = resolve(config, workload=pair.real_workload(config_workload(config)))
     return dataclasses.replace(
         resolved,
-        prefill_forward="separate",
+        prefill_forward=engine_prefill_forward(fast_path),
         attention_span="padded",
         host_overlap=pair.device.type == "cuda",
     )
@@ -66,6 +67,7 @@ def torch_executor(
         tokenize=tokenize,
         ignore_eos=ignore_eos,
         fast_path=fast_path,
+        prefill_forward=resolved.prefill_forward,
     )
 
 

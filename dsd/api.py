@@ -317,7 +317,7 @@ def run(
     from dsd.backend.real import real_engine, resolve_real
 
     check_fast_path(fast_path, str(pair.device))
-    resolved = resolve_real(_config(config, fields), pair)
+    resolved = resolve_real(_config(config, fields), pair, fast_path)
     from dsd.backend.threads import thread_settings
     from dsd.common.machine import load_average
 
@@ -708,7 +708,7 @@ def _validation(
         for concurrency in max_concurrency
         for spec in policies
     ]
-    resolved = [resolve_real(config, pair) for config in configs]
+    resolved = [resolve_real(config, pair, fast_path) for config in configs]
     # Re-timing needs the profile's contexts (a vLLM-derived table has none)
     retime_note = "on"
     if retime and any(point.context_len is None for point in loaded_profile.latency):
@@ -748,6 +748,9 @@ def _validation(
         "host_overhead_ms": first.host_overhead_ms,
         "host_overhead_source": resolved[0].host_overhead_source,
         "fast_path": fast_path,
+        # how the engine ran prefill chunks beside decode rows (rescore reads it; older
+        # reports lack it: "separate")
+        "prefill_forward": resolved[0].prefill_forward,
         "ignore_eos": True,
         "profile_problems": [str(problem) for problem in problems],
         # what a plain `goodput` / `online` SPEC scored (rescore reads them; older reports

@@ -58,6 +58,18 @@ class PrefillPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillInDecodePoint:
+    """What a prefill chunk of `num_tokens` tokens adds to a decode step of `decode_rows` rows
+    (K = 0) when both run in ONE forward (a fused engine's mixed step): per timed round, the
+    mixed step minus the decode step alone, and the median of those differences."""
+
+    num_tokens: int  # chunk tokens, >= 1
+    decode_rows: int  # decode rows of the step, >= 1
+    added_ms: float  # finite, >= 0
+    n: int | None = None  # rounds
+
+
+@dataclass(frozen=True, slots=True)
 class HostOverheadLine:
     """Host ms of one engine-loop iteration as a line in the step's batch size B."""
 
@@ -113,6 +125,9 @@ class Profile:
     drafted_at_pos: tuple[int, ...] | None = None
     accepted_at_pos: tuple[int, ...] | None = None
     prefill: tuple[PrefillPoint, ...] = ()
+    # measured cost of prefill chunks inside decode steps (fused engine); () where not measured
+    # (the simulator then prices a chunk in a decode step from the prefill curve)
+    prefill_in_decode: tuple[PrefillInDecodePoint, ...] = ()
     # per-request samples: each request's own unconditional per-position rates (len <= k_max)
     per_request_rates: tuple[tuple[float, ...], ...] = ()
     temperature: float = 0.0

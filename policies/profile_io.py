@@ -39,6 +39,7 @@ from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
     LatencyPoint,
+    PrefillInDecodePoint,
     PrefillPoint,
     Profile,
     outcome_matrices,
@@ -319,6 +320,19 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
             )
         )
 
+    in_decode: list[PrefillInDecodePoint] = []
+    for index, raw in enumerate(reader.seq(data.get("prefill_in_decode", []), "prefill_in_decode")):
+        path = f"prefill_in_decode[{index}]"
+        entry = reader.obj(raw, path)
+        in_decode.append(
+            PrefillInDecodePoint(
+                num_tokens=reader.field_integer(entry, "num_tokens", path, 1),
+                decode_rows=reader.field_integer(entry, "decode_rows", path, 1),
+                added_ms=reader.nonnegative_ms(entry, "added_ms", path),
+                n=_optional(reader, entry, "n", path, "int1"),
+            )
+        )
+
     acceptance = reader.obj(reader.require(data, "acceptance", ""), "acceptance")
     drafted: tuple[int, ...] | None = None
     accepted: tuple[int, ...] | None = None
@@ -369,6 +383,7 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
         drafted_at_pos=drafted,
         accepted_at_pos=accepted,
         prefill=tuple(prefill),
+        prefill_in_decode=tuple(in_decode),
         per_request_rates=tuple(per_request),
         temperature=temperature,
         host_overhead=host_overhead,
@@ -664,7 +679,17 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
         "acceptance": acceptance,
         "per_request_rates": [list(sample) for sample in profile.per_request_rates],
     }
-    # Written only when measured, so a profile without it stays byte-identical to before.
+    # Written only when measured, so a profile without them stays byte-identical to before.
+    if profile.prefill_in_decode:
+        native["prefill_in_decode"] = [
+            {
+                "num_tokens": point.num_tokens,
+                "decode_rows": point.decode_rows,
+                "added_ms": point.added_ms,
+                **({} if point.n is None else {"n": point.n}),
+            }
+            for point in profile.prefill_in_decode
+        ]
     if profile.host_overhead is not None:
         native["host_overhead"] = host_overhead_to_native(profile.host_overhead)
     if profile.draft_outcomes:

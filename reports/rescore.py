@@ -129,7 +129,11 @@ def rescore(
             acceptance_model=model,
             latency_model=latency_model,
         )
-        resolved = dataclasses.replace(resolve_real(run, pair), profile=profile)
+        resolved = dataclasses.replace(
+            resolve_real(run, pair),
+            profile=profile,
+            prefill_forward=config.get("prefill_forward", "separate"),
+        )
         if retimed is not None:
             resolved = with_latency_from(resolved, retimed)
         return simulated_run(resolved).metrics

@@ -342,6 +342,8 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
             f"latency model: {latency_info['kind']} (asked {latency_info['requested']}); "
             f"prefill cost: {latency_info['prefill_source']}"
         )
+        if latency_info.get("prefill_forward") == "fused" and "prefill_in_decode" in latency_info:
+            latency_line += f" (in decode steps: {latency_info['prefill_in_decode']})"
         if "fit_summary" in latency_info:
             latency_line += f"; {latency_info['fit_summary']}"
         lines.append(latency_line)

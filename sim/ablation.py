@@ -22,7 +22,7 @@ class FreePrefillLatency:
     """A latency model whose prompt tokens cost nothing (ablation "prefill free").
 
     Relies on the composition rule of `sim.latency`: a step with decode rows costs
-    decode + prefill.marginal_ms(prompt tokens); a prefill-only step costs
+    decode + prefill.in_decode_ms(prompt tokens); a prefill-only step costs
     prefill.curve_ms(prompt tokens). Here the marginal part is dropped and a prefill-only step
     costs one forward of a single token, curve_ms(1) (a step cannot take zero time).
     """
@@ -35,7 +35,7 @@ class FreePrefillLatency:
         prefill = self.inner.prefill
         if num_decode == 0:
             return prefill.curve_ms(1.0)
-        return self.inner.step_ms(batch) - prefill.marginal_ms(prefill_tokens)
+        return self.inner.step_ms(batch) - prefill.in_decode_ms(prefill_tokens)
 
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         return self.inner.decode_itl_ms(batch_size, num_spec_tokens)
@@ -60,7 +60,7 @@ class FixedBatchLatency:
         k_charged = int(batch.num_spec_tokens[:num_decode].max())
         prefill_tokens = float(batch.num_scheduled_tokens[num_decode:].sum())
         decode_ms = self.inner.decode_itl_ms(self.batch_size, k_charged)
-        return decode_ms + self.prefill.marginal_ms(prefill_tokens)
+        return decode_ms + self.prefill.in_decode_ms(prefill_tokens)
 
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         return self.inner.decode_itl_ms(batch_size, num_spec_tokens)

@@ -14,14 +14,17 @@ points, or, when the profile has none, estimated from the decode table's per-tok
 model says which in `prefill_source`. How a step is composed (docs/models.md has the equations):
 
 - decode rows only: the decode model at D = number of decode rows;
-- decode rows + prefill chunks: decode cost + the *marginal* cost of the prefill tokens (all
-  tokens run in one forward, so the fixed cost of the forward is paid once, by the decode part);
+- decode rows + prefill chunks: decode cost + what the prefill tokens add to it
+  (`PrefillCost.in_decode_ms`: all tokens run in one forward, so its fixed cost is paid once,
+  by the decode part): measured in mixed steps where the profile has `prefill_in_decode`
+  points, else the prefill curve's *marginal* cost;
 - prefill chunks only: the full prefill cost of the step's prompt tokens.
 
-That is vLLM's engine ("fused"). dsd's torch engine runs a step's prefill chunks as their own
-forward after the decode step, padded to the longest chunk ("separate", `SeparatePrefill`):
-decode cost + the full prefill cost of P rows x the longest chunk. `dsd run` and `dsd validate`
-simulate the engine they measure (`backend.real.resolve_real` sets it).
+That is vLLM's engine ("fused"), and dsd's torch engine on its reference step. On the
+fixed-shape fast path dsd's engine runs a step's prefill chunks as their own forward after
+the decode step, padded to the longest chunk ("separate", `SeparatePrefill`): decode cost +
+the full prefill cost of P rows x the longest chunk. `dsd run` and `dsd validate` simulate
+the engine they measure (`backend.real.resolve_real` sets it).
 
 Mixed K in one step (per-request K): the draft runs max K passes over the whole batch (rows
 with a smaller K are masked, not skipped). The table model charges ITL(D, max K) by default
@@ -33,7 +36,7 @@ and verifies sum(K_i + 1) tokens, which is its own decomposition.
 Context: the parametric model prices the KV read of the step's total context; the table model
 has a context axis when the profile measured two or more contexts (the PR #32374 table has
 none). dsd's torch engine pads every decode row's attention to the longest row's span
-(`PaddedAttention`, set with "separate" prefill by `resolve_real`).
+(`PaddedAttention`, set by `resolve_real`).
 
 What this module does not do: sample anything (models are pure; latency noise is the
 executor's) or model TP/PP communication.
@@ -42,6 +45,7 @@ executor's) or model TP/PP communication.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -85,12 +89,20 @@ class PrefillCost:
     latency_ms: tuple[float, ...]  # latency at each knot, ms, non-decreasing
     source: PrefillSource  # where the knots came from (the CLI prints it)
     tail_ms_per_token: float  # slope used past the last knot, ms/token, >= 0
+    # What prompt tokens add to a decode step whose forward they run in, measured on a fused
+    # engine (the profile's prefill_in_decode, averaged over its decode batch sizes): knots
+    # in tokens, ascending, and their added ms, non-decreasing. Empty: `marginal_ms` stands in.
+    in_decode_tokens: tuple[float, ...] = ()
+    in_decode_added_ms: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.latency_ms) or len(self.num_tokens) < 1:
             raise ValueError("PrefillCost needs as many latencies as knots, at least one")
-        if any(b <= a for a, b in zip(self.num_tokens, self.num_tokens[1:], strict=False)):
-            raise ValueError("PrefillCost knots must be strictly increasing")
+        for knots in (self.num_tokens, self.in_decode_tokens):
+            if any(b <= a for a, b in itertools.pairwise(knots)):
+                raise ValueError("PrefillCost knots must be strictly increasing")
+        if len(self.in_decode_tokens) != len(self.in_decode_added_ms):
+            raise ValueError("PrefillCost needs as many in-decode costs as in-decode knots")
         if not (math.isfinite(self.tail_ms_per_token) and self.tail_ms_per_token >= 0):
             raise ValueError(f"tail slope must be finite and >= 0, got {self.tail_ms_per_token}")
 
@@ -124,6 +136,7 @@ class PrefillCost:
                 latency_ms=tuple(float(v) for v in lat_mono),
                 source="profile",
                 tail_ms_per_token=float(max(tail, 0.0)),
+                **_in_decode_knots(profile),
             )
         # No prefill data: ms per extra token from ITL(B, 0) between the two largest profiled B
         # (decode rows are one token each, and at large B the step is closest to compute-bound).
@@ -136,6 +149,7 @@ class PrefillCost:
             latency_ms=(one_token_ms,),
             source="estimated-from-decode-slope",
             tail_ms_per_token=float(max(slope, 0.0)),
+            **_in_decode_knots(profile),
         )
 
     def curve_ms(self, num_tokens: float) -> float:
@@ -147,10 +161,44 @@ class PrefillCost:
         return float(lat[-1] + self.tail_ms_per_token * (num_tokens - knots[-1]))
 
     def marginal_ms(self, num_tokens: float) -> float:
-        """What `num_tokens` prompt tokens add to a forward that runs anyway, ms (>= 0)."""
+        """What `num_tokens` prompt tokens add to a forward that runs anyway, ms (>= 0), read
+        from the prefill curve."""
         if num_tokens <= 0:
             return 0.0
         return max(0.0, self.curve_ms(num_tokens + 1.0) - self.curve_ms(1.0))
+
+    @property
+    def in_decode_source(self) -> str:
+        """Where `in_decode_ms` comes from (run configs and the CLI print it)."""
+        return "measured-in-decode" if self.in_decode_tokens else "prefill-curve-marginal"
+
+    def in_decode_ms(self, num_tokens: float) -> float:
+        """What `num_tokens` prompt tokens add to a decode step that runs them in its own
+        forward (a fused mixed step), ms: the measured knots (from 0 at 0 tokens, the prefill
+        curve's tail slope past the last), else `marginal_ms`."""
+        if num_tokens <= 0:
+            return 0.0
+        if not self.in_decode_tokens:
+            return self.marginal_ms(num_tokens)
+        knots = (0.0, *self.in_decode_tokens)
+        added = (0.0, *self.in_decode_added_ms)
+        if num_tokens <= knots[-1]:
+            return float(np.interp(num_tokens, knots, added))
+        return added[-1] + self.tail_ms_per_token * (num_tokens - knots[-1])
+
+
+def _in_decode_knots(profile: Profile) -> dict[str, tuple[float, ...]]:
+    """`PrefillCost`'s in-decode knots from a profile: per chunk size the mean added ms over
+    the measured decode batch sizes, made non-decreasing in tokens. Empty if not measured."""
+    by_tokens: dict[int, list[float]] = {}
+    for point in profile.prefill_in_decode:
+        by_tokens.setdefault(point.num_tokens, []).append(point.added_ms)
+    tokens = sorted(by_tokens)
+    added = np.maximum.accumulate([float(np.mean(by_tokens[n])) for n in tokens] or [0.0])
+    return {
+        "in_decode_tokens": tuple(float(n) for n in tokens),
+        "in_decode_added_ms": tuple(float(v) for v in added[: len(tokens)]),
+    }
 
 
 def _split_batch(batch: ScheduledBatch) -> tuple[IntArray, IntArray, int]:
@@ -262,7 +310,7 @@ class TableLatencyModel:
             )
         else:
             decode_ms = self._itl(float(num_decode), k_charged)
-        return decode_ms + self.prefill.marginal_ms(prefill_tokens)
+        return decode_ms + self.prefill.in_decode_ms(prefill_tokens)
 
 
 def _context_tables(profile: Profile) -> tuple[tuple[float, ItlTable], ...]:
@@ -509,7 +557,7 @@ class ParametricLatencyModel:
             float(ks.sum() + num_decode),
             float(contexts.sum()),
         )
-        return decode + self.prefill.marginal_ms(prefill_tokens)
+        return decode + self.prefill.in_decode_ms(prefill_tokens)
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,7 +688,7 @@ class SeparatePrefill(_StepCostWrapper):
         if num_decode == 0:
             return padded
         fused = self.inner.step_ms(batch)
-        return fused - prefill.marginal_ms(float(chunks.sum())) + padded
+        return fused - prefill.in_decode_ms(float(chunks.sum())) + padded
 
 
 @dataclass(frozen=True)

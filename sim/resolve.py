@@ -357,6 +357,9 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
         "prefill_source": latency.prefill_source,
         "prefill_cost": resolved.config.prefill_cost,
         "prefill_forward": resolved.prefill_forward,
+        # where a fused step's prefill part comes from: "measured-in-decode" (the profile's
+        # prefill_in_decode points) or "prefill-curve-marginal"
+        "prefill_in_decode": latency.prefill.in_decode_source,
         "attention_span": resolved.attention_span,
     }
     if isinstance(latency, TableLatencyModel) and latency.context_tables:

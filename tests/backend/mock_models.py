@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,7 +20,13 @@ import torch
 from torch import nn
 
 from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
-from dsd.backend.model import MODEL_CONFIGS, ModelConfig, Transformer, init_random_
+from dsd.backend.model import (
+    MODEL_CONFIGS,
+    ForwardGroup,
+    ModelConfig,
+    Transformer,
+    init_random_,
+)
 from dsd.backend.pair import ModelPair
 from dsd.backend.weights import save_checkpoint
 from dsd.backend.zoo import parse_shape
@@ -127,6 +133,23 @@ class MockModel(nn.Module):
             index = logit_indices[:, :, None].expand(-1, -1, self.config.vocab_size)
             logits = logits.gather(1, index)  # [B, N, V]
         return logits
+
+    def forward_groups(
+        self, groups: Sequence[ForwardGroup], kv_cache: object = None, num_layers: int | None = None
+    ) -> list[torch.Tensor]:
+        """`Transformer.forward_groups`: each group as a `forward` of its own (recorded so)."""
+        return [
+            self(
+                g.input_ids,
+                g.positions,
+                kv_cache,
+                g.slot_ids,
+                num_layers,
+                g.kv_len,
+                g.logit_indices,
+            )
+            for g in groups
+        ]
 
 
 def target_rule(token: int, position: int) -> int:

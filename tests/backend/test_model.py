@@ -15,6 +15,7 @@ import torch
 
 from dsd.backend.model import (
     MODEL_CONFIGS,
+    ForwardGroup,
     ModelConfig,
     RopeScaling,
     Transformer,
@@ -186,6 +187,44 @@ def test_padding_past_real_tokens_does_not_change_real_logits() -> None:
         full = model(ids, torch.arange(6).expand(2, 6))
     torch.testing.assert_close(got[0, 0], full[0, 4], atol=ATOL, rtol=1e-4)
     torch.testing.assert_close(got[1], full[1, 4:6], atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["plain", "cpu-kernels"])
+@pytest.mark.parametrize("cfg", CONFIG_CASES[:3])
+def test_forward_groups_equal_each_group_run_alone(cfg: ModelConfig, prepared: bool) -> None:
+    """A verify block [3, 2] and a prefill block [2, 6] (logits at one token per row) in one
+    pass give each block's own forward's logits and cache writes."""
+    model = build(cfg, seed=6, prepared=prepared)
+    gen = torch.Generator().manual_seed(4)
+    prompt = torch.randint(0, cfg.vocab_size, (3, 5), generator=gen)  # decode rows' context
+    verify = ForwardGroup(
+        torch.randint(0, cfg.vocab_size, (3, 2), generator=gen),
+        torch.tensor([[5, 6], [5, 6], [5, 99]]),  # row 2 verifies one token, pads the trash
+        torch.tensor([0, 2, 4]),
+        kv_len=7,
+    )
+    chunk = ForwardGroup(
+        torch.randint(0, cfg.vocab_size, (2, 6), generator=gen),
+        torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 99, 99]]),  # a chunk of 4, padded
+        torch.tensor([1, 3]),
+        kv_len=6,
+        logit_indices=torch.tensor([[5], [3]]),
+    )
+    caches = [new_kv_cache(cfg, num_slots=5, max_len=100) for _ in range(2)]
+    with torch.no_grad():
+        for cache in caches:
+            model(prompt, torch.arange(5).expand(3, 5), cache, torch.tensor([0, 2, 4]))
+        alone = [model.forward_groups([group], caches[0])[0] for group in (verify, chunk)]
+        together = model.forward_groups([verify, chunk], caches[1])
+    assert [t.shape for t in together] == [(3, 2, cfg.vocab_size), (2, 1, cfg.vocab_size)]
+    for got, want in zip(together, alone, strict=True):
+        torch.testing.assert_close(got, want, atol=ATOL, rtol=1e-4)
+    real = slice(0, 7)  # positions real tokens were written at (the trash, 99, is not compared)
+    torch.testing.assert_close(
+        caches[1].k[:, :, real], caches[0].k[:, :, real], atol=ATOL, rtol=1e-4
+    )
+    with pytest.raises(ValueError, match="at least one group"):
+        model.forward_groups([])
 
 
 @pytest.mark.parametrize("tied", [False, True])

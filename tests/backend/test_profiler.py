@@ -58,6 +58,11 @@ def test_profile_has_every_point_and_round_trips(target, tmp_path, fast_path: st
         assert point.n == 4
         assert point.p10_ms <= point.median_ms <= point.p90_ms
     assert [p.num_tokens for p in profile.prefill] == [4, 16]
+    # a chunk beside the smallest and largest B in one forward: only the reference step has it
+    in_decode = {(p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode}
+    assert in_decode == ({(b, n) for b in (1, 3) for n in (4, 16)} if fast_path == "off" else set())
+    assert all(p.n == 4 and p.added_ms >= 0 for p in profile.prefill_in_decode)
+    assert ("prefill_in_decode" in profile.metadata) == (fast_path == "off")
     assert profile.k_max == 3
     assert profile.metadata["command"] == "test"
     assert profile.metadata["fast_path"] == fast_path
@@ -66,6 +71,7 @@ def test_profile_has_every_point_and_round_trips(target, tmp_path, fast_path: st
     path = tmp_path / "profile.json"
     save_profile(profile, path)
     loaded = load_profile(path)
+    assert loaded.prefill_in_decode == profile.prefill_in_decode
     assert loaded.acceptance_rates == pytest.approx(profile.acceptance_rates)
     assert len(loaded.latency) == len(profile.latency)
 
@@ -508,6 +514,10 @@ def test_timing_rounds_retime_every_point_between_runs(target) -> None:
     }
     assert all(p.n == 3 and p.mean_ms is not None for p in retimed.latency)
     assert all(p.n == 3 and p.mean_ms is not None for p in retimed.prefill)
+    assert [(p.decode_rows, p.num_tokens) for p in retimed.prefill_in_decode] == [
+        (p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode
+    ]
+    assert profile.prefill_in_decode and all(p.n == 3 for p in retimed.prefill_in_decode)
     # policy inputs (acceptance, host overhead) are the profile's own
     assert retimed.acceptance_rates == profile.acceptance_rates
     assert retimed.host_overhead == profile.host_overhead
@@ -527,13 +537,15 @@ def test_timing_rounds_time_a_share_of_the_points(target) -> None:
     profile = profile_pair(target, draft, small_config(context_lens=(6,)), prompts(3), [6] * 3)
     timing = TimingRounds(target, draft, profile, share=0.25)
     timing.round()
-    timed = sum(len(v) for v in timing._decode.values()) + sum(
-        len(v) for v in timing._prefill.values()
+    timed = sum(
+        len(v)
+        for v in [*timing._decode.values(), *timing._prefill.values(), *timing._in_decode.values()]
     )
-    total = len(profile.latency) + len(profile.prefill)
+    total = len(profile.latency) + len(profile.prefill) + len(profile.prefill_in_decode)
     assert timed == -(-total // 4)
     retimed = timing.profile()  # points no round timed keep the profile's own timing
-    assert sum(p.n == 1 for p in retimed.latency) + sum(p.n == 1 for p in retimed.prefill) == timed
+    points = [*retimed.latency, *retimed.prefill, *retimed.prefill_in_decode]
+    assert sum(p.n == 1 for p in points) == timed
 
 
 def test_timing_rounds_need_recorded_contexts(target) -> None:

@@ -6,6 +6,8 @@ default import mode needs unique test-module basenames.)
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -32,11 +34,13 @@ def run_to_completion(
     k_for_step,
     arrival_steps: list[int] | None = None,
     chunk: int = 5,
+    fused: bool = False,
 ) -> tuple[list[list[int]], list[int]]:
     """A small continuous-batching loop: arrivals, chunked prefill, SD steps, frees.
 
     k_for_step(step_index, num_rows) -> K per decode row. Returns each request's output tokens
-    (first num_new_tokens) and every step's accepted counts.
+    (first num_new_tokens) and every step's accepted counts. `fused`: a step with decode and
+    prefill rows runs `step_with_prefill` (one target forward) instead of `step`, `prefill`.
     """
     arrivals = arrival_steps or [0] * len(prompts)
     slot_of: dict[int, int] = {}
@@ -49,15 +53,20 @@ def run_to_completion(
                 slot_of[req] = engine.alloc_slot(prompt)
         prefilling = [r for r, s in slot_of.items() if not engine.is_decoding(s)]
         decoding = [r for r, s in slot_of.items() if engine.is_decoding(s)]
+        prefill_slots = np.array([slot_of[r] for r in prefilling], dtype=np.int64)
+        chunks = np.full(len(prefilling), chunk)
         if decoding:
             ks = np.asarray(k_for_step(step_index, len(decoding)), dtype=np.int64)
-            result = engine.step(np.array([slot_of[r] for r in decoding]), ks)
+            decode_slots = np.array([slot_of[r] for r in decoding])
+            if fused and prefilling:
+                result, _ = engine.step_with_prefill(decode_slots, ks, prefill_slots, chunks)
+                prefilling = []  # done in the same forward
+            else:
+                result = engine.step(decode_slots, ks)
             accepted_log.extend(result.num_accepted.tolist())
             assert ((result.num_accepted >= 0) & (result.num_accepted <= ks)).all()
         if prefilling:
-            engine.prefill(
-                np.array([slot_of[r] for r in prefilling]), np.full(len(prefilling), chunk)
-            )
+            engine.prefill(prefill_slots, chunks)
         for req in list(slot_of):
             slot = slot_of[req]
             generated = engine.sequence(slot)[len(prompts[req]) :]
@@ -279,6 +288,68 @@ def test_greedy_output_equals_target_greedy_with_ngram_drafts(target, bounds) ->
     assert sum(drafted) < sum(requested)  # and it drafted fewer than asked somewhere
 
 
+@pytest.mark.parametrize("draft_kind", ["none", "model", "early-exit", "ngram"])
+def test_fused_prefill_steps_equal_separate_ones_and_target_greedy(target, draft_kind) -> None:  # type: ignore[no-untyped-def]
+    """Arrivals while others decode, so many steps mix decode rows and prefill chunks: running
+    those in one forward (`step_with_prefill`) changes no accepted count and no token."""
+    rng = np.random.default_rng(21)
+    block = random_prompt(rng, 5)
+    prompts = [np.concatenate([block, random_prompt(rng, n), block]) for n in (3, 9, 1, 14, 6)]
+    drafts = {
+        "none": None,
+        "model": Draft(perturbed_copy(target, noise_std=0.006, seed=1)),
+        "early-exit": Draft.early_exit(target, 1),
+        "ngram": NgramDraft(NgramConfig(1, 3)),
+    }
+    runs = []
+    for fused in (False, True):
+        k_rng = np.random.default_rng(22)
+        engine = make_engine(
+            target, drafts[draft_kind], k_max=0 if draft_kind == "none" else 4, num_slots=5
+        )
+        mixed_steps: list[int] = []
+
+        def counting(*args, real=engine.step_with_prefill, log=mixed_steps):  # type: ignore[no-untyped-def]
+            log.append(1)
+            return real(*args)
+
+        engine.step_with_prefill = counting  # type: ignore[method-assign]
+        k_hi = 1 if draft_kind == "none" else 5
+        runs.append(
+            run_to_completion(
+                engine,
+                prompts,
+                16,
+                lambda step, rows: k_rng.integers(0, k_hi, size=rows),  # noqa: B023
+                arrival_steps=[0, 1, 3, 6, 10],
+                chunk=4,
+                fused=fused,
+            )
+        )
+        assert (len(mixed_steps) > 3) == fused
+    assert runs[0] == runs[1]
+    for prompt, output in zip(prompts, runs[1][0], strict=True):
+        assert output == target_greedy_decode(target, prompt, 16)
+
+
+def test_fused_step_checks_its_rows(target) -> None:  # type: ignore[no-untyped-def]
+    engine = make_engine(target, NgramDraft(NgramConfig(1, 3)), k_max=3)
+    rng = np.random.default_rng(0)
+    decoding = engine.alloc_slot(random_prompt(rng, 4))
+    engine.prefill(np.array([decoding]), np.array([4]))
+    fresh = engine.alloc_slot(random_prompt(rng, 6))
+    with pytest.raises(ValueError, match="both decodes and prefills"):
+        engine.step_with_prefill(np.array([decoding]), np.array([1]), np.array([decoding]), [1])
+    with pytest.raises(ValueError, match="prefill chunks must be >= 1"):
+        engine.step_with_prefill(np.array([decoding]), np.array([1]), np.array([fresh]), [0])
+    assert engine.sequence(decoding).size == 5  # nothing ran
+    # No decode rows: a plain prefill; no prefill rows: a plain step.
+    result, first = engine.step_with_prefill(np.zeros(0, np.int64), [], np.array([fresh]), [6])
+    assert result.num_accepted.size == 0 and first.size == 1 and first[0] >= 0
+    result, first = engine.step_with_prefill(np.array([decoding]), [0], np.zeros(0, np.int64), [])
+    assert result.num_accepted.tolist() == [0] and first.size == 0
+
+
 def test_ngram_drafts_need_no_draft_model_or_cache(target) -> None:  # type: ignore[no-untyped-def]
     engine = make_engine(target, NgramDraft(NgramConfig(1, 3)), k_max=3)
     assert engine.model_draft is None and engine.draft_cache is None
@@ -295,3 +366,27 @@ def test_padded_prefill_benchmark_prices_p_rows_and_refuses_bad_input(
     assert module.main(["--rows", "0"]) == 2
     assert module.main(["--model", "no-such-model"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_fused_prefill_benchmark_times_every_cell_and_refuses_bad_input(
+    load_benchmark, capsys, tmp_path
+) -> None:
+    """benchmarks/fused_prefill.py on the tiny model: a row per (D, K, N), its JSON, and
+    one-line errors."""
+    module = load_benchmark("fused_prefill")
+    out = tmp_path / "fused.json"
+    argv = ["--target", "tiny", "--draft", "ngram", "--rows", "1,2", "--k", "0,2"]
+    argv += ["--tokens", "4,8", "--context", "16", "--repeats", "1", "--warmup", "0"]
+    assert module.main([*argv, "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[3:]]
+    assert [tuple(int(v) for v in row[:3]) for row in rows] == [
+        (d, k, n) for d in (1, 2) for k in (0, 2) for n in (4, 8)
+    ]
+    assert all(float(v) > 0 for row in rows for v in row[3:9])
+    assert len(json.loads(out.read_text())["rows"]) == 8
+    assert module.main(["--rows", "0"]) == 2
+    assert module.main(["--tokens", "x"]) == 2
+    assert module.main(["--target", "tiny", "--draft", "none", "--k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 3 and "Traceback" not in err

@@ -77,19 +77,32 @@ def synthetic_prompt(executor: TorchExecutor, req_id: int) -> np.ndarray:
     return state.token_ids[: state.num_prompt_tokens].copy()
 
 
-# (scheduling mode, policy factory, KV blocks): blocks of 4 tokens; 12 blocks force preemptions
+# (scheduling mode, policy factory, KV blocks, prefill forward): blocks of 4 tokens; 12 blocks
+# force preemptions; "fused" runs steps that admit prompts beside decode rows in one forward
 LOOP_CASES = [
-    ("sync", lambda: StaticK(3), 64),  # plain continuous batching, static K
-    ("async", lambda: StaticK(3), 64),  # optimistic scheduling, one-step K lag
-    ("sync", lambda: ScriptedK([0, 4, 1, 3, 2, 0, 4]), 64),  # K changing every step
-    ("sync", lambda: StaticK(2), 12),  # KV pool too small: preemption by recompute
-    ("async", lambda: ScriptedK([4, 0, 2]), 12),  # async + preemption + changing K
+    ("sync", lambda: StaticK(3), 64, "fused"),  # plain continuous batching, static K
+    ("sync", lambda: StaticK(3), 64, "separate"),  # the same, prefill in a forward of its own
+    ("async", lambda: StaticK(3), 64, "fused"),  # optimistic scheduling, one-step K lag
+    ("sync", lambda: ScriptedK([0, 4, 1, 3, 2, 0, 4]), 64, "fused"),  # K changing every step
+    ("sync", lambda: StaticK(2), 12, "fused"),  # KV pool too small: preemption by recompute
+    ("async", lambda: ScriptedK([4, 0, 2]), 12, "fused"),  # async + preemption + changing K
+    ("async", lambda: ScriptedK([4, 0, 2]), 12, "separate"),
 ]
 
 
-@pytest.mark.parametrize(("scheduling", "policy", "num_kv_blocks"), LOOP_CASES)
-def test_engine_loop_outputs_equal_target_greedy(target, draft, scheduling, policy, num_kv_blocks):
-    executor = make_executor(target, draft, seed=3)
+@pytest.mark.parametrize(("scheduling", "policy", "num_kv_blocks", "prefill_forward"), LOOP_CASES)
+def test_engine_loop_outputs_equal_target_greedy(
+    target, draft, scheduling, policy, num_kv_blocks, prefill_forward
+):
+    executor = make_executor(target, draft, seed=3, prefill_forward=prefill_forward)
+    fused_calls: list[int] = []
+    real_fused = executor.engine.step_with_prefill
+
+    def counting(*args):  # type: ignore[no-untyped-def]
+        fused_calls.append(1)
+        return real_fused(*args)
+
+    executor.engine.step_with_prefill = counting  # type: ignore[method-assign]
     requests = [
         RequestSpec(prompt_len=p, output_len=o)
         for p, o in [(9, 12), (20, 7), (3, 16), (14, 10), (6, 9), (11, 12)]
@@ -113,6 +126,11 @@ def test_engine_loop_outputs_equal_target_greedy(target, draft, scheduling, poli
         expected = target_greedy_decode(target, prompts[req_id], spec.output_len)
         assert outputs[req_id][: spec.output_len].tolist() == expected, req_id
     assert (result.steps["duration_s"] > 0).all()  # measured wall time of each step
+    steps = result.steps
+    decoding = steps["num_decode_reqs"]
+    mixed = int(((steps["batch_size"] > decoding) & (decoding > 0)).sum())  # prompts beside decodes
+    assert mixed > 0
+    assert len(fused_calls) == (mixed if prefill_forward == "fused" else 0)
 
 
 def test_synthetic_prompts_are_seeded_per_request(target) -> None:

@@ -10,6 +10,7 @@ import pytest
 from policy_factories import FIXTURE_PROFILE, H100_PROFILE
 
 from dsd.common.errors import InputError
+from dsd.policies.profile import PrefillInDecodePoint
 from dsd.policies.profile_io import (
     load_profile,
     profile_to_native,
@@ -105,6 +106,26 @@ def test_mean_ms_round_trips_and_is_what_points_charge(tmp_path: Path) -> None:
     data["latency"][0]["mean_ms"] = -1.0
     with pytest.raises(InputError, match=r"latency\[0\]\.mean_ms"):
         load_profile(_write(tmp_path, data, "bad.json"))
+
+
+def test_prefill_in_decode_round_trips_and_is_written_only_when_measured(tmp_path: Path) -> None:
+    data = _native()
+    plain = load_profile(_write(tmp_path, data))
+    assert plain.prefill_in_decode == ()
+    assert "prefill_in_decode" not in profile_to_native(plain)  # older profiles stay as they were
+    data["prefill_in_decode"] = [
+        {"num_tokens": 32, "decode_rows": 1, "added_ms": 6.5, "n": 10},
+        {"num_tokens": 32, "decode_rows": 8, "added_ms": 0.0},
+    ]
+    first = load_profile(_write(tmp_path, data, "in_decode.json"))
+    assert first.prefill_in_decode == (
+        PrefillInDecodePoint(num_tokens=32, decode_rows=1, added_ms=6.5, n=10),
+        PrefillInDecodePoint(num_tokens=32, decode_rows=8, added_ms=0.0),
+    )
+    out = tmp_path / "again.json"
+    save_profile(first, out)
+    assert load_profile(out) == first
+    assert json.loads(out.read_text())["prefill_in_decode"] == data["prefill_in_decode"]
 
 
 def test_draft_sequences_round_trip_and_bad_ones_are_refused(tmp_path: Path) -> None:
@@ -279,6 +300,15 @@ NATIVE_CASES = [
     (
         {"prefill": [{"num_tokens": 0, "median_ms": 1.0}]},
         "prefill[0].num_tokens: must be an integer >= 1, got 0",
+    ),
+    # bad prefill in decode steps
+    (
+        {"prefill_in_decode": [{"num_tokens": 8, "decode_rows": 1, "added_ms": -1.0}]},
+        "prefill_in_decode[0].added_ms: must be finite and >= 0 ms",
+    ),
+    (
+        {"prefill_in_decode": [{"num_tokens": 8, "added_ms": 1.0}]},
+        "prefill_in_decode[0]: missing field 'decode_rows'",
     ),
     # unsupported version
     ({"version": 2}, "version: unsupported version 2, expected 1"),

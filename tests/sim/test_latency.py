@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dsd.policies.goodput import ItlTable
-from dsd.policies.profile import LatencyPoint, PrefillPoint, Profile
+from dsd.policies.profile import LatencyPoint, PrefillInDecodePoint, PrefillPoint, Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import (
     PARAM_NAMES,
@@ -228,6 +228,56 @@ def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
     single = make_batch([], prefill_chunks=[300])
     assert separate.step_ms(single) == pytest.approx(fused.step_ms(single))
     assert separate.decode_itl_ms(4, 3) == fused.decode_itl_ms(4, 3)
+
+
+@pytest.mark.parametrize("kind", ["table", "parametric"])
+def test_a_fused_step_charges_measured_prefill_in_decode_points(kind: str) -> None:
+    """With prefill_in_decode points a fused mixed step costs decode + their interpolation
+    (mean over decode batch sizes, from 0 at 0 tokens, the curve's tail past the last);
+    without, the curve's marginal cost. Prefill-only steps and the separate engine's own
+    forward keep the curve."""
+    base = h100_profile()
+    prefill = (PrefillPoint(num_tokens=128, median_ms=12.0), PrefillPoint(1024, 40.0))
+    curve_only = Profile(
+        k_max=base.k_max,
+        latency=base.latency,
+        acceptance_rates=base.acceptance_rates,
+        prefill=prefill,
+    )
+    measured = dataclasses.replace(
+        curve_only,
+        prefill_in_decode=(
+            PrefillInDecodePoint(num_tokens=128, decode_rows=1, added_ms=4.0),
+            PrefillInDecodePoint(num_tokens=128, decode_rows=8, added_ms=6.0),
+            PrefillInDecodePoint(num_tokens=1024, decode_rows=1, added_ms=30.0),
+            PrefillInDecodePoint(num_tokens=1024, decode_rows=8, added_ms=34.0),
+        ),
+    )
+    plain = fit_latency_model(curve_only, kind=kind)  # type: ignore[arg-type]
+    model = fit_latency_model(measured, kind=kind)  # type: ignore[arg-type]
+    cost = model.prefill
+    assert (cost.in_decode_source, plain.prefill.in_decode_source) == (
+        "measured-in-decode",
+        "prefill-curve-marginal",
+    )
+    assert cost.in_decode_tokens == (128.0, 1024.0)
+    assert cost.in_decode_added_ms == pytest.approx((5.0, 32.0))
+    assert cost.in_decode_ms(64) == pytest.approx(2.5)  # from 0 at 0 tokens
+    assert cost.in_decode_ms(576) == pytest.approx(18.5)
+    assert cost.in_decode_ms(2024) == pytest.approx(32.0 + 1000 * cost.tail_ms_per_token)
+    assert cost.in_decode_ms(0) == 0.0
+    assert plain.prefill.in_decode_ms(300) == plain.prefill.marginal_ms(300)
+    decode_only = make_batch([3, 1])
+    mixed = make_batch([3, 1], prefill_chunks=[100, 300])
+    decode_ms = model.step_ms(decode_only)
+    assert model.step_ms(mixed) == pytest.approx(decode_ms + cost.in_decode_ms(400))
+    prefill_only = make_batch([], prefill_chunks=[100, 300])
+    assert model.step_ms(prefill_only) == plain.step_ms(prefill_only)
+    # the separate engine runs its chunks in a forward of their own: the points do not apply
+    separate, separate_plain = SeparatePrefill(model), SeparatePrefill(plain)
+    assert separate.step_ms(mixed) == pytest.approx(separate_plain.step_ms(mixed))
+    with pytest.raises(ValueError, match="in-decode"):
+        dataclasses.replace(cost, in_decode_added_ms=(1.0,))
 
 
 def two_context_profile(
