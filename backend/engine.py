@@ -31,7 +31,10 @@ times (the draft lazily, the target at verification) and rolled back to differen
 shared cache would tie their lengths together; the cost is k/L of the target cache's memory.
 
 Prefill of new requests runs in chunks (`prefill`), filling the draft's cache as well; a chunk
-that reaches the end of the known tokens samples the next token. The engine knows nothing about
+that reaches the end of the known tokens samples the next token. `step_with_prefill` runs a
+step and other slots' chunks in ONE target forward (vLLM's mixed batch: the verify block and
+the chunks are two groups of `Transformer.forward_groups`), with the results of `step` then
+`prefill`. The engine knows nothing about
 requests, schedulers, tokenizers or wall time (`backend.executor` does), and has no CUDA-graph or
 compiled fast path yet.
 """

@@ -39,6 +39,7 @@ def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> 
     return dataclasses.replace(
         resolved,
         prefill_forward=engine_prefill_forward(fast_path),
+        prefill_rows="padded",
         attention_span="padded",
         host_overlap=pair.device.type == "cuda",
     )

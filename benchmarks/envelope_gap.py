@@ -16,7 +16,9 @@ the simulator; `--price-with P` prices the simulated steps with another profile,
 prices with its re-timed one). Then each dynamic SPEC's paired gap (mean over repeats of
 SPEC / static - 1, 95% interval) to the static K with the lowest median, on mean TPOT and on
 the decode steps alone. Each run's steps and verified tokens are recorded: runs that did the
-same work differ only by the machine.
+same work differ only by the machine. `--prefill-forward fused,separate` runs every SPEC on
+both engines (prompt chunks in the decode forward, or in one of their own), interleaved too,
+and prints each SPEC's separate-over-fused gap in mean TPOT, measured and simulated.
 
     python benchmarks/envelope_gap.py --target smollm2-135m --draft ngram:2-6 \\
         --profile reports/validation/2026-11-25-cpu-smollm2/profile.json \\
@@ -33,7 +35,8 @@ import argparse
 import json
 import statistics
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
@@ -42,6 +45,8 @@ from dsd.policies.profile_io import load_profile
 from dsd.policies.spec import parse_policy
 from dsd.reports.paired import paired_gap
 from dsd.sim.config import RunConfig
+from dsd.sim.latency import PREFILL_FORWARDS, PrefillForward
+from dsd.sim.resolve import ResolvedRun
 
 TPOT = "mean_tpot_ms"
 IN_PREFILL_STEPS = "mean_tpot_in_prefill_steps_ms"
@@ -56,6 +61,16 @@ def _figures(metrics: dict[str, Any], steps: Any) -> dict[str, float]:
         "num_steps": float(len(steps)),
         "num_tokens": float(steps["num_tokens"].sum() + steps["num_spec_tokens"].sum()),
     }
+
+
+class Arm(NamedTuple):
+    """One SPEC on one engine: `label` is the SPEC, with "/separate" or "/fused" appended when
+    the engines differ."""
+
+    label: str
+    spec: str
+    prefill_forward: PrefillForward
+    config: RunConfig
 
 
 class _Runs:
@@ -78,23 +93,28 @@ class _Runs:
             prompts_per_concurrency=self.prompts_per_concurrency,
         )
 
-    def measured(self, configs: list[RunConfig]) -> list[dict[str, float]]:
-        """The real runs of `configs`, interleaved a step at a time."""
-        from dsd.backend.real import real_engine, resolve_real
+    def resolved(self, arm: Arm) -> ResolvedRun:
+        """The arm's cell as the engine runs it (its prefill forward) and the simulator twins it."""
+        import dataclasses
+
+        from dsd.backend.real import resolve_real
+
+        resolved = resolve_real(arm.config, self.pair)
+        return dataclasses.replace(resolved, prefill_forward=arm.prefill_forward)
+
+    def measured(self, arms: list[Arm]) -> list[dict[str, float]]:
+        """The real runs of `arms`, interleaved a step at a time."""
+        from dsd.backend.real import real_engine
         from dsd.sim.engine import run_interleaved
 
-        engines = [
-            real_engine(resolve_real(config, self.pair), self.pair, ignore_eos=True)
-            for config in configs
-        ]
+        engines = [real_engine(self.resolved(arm), self.pair, ignore_eos=True) for arm in arms]
         return [_figures(dict(r.metrics), r.steps) for r in run_interleaved(engines)]
 
-    def simulated(self, config: RunConfig) -> dict[str, float]:
-        from dsd.backend.real import resolve_real
+    def simulated(self, arm: Arm) -> dict[str, float]:
         from dsd.backend.validate import simulated_run
         from dsd.sim.resolve import with_latency_from
 
-        resolved = resolve_real(config, self.pair)
+        resolved = self.resolved(arm)
         if self.price_with is not None:
             resolved = with_latency_from(resolved, self.price_with)
         result = simulated_run(resolved)
@@ -105,55 +125,91 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return float(statistics.median(run[key] for run in runs))
 
 
-def measure(runs: _Runs, specs: list[str], concurrency: int, repeats: int) -> dict[str, Any]:
-    """Every SPEC at one C, `repeats` interleaved runs; medians, gaps, simulated."""
-    configs = {spec: runs.config(spec, concurrency) for spec in specs}
-    measured: dict[str, list[dict[str, float]]] = {spec: [] for spec in specs}
+def measure(
+    runs: _Runs,
+    specs: list[str],
+    concurrency: int,
+    repeats: int,
+    prefill_forwards: Sequence[PrefillForward] = ("fused",),
+) -> dict[str, Any]:
+    """Every SPEC (on every engine of `prefill_forwards`) at one C, `repeats` interleaved runs;
+    medians, gaps, simulated."""
+    arms = [
+        Arm(
+            spec if len(prefill_forwards) == 1 else f"{spec}/{forward}",
+            spec,
+            forward,
+            runs.config(spec, concurrency),
+        )
+        for forward in prefill_forwards
+        for spec in specs
+    ]
+    labels = [arm.label for arm in arms]
+    measured: dict[str, list[dict[str, float]]] = {label: [] for label in labels}
     for repeat in range(repeats):
-        shift = repeat % len(specs)
-        order = specs[shift:] + specs[:shift]
-        for spec, figures in zip(order, runs.measured([configs[s] for s in order]), strict=True):
-            measured[spec].append(figures)
+        shift = repeat % len(arms)
+        order = arms[shift:] + arms[:shift]
+        for arm, figures in zip(order, runs.measured(order), strict=True):
+            measured[arm.label].append(figures)
         print(f"  C={concurrency} repeat {repeat + 1} done", file=sys.stderr, flush=True)
-    simulated = {spec: runs.simulated(configs[spec]) for spec in specs}
-    width = max(14, *(len(spec) for spec in specs))
+    simulated = {arm.label: runs.simulated(arm) for arm in arms}
+    width = max(14, *(len(label) for label in labels))
     print(
         f"C={concurrency} (medians of {repeats} interleaved runs; simulated in brackets)\n"
         f"{'policy':<{width}} {'mean TPOT ms':>20} {'in prefill steps':>20} {'decode steps':>20}"
         f"  steps/tokens per run"
     )
-    for spec in specs:
+    for label in labels:
         cells = [
-            f"{_median(measured[spec], key):.1f} [{simulated[spec][key]:.1f}]"
+            f"{_median(measured[label], key):.1f} [{simulated[label][key]:.1f}]"
             for key in ("tpot_ms", "in_prefill_steps_ms", "decode_steps_ms")
         ]
-        work = sorted({(int(r["num_steps"]), int(r["num_tokens"])) for r in measured[spec]})
-        print(f"{spec:<{width}} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {work}")
-    statics = [spec for spec in specs if spec.startswith("static:")]
+        work = sorted({(int(r["num_steps"]), int(r["num_tokens"])) for r in measured[label]})
+        print(f"{label:<{width}} {cells[0]:>20} {cells[1]:>20} {cells[2]:>20}  {work}")
     gaps: dict[str, dict[str, Any]] = {}
-    for key in ("tpot_ms", "decode_steps_ms") if statics else ():
-        best = min(statics, key=lambda spec: _median(measured[spec], key))
+    for forward in prefill_forwards:  # each engine's dynamic arms against its own statics
+        own = [arm for arm in arms if arm.prefill_forward == forward]
+        statics = [arm.label for arm in own if arm.spec.startswith("static:")]
+        for key in ("tpot_ms", "decode_steps_ms") if statics else ():
+            best = min(statics, key=lambda label: _median(measured[label], key))
+            for label in [arm.label for arm in own if arm.label not in statics]:
+                gap = _gap(measured, simulated, label, best, key, f"best static ({best})")
+                gaps.setdefault(label, {})[key] = {"best_static": best, **gap}
+    engines: dict[str, dict[str, Any]] = {}
+    if len(prefill_forwards) == 2:  # the same SPEC on both engines: the second over the first
+        first, second = prefill_forwards
         for spec in specs:
-            if spec in statics:
-                continue
-            values = [run[key] for run in measured[spec]]
-            gap = paired_gap(values, [run[key] for run in measured[best]])
-            sim_gap = simulated[spec][key] / simulated[best][key] - 1
-            gaps.setdefault(spec, {})[key] = {
-                "best_static": best,
-                "gap_pct": 100 * gap.mean,
-                "half_width_pct": 100 * gap.half_width,
-                "simulated_gap_pct": 100 * sim_gap,
-            }
-            print(
-                f"{spec} vs best static ({best}) on {key}: {100 * gap.mean:+.1f}% "
-                f"(+-{100 * gap.half_width:.1f}, 95%, paired); simulated {100 * sim_gap:+.1f}%"
-            )
+            a, b = f"{spec}/{second}", f"{spec}/{first}"
+            engines[spec] = {"base": b, **_gap(measured, simulated, a, b, "tpot_ms", b)}
     return {
         "concurrency": concurrency,
         "measured": measured,
         "simulated": simulated,
         "gaps": gaps,
+        "engines": engines,
+    }
+
+
+def _gap(
+    measured: dict[str, list[dict[str, float]]],
+    simulated: dict[str, dict[str, float]],
+    label: str,
+    base: str,
+    key: str,
+    base_name: str,
+) -> dict[str, float]:
+    """`label` over `base` on `key`: the paired gap over repeats, and the simulated one; printed
+    as "`label` vs `base_name`"."""
+    gap = paired_gap([run[key] for run in measured[label]], [run[key] for run in measured[base]])
+    sim_gap = simulated[label][key] / simulated[base][key] - 1
+    print(
+        f"{label} vs {base_name} on {key}: {100 * gap.mean:+.1f}% "
+        f"(+-{100 * gap.half_width:.1f}, 95%, paired); simulated {100 * sim_gap:+.1f}%"
+    )
+    return {
+        "gap_pct": 100 * gap.mean,
+        "half_width_pct": 100 * gap.half_width,
+        "simulated_gap_pct": 100 * sim_gap,
     }
 
 
@@ -170,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-per-concurrency", type=int, default=2, help="cell prompts / C")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--prefill-forward",
+        default="fused",
+        help="the engine's prefill forward: fused, separate, or both (fused,separate: every "
+        "SPEC on both engines, interleaved, and each SPEC's separate-over-fused gap)",
+    )
     parser.add_argument("--json", help="also write every run's figures here")
     args = parser.parse_args(argv)
     if args.repeats < 2:
@@ -179,12 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         concurrencies = int_list("--concurrency", args.concurrency, 1)
         static = int_list("--static", args.static, 0)
+        forwards = [f.strip() for f in args.prefill_forward.split(",")]
+        if (
+            not forwards
+            or len(set(forwards)) != len(forwards)
+            or not set(forwards) <= set(PREFILL_FORWARDS)
+        ):
+            raise InputError(
+                f"--prefill-forward: fused, separate or both, got {args.prefill_forward!r}"
+            )
         specs = [f"static:{k}" for k in static] + (args.policy or ["goodput"])
         profile = load_profile(args.profile)
         for spec in specs:  # a bad SPEC is refused before anything loads or runs
             parse_policy(spec, profile=profile, k_max=6, max_num_seqs=max(concurrencies))
         runs = _Runs(args)
-        rows = [measure(runs, specs, c, args.repeats) for c in concurrencies]
+        rows = [measure(runs, specs, c, args.repeats, forwards) for c in concurrencies]
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -198,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "device": args.device,
         "repeats": args.repeats,
         "prompts_per_concurrency": args.prompts_per_concurrency,
+        "prefill_forward": forwards,
         **measured_run_settings(load_before),
     }
     print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")

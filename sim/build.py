@@ -33,9 +33,9 @@ from dsd.sim.executor import FittedExecutor, LatencyJitter
 from dsd.sim.latency import (
     LatencyModelKind,
     PaddedAttention,
+    PaddedPrefill,
     ParametricLatencyModel,
     PrefillCost,
-    SeparatePrefill,
     TableLatencyModel,
     fit_latency_model,
 )
@@ -166,8 +166,8 @@ def _latency_model(resolved: ResolvedRun) -> LatencyModel:
     if resolved.attention_span == "padded":
         fused = PaddedAttention(resolved.latency)
     model: LatencyModel = fused
-    if resolved.prefill_forward == "separate":
-        model = SeparatePrefill(fused)
+    if resolved.prefill_forward == "separate" or resolved.prefill_rows == "padded":
+        model = PaddedPrefill(fused, engine_fuses=resolved.prefill_forward == "fused")
     prefill = resolved.latency.prefill
     if config.prefill_cost == "free":
         model = FreePrefillLatency(resolved.latency)

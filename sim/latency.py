@@ -20,11 +20,12 @@ model says which in `prefill_source`. How a step is composed (docs/models.md has
   points, else the prefill curve's *marginal* cost;
 - prefill chunks only: the full prefill cost of the step's prompt tokens.
 
-That is vLLM's engine ("fused"), and dsd's torch engine on its reference step. On the
-fixed-shape fast path dsd's engine runs a step's prefill chunks as their own forward after
-the decode step, padded to the longest chunk ("separate", `SeparatePrefill`): decode cost +
-the full prefill cost of P rows x the longest chunk. `dsd run` and `dsd validate` simulate
-the engine they measure (`backend.real.resolve_real` sets it).
+That is vLLM's engine ("fused", its prompt rows ragged). dsd's torch engine pads a step's
+prefill rows to the longest chunk W (`PaddedPrefill`, with `prefill_rows="padded"`): on its
+reference step they run in the decode forward (decode cost + P x what W tokens add to it),
+on the fixed-shape fast path in a forward of their own after the decode step ("separate":
+decode cost + the prefill cost of P rows x W). `dsd run` and `dsd validate` simulate the
+engine they measure (`backend.real.resolve_real` sets both).
 
 Mixed K in one step (per-request K): the draft runs max K passes over the whole batch (rows
 with a smaller K are masked, not skipped). The table model charges ITL(D, max K) by default
@@ -68,6 +69,9 @@ PREFILL_FORWARDS: tuple[str, ...] = ("fused", "separate")
 # What a decode row's attention reads: its own context (vLLM's paged attention) or the step's
 # longest row's span (dsd's torch engine gathers every row's KV to one padded length)
 AttentionSpan = Literal["ragged", "padded"]
+# How a step's prefill rows are laid out: each its own length (vLLM) or padded to the longest
+# chunk (dsd's torch engine)
+PrefillRows = Literal["ragged", "padded"]
 LatencyModelKind = Literal["table", "parametric", "auto"]
 
 
@@ -658,23 +662,28 @@ class _StepCostWrapper:
 
 
 @dataclass(frozen=True)
-class SeparatePrefill(_StepCostWrapper):
-    """A latency model for an engine that runs a step's prefill chunks as their own forward.
+class PaddedPrefill(_StepCostWrapper):
+    """A latency model for an engine that pads a step's prefill chunks to the longest one.
 
-    dsd's torch engine (`backend.engine.SpecDecodeEngine`) runs the decode rows' SD step, then
-    one prefill forward over the P prefill rows, each padded to the longest chunk W. That
-    forward costs what one row of W tokens costs, plus the marginal cost of W tokens for each
-    further row: padded(P, W) = curve(W) + (P - 1) x marginal(W) (the forward's fixed cost is
-    paid once; each row's attention is over its own W tokens, so P rows do not cost one prompt
-    of P x W tokens, whose attention would be quadratic in P x W). On the 2-core CPU with
-    SmolLM2-135M, P = 2, 4, 8 rows of 200 tokens took 1019, 1951, 3945 ms against 1020, 1970,
-    3871 ms so priced, and one prompt of P x 200 tokens 1094, 2391, 6191 ms
-    (benchmarks/padded_prefill.py). A step costs decode + padded(P, W), a
-    prefill-only step padded(P, W), instead of the fused decode + marginal(sum of chunks).
-    Decode-only steps are the inner model's.
+    dsd's torch engine (`backend.engine.SpecDecodeEngine`) runs the P prefill rows of a step as
+    one block of P rows x W tokens, W the longest chunk: in the decode rows' verify forward
+    (`engine_fuses`, its reference step) or in a forward of their own after the decode step
+    (the fixed-shape fast path). Each row's attention is over its own W tokens, so P rows do not
+    cost one prompt of P x W tokens, whose attention would be quadratic in P x W:
+
+    - a forward of its own: padded(P, W) = curve(W) + (P - 1) x marginal(W) (its fixed cost is
+      paid once; each further row adds the marginal cost of W tokens). On the 2-core CPU with
+      SmolLM2-135M, P = 2, 4, 8 rows of 200 tokens took 1019, 1951, 3945 ms against 1020,
+      1970, 3871 ms so priced, and one prompt of P x 200 tokens 1094, 2391, 6191 ms
+      (benchmarks/padded_prefill.py). Prefill-only steps run so in both modes;
+    - in the decode forward: P x in_decode(W), each row what W tokens add to a decode step.
+
+    A mixed step costs decode + that, instead of the inner model's decode + in_decode(sum of
+    chunks). Decode-only steps are the inner model's.
     """
 
-    # inner: the fused model it corrects (padded attention included when the engine pads)
+    # inner: the model it corrects (padded attention included when the engine pads)
+    engine_fuses: bool = False  # the chunks run in the decode rows' forward
 
     def step_ms(self, batch: ScheduledBatch) -> float:
         num_decode = batch.num_decode_reqs
@@ -684,11 +693,13 @@ class SeparatePrefill(_StepCostWrapper):
         prefill = self.inner.prefill
         longest = float(np.maximum.reduce(chunks))
         rows = int(chunks.shape[0])
-        padded = prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
         if num_decode == 0:
-            return padded
-        fused = self.inner.step_ms(batch)
-        return fused - prefill.in_decode_ms(float(chunks.sum())) + padded
+            return prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
+        if self.engine_fuses:
+            block = rows * prefill.in_decode_ms(longest)
+        else:
+            block = prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
+        return self.inner.step_ms(batch) - prefill.in_decode_ms(float(chunks.sum())) + block
 
 
 @dataclass(frozen=True)

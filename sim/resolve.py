@@ -40,6 +40,7 @@ from dsd.sim.latency import (
     MixedKCosting,
     ParametricLatencyModel,
     PrefillForward,
+    PrefillRows,
     TableLatencyModel,
     context_latency_fn,
     fit_latency_model,
@@ -150,6 +151,10 @@ class ResolvedRun:
     # How the simulated engine runs prefill chunks beside decode rows: "fused" in one forward
     # (vLLM), "separate" as a forward of their own (dsd's torch engine: `resolve_real`)
     prefill_forward: PrefillForward = "fused"
+    # How the engine lays out a step's prefill rows: each its own length ("ragged", vLLM) or
+    # all padded to the longest chunk ("padded", dsd's torch engine: `resolve_real`); a
+    # "separate" prefill forward is always padded
+    prefill_rows: PrefillRows = "ragged"
     # What a decode row's attention reads: its own context ("ragged", vLLM) or the step's
     # longest row's span ("padded", dsd's torch engine: `resolve_real`)
     attention_span: AttentionSpan = "ragged"
@@ -360,6 +365,7 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
         # where a fused step's prefill part comes from: "measured-in-decode" (the profile's
         # prefill_in_decode points) or "prefill-curve-marginal"
         "prefill_in_decode": latency.prefill.in_decode_source,
+        "prefill_rows": resolved.prefill_rows,
         "attention_span": resolved.attention_span,
     }
     if isinstance(latency, TableLatencyModel) and latency.context_tables:

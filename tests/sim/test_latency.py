@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dsd.policies.goodput import ItlTable
 from dsd.policies.profile import LatencyPoint, PrefillInDecodePoint, PrefillPoint, Profile
@@ -17,9 +19,9 @@ from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import (
     PARAM_NAMES,
     PaddedAttention,
+    PaddedPrefill,
     ParametricLatencyModel,
     PrefillCost,
-    SeparatePrefill,
     TableLatencyModel,
     fit_latency_model,
     held_out_summary,
@@ -210,7 +212,7 @@ def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
         prefill=(PrefillPoint(num_tokens=128, median_ms=12.0), PrefillPoint(1024, 40.0)),
     )
     fused = fit_latency_model(profile, kind=kind)  # type: ignore[arg-type]
-    separate = SeparatePrefill(fused)
+    separate = PaddedPrefill(fused)  # the fast path's: chunks in a forward of their own
     cost = fused.prefill
     decode_only = make_batch([3, 1])
     assert separate.step_ms(decode_only) == fused.step_ms(decode_only)
@@ -274,10 +276,49 @@ def test_a_fused_step_charges_measured_prefill_in_decode_points(kind: str) -> No
     prefill_only = make_batch([], prefill_chunks=[100, 300])
     assert model.step_ms(prefill_only) == plain.step_ms(prefill_only)
     # the separate engine runs its chunks in a forward of their own: the points do not apply
-    separate, separate_plain = SeparatePrefill(model), SeparatePrefill(plain)
+    separate, separate_plain = PaddedPrefill(model), PaddedPrefill(plain)
     assert separate.step_ms(mixed) == pytest.approx(separate_plain.step_ms(mixed))
+    # dsd's fused engine pads its two chunks to 300 tokens: two rows, each what 300 tokens add
+    padded_fused = PaddedPrefill(model, engine_fuses=True)
+    assert padded_fused.step_ms(mixed) == pytest.approx(decode_ms + 2 * cost.in_decode_ms(300))
+    assert padded_fused.step_ms(prefill_only) == separate.step_ms(prefill_only)
+    assert padded_fused.step_ms(decode_only) == decode_ms
     with pytest.raises(ValueError, match="in-decode"):
         dataclasses.replace(cost, in_decode_added_ms=(1.0,))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    knots=st.lists(st.tuples(st.integers(1, 2048), st.floats(0.0, 500.0)), min_size=1, max_size=6),
+    tail=st.floats(0.0, 3.0),
+    rows=st.integers(1, 8),
+    width=st.integers(1, 3000),
+)
+def test_in_decode_cost_is_monotone_and_a_padded_fused_block_never_costs_more_than_separate(
+    knots: list[tuple[int, float]], tail: float, rows: int, width: int
+) -> None:
+    """Measured in-decode knots (any sizes, made non-decreasing as `from_profile` does):
+    in_decode_ms is 0 at 0 tokens, non-decreasing, continuous at the last knot; and a fused
+    block of P rows x W that costs no more per row than the curve's row does not price above
+    the separate engine's forward."""
+    by_tokens = dict(sorted(dict(knots).items()))
+    added = np.maximum.accumulate(list(by_tokens.values()))
+    cost = PrefillCost(
+        num_tokens=(1.0, 4096.0),
+        latency_ms=(50.0, 50.0 + 4095 * tail),
+        source="profile",
+        tail_ms_per_token=tail,
+        in_decode_tokens=tuple(float(n) for n in by_tokens),
+        in_decode_added_ms=tuple(float(v) for v in added),
+    )
+    values = [cost.in_decode_ms(n) for n in range(0, 4000, 97)]
+    assert values[0] == 0.0 and all(b >= a - 1e-9 for a, b in itertools.pairwise(values))
+    last = max(by_tokens)
+    assert cost.in_decode_ms(last + 1e-6) == pytest.approx(cost.in_decode_ms(last), abs=1e-3)
+    if cost.in_decode_ms(width) <= cost.marginal_ms(width):
+        fused = rows * cost.in_decode_ms(width)
+        separate = cost.curve_ms(width) + (rows - 1) * cost.marginal_ms(width)
+        assert fused <= separate + 1e-9
 
 
 def two_context_profile(
