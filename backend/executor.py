@@ -12,8 +12,8 @@ Per `execute(batch)`:
 3. one SD step for the decode rows with the batch's per-row K and the prefill rows' chunks:
    by default ("fused", vLLM's mixed batch) in ONE target forward, the verify block and the
    chunks as two groups (`Transformer.forward_groups`: weights read once, no decode row padded
-   to a chunk's length); "separate" runs the chunks in a forward of their own after the step
-   (what the fixed-shape fast path must do);
+   to a chunk's length; the chunks are one block padded to the longest); "separate" runs the
+   chunks in a forward of their own after the step (what the fixed-shape fast path must do);
 4. duration = perf_counter around all of it, after `torch.cuda.synchronize()` on CUDA.
 
 Truth about positions: the executor uses the engine's OWN per-slot lengths for where tokens go,
