@@ -57,7 +57,7 @@ from dsd.backend.sampling import (
     sample_from_probs,
     sample_tokens,
 )
-from dsd.common.arrays import IntArray
+from dsd.common.arrays import BoolArray, IntArray
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class PrefillSpan:
 
     slots: IntArray  # [P]
     end: IntArray  # [P] cache length after the chunk
-    completes: IntArray  # [P] bool: the chunk reaches the last known token
+    completes: BoolArray  # [P] the chunk reaches the last known token
     group: ForwardGroup  # the chunks as a target forward group (logits at each row's last token)
 
 

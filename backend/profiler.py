@@ -729,20 +729,10 @@ class TimingRounds:
             prefill.append(_prefill_point(size, samples) if samples else prefill_point)
         in_decode = []
         for in_decode_point in self.base.prefill_in_decode:
-            samples = [
-                ms
-                for _round, ms in self._in_decode[
-                    (in_decode_point.decode_rows, in_decode_point.num_tokens)
-                ]
-            ]
+            rows_tokens = (in_decode_point.decode_rows, in_decode_point.num_tokens)
+            samples = [ms for _round, ms in self._in_decode[rows_tokens]]
             in_decode.append(
-                dataclasses.replace(
-                    in_decode_point,
-                    added_ms=max(float(np.median(samples)), 0.0),
-                    n=len(samples),
-                )
-                if samples
-                else in_decode_point
+                _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
             )
         metadata = dict(self.base.metadata)
         metadata["timing_rounds"] = {"rounds": self.num_rounds, "share": self.share}
@@ -831,15 +821,20 @@ def measure_prefill_in_decode(
         decode = np.asarray(samples[("decode", d, 0, 0)])
         for n in sizes:
             added = np.asarray(samples[("fused", d, 0, n)]) - decode  # [rounds], paired
-            points.append(
-                PrefillInDecodePoint(
-                    num_tokens=n,
-                    decode_rows=d,
-                    added_ms=max(float(np.median(added)), 0.0),
-                    n=int(added.size),
-                )
-            )
+            points.append(_in_decode_point(d, n, added.tolist()))
     return points
+
+
+def _in_decode_point(
+    decode_rows: int, num_tokens: int, added_ms: list[float]
+) -> PrefillInDecodePoint:
+    """A prefill-in-decode point from per-round added times (the median, >= 0)."""
+    return PrefillInDecodePoint(
+        num_tokens=num_tokens,
+        decode_rows=decode_rows,
+        added_ms=max(float(np.median(added_ms)), 0.0),
+        n=len(added_ms),
+    )
 
 
 def measure_prefill(

@@ -198,10 +198,10 @@ def _in_decode_knots(profile: Profile) -> dict[str, tuple[float, ...]]:
     for point in profile.prefill_in_decode:
         by_tokens.setdefault(point.num_tokens, []).append(point.added_ms)
     tokens = sorted(by_tokens)
-    added = np.maximum.accumulate([float(np.mean(by_tokens[n])) for n in tokens] or [0.0])
+    added = np.maximum.accumulate(np.asarray([np.mean(by_tokens[n]) for n in tokens], float))
     return {
         "in_decode_tokens": tuple(float(n) for n in tokens),
-        "in_decode_added_ms": tuple(float(v) for v in added[: len(tokens)]),
+        "in_decode_added_ms": tuple(float(v) for v in added),
     }
 
 
@@ -693,12 +693,10 @@ class PaddedPrefill(_StepCostWrapper):
         prefill = self.inner.prefill
         longest = float(np.maximum.reduce(chunks))
         rows = int(chunks.shape[0])
+        own_forward = prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
         if num_decode == 0:
-            return prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
-        if self.engine_fuses:
-            block = rows * prefill.in_decode_ms(longest)
-        else:
-            block = prefill.curve_ms(longest) + (rows - 1) * prefill.marginal_ms(longest)
+            return own_forward
+        block = rows * prefill.in_decode_ms(longest) if self.engine_fuses else own_forward
         return self.inner.step_ms(batch) - prefill.in_decode_ms(float(chunks.sum())) + block
 
 
