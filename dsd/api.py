@@ -900,6 +900,7 @@ def hardware_report(
     threads: int | None = None,
     dataset: str = "instructcoder",
     quick: bool = False,
+    trials: int | None = None,
     seed: int = 0,
     progress: ProgressFactory = no_progress,
     on_stage: Callable[[str], None] | None = None,
@@ -907,8 +908,10 @@ def hardware_report(
     """The real-hardware report (docs/validation.md): load the pair, profile it, time the
     speedup arms at B = 1, run every (policy, C) cell on the real engine (trials) and the
     simulator, and write `reports.hardware`'s folder into `out`. `quick`: a small plan that
-    runs in about a minute (a dry run of the pipeline, not a measurement). On CPU `threads`
-    defaults to 1 (a shared machine's cores are not all ours)."""
+    runs in about a minute (a dry run of the pipeline, not a measurement). `trials`: real runs
+    per cell instead of the plan's (a shorter run where time is short, e.g. a lent GPU); the
+    plan recorded in config.json says which. On CPU `threads` defaults to 1 (a shared
+    machine's cores are not all ours)."""
     import datetime as dt
 
     from dsd.backend.profiler import environment_metadata
@@ -917,6 +920,10 @@ def hardware_report(
     from dsd.reports.speedup import Arm, measure_arms
 
     plan = QUICK_HARDWARE_PLAN if quick else FULL_HARDWARE_PLAN
+    if trials is not None:
+        if trials < 1:
+            raise InputError(f"--trials {trials}: must be at least 1")
+        plan = dataclasses.replace(plan, trials=trials)
     stage = on_stage or (lambda text: None)
     folder = Path(out)
     if folder.exists() and not folder.is_dir():

@@ -3,7 +3,7 @@
 # The GPU runs still owed (docs/validation.md), as one script run on the lent GPU machine from the
 # repository root; --dry-run runs every phase with tiny settings on a CPU machine.
 #
-#   scripts/gpu_session.sh [--phase LIST] [--results DIR] [--dry-run] [--quick]
+#   scripts/gpu_session.sh [--phase LIST] [--results DIR] [--dry-run] [--quick] [--trials N]
 #                          [--wheels DIR] [--target DIR] [--budget SECONDS]
 #                          [--report-module NAME] [--export DIR]
 #
@@ -14,6 +14,8 @@
 #   --dry-run        on CPU: engine_gpu.py --dry-run, the report with --device cpu --quick; the
 #                    gpu tests still run (and report skipped without CUDA).
 #   --quick          pass --quick to the hardware report on the GPU too.
+#   --trials N       pass --trials N to the hardware report (real runs per cell; fewer where
+#                    the device time left is short).
 #   --wheels DIR     wheels made by scripts/gpu_wheels.sh (default .whl): DIR/**/*.whl, and the
 #                    pieces DIR/part-K/NAME.K-of-N of a split wheel (gathered under TARGET.parts
 #                    across calls, installed once all N came).
@@ -41,6 +43,7 @@ START=$SECONDS
 
 DRY_RUN=0
 QUICK=0
+TRIALS=""
 RESULTS=""
 PHASES="all"
 WHEELS=.whl
@@ -51,7 +54,7 @@ EXPORT=${OUT:-}
 PY=${PYTHON:-python3}
 SKIP_RC=3 # a phase function returns this for "skipped"
 
-usage() { sed -n '3,34p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '3,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # --collect DIR ARCHIVE...: merge the archives the calls brought back into DIR (see collect()).
 collect() {
@@ -101,6 +104,7 @@ while [[ $# -gt 0 ]]; do
     case $1 in
         --dry-run) DRY_RUN=1; shift ;;
         --quick) QUICK=1; shift ;;
+        --trials) TRIALS=$2; shift 2 ;;
         --results) RESULTS=$2; shift 2 ;;
         --phase) PHASES=$2; shift 2 ;;
         --wheels) WHEELS=$2; shift 2 ;;
@@ -540,6 +544,7 @@ sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' "$REPORT_MODULE" ||
     if [[ $DRY_RUN == 1 ]]; then device=cpu; fi
     args=(-m "$REPORT_MODULE" hardware-report --device "$device" --out "$RESULTS/hardware")
     if [[ $DRY_RUN == 1 || $QUICK == 1 ]]; then args+=(--quick); fi
+    if [[ -n $TRIALS ]]; then args+=(--trials "$TRIALS"); fi
     run_timed "$PY" "${args[@]}"
 }
 

@@ -190,6 +190,9 @@ def register(app: typer.Typer) -> None:
         quick: Annotated[
             bool, typer.Option(help="A small plan (about a minute): a dry run, not a result.")
         ] = False,
+        trials: Annotated[
+            int | None, typer.Option(help="Real runs per cell (default: the plan's, 5).")
+        ] = None,
         seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
@@ -203,6 +206,7 @@ def register(app: typer.Typer) -> None:
             threads=threads,
             dataset=dataset_name,
             quick=quick,
+            trials=trials,
             seed=seed,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),

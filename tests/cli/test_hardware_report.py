@@ -31,8 +31,8 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     from dsd.cli import main
 
     out = tmp_path / "report"
-    main(["hardware-report", "--quick", "--target", "tiny", "--draft", "ngram:1-3",
-          "--out", str(out)])  # fmt: skip
+    main(["hardware-report", "--quick", "--trials", "2", "--target", "tiny", "--draft",
+          "ngram:1-3", "--out", str(out)])  # fmt: skip
     assert {path.name for path in out.iterdir()} == REPORT_FILES
     assert "report.md first" in capsys.readouterr().out
 
@@ -46,21 +46,23 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         if row["policy"] == "static:0":
             assert float(row["acceptance_error_pct_mean_tpot_ms"]) == 0.0
         assert float(row["replayed_mean_tpot_ms"]) > 0
-        assert row["num_trials"] == "1"
+        assert row["num_trials"] == "2"  # --trials over the quick plan's 1
 
     config = json.loads((out / "config.json").read_text())
     assert config["threads"]["torch_intra_op_threads"] == 1  # 1 thread on CPU by default
     assert config["quick"] is True and config["command"].startswith("dsd hardware-report")
+    assert config["plan"]["trials"] == 2
     assert len(config["load_during"]["samples"]) == 4
     # The simulated side is priced by the profile re-timed around the real runs
-    assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + len(rows)
+    # (one round before the runs, one after each of the cells' 2 trials)
+    assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + 2 * len(rows)
     retimed = json.loads((out / "profile_retimed.json").read_text())
     assert retimed["metadata"]["timing_rounds"]["rounds"] == config["retime"]["rounds"]
 
     report = (out / "report.md").read_text()
     for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
                      "priced by the profile re-timed around the real runs",
-                     "| static:2 | 1 |", "dsd hardware-report --quick"):  # fmt: skip
+                     "| static:2 | 2 |", "dsd hardware-report --quick --trials 2"):  # fmt: skip
         assert fragment in report, fragment
     # Strict JSON (no NaN): the plain arm has no acceptance length.
     speedup = json.loads((out / "speedup.json").read_text(), parse_constant=_refuse)
@@ -74,6 +76,7 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--draft", "none"], "needs a draft"),
         (["--draft", "NGRAM"], "write ngram"),
         (["--threads", "0"], "--threads"),
+        (["--trials", "0"], "--trials"),
         (["--target", "no-such-model"], "no-such-model"),
     ],
 )
