@@ -26,6 +26,7 @@ flags, load models or write files (`dsd validate` and `reports.validation` do).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -254,19 +255,27 @@ def validation_cells(
     fast_path: str = "off",
     on_progress: Callable[[str], None] | None = None,
     timing: TimingRounds | None = None,
+    deadline_s: float | None = None,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
     bad cell fails before any runs). The real runs go in `trials` rounds over all cells, each
     round in a rotated order, so drift on a shared machine spreads over the cells instead of
     biasing the ones that ran last. With `timing`, a timing round runs before the first real
     run and after every one, and every cell's simulated side is priced by the re-timed profile
-    (`TimingRounds.profile`) instead of the cells' own."""
+    (`TimingRounds.profile`) instead of the cells' own. `deadline_s` (a `time.monotonic()`
+    instant): no round starts that the last one's length says would end after it, so every
+    cell has the same number of trials (at least one: the first round always runs)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
     count = len(resolved_cells)
     before = timing.round() if timing is not None else -1
+    round_start_s = time.monotonic()
     for trial in range(trials):
+        if trial > 0 and deadline_s is not None:
+            now_s = time.monotonic()
+            if now_s + (now_s - round_start_s) / trial > deadline_s:
+                break
         for offset in range(count):
             index = (trial + offset) % count
             resolved = resolved_cells[index]

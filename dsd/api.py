@@ -679,6 +679,7 @@ def _validation(
     retime: bool,
     progress: ProgressFactory,
     retime_share: float = 0.25,
+    deadline_s: float | None = None,
     **fields: Any,
 ) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
     """The cells of `validate`, the record of how they ran (the report's config.json) and the
@@ -724,7 +725,13 @@ def _validation(
     )
     with progress(len(resolved) * trials, "validating") as advance:
         cells = validation_cells(
-            resolved, pair, trials=trials, fast_path=fast_path, on_progress=advance, timing=timing
+            resolved,
+            pair,
+            trials=trials,
+            fast_path=fast_path,
+            on_progress=advance,
+            timing=timing,
+            deadline_s=deadline_s,
         )
     retimed = None if timing is None else timing.profile()
     if timing is not None:
@@ -740,6 +747,8 @@ def _validation(
         "dataset": first.dataset,
         "num_prompts_per_concurrency": num_prompts_per_concurrency,
         "trials": trials,
+        # fewer where a deadline (hardware-report --time-budget) stopped the rounds
+        "trials_done": len(cells[0].measured_trials),
         "output_len": first.output_len,
         "seed": first.seed,
         "scheduling": first.scheduling,
@@ -838,6 +847,10 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     output_len=96,
     allow_noisy_profile=True,
 )
+# Seconds a time-budgeted report keeps for what follows the last trial round (the simulated
+# sides, the plots, the files): ~10 s for the full plan on either machine.
+REPORT_WRITE_RESERVE_S = 30.0
+
 QUICK_HARDWARE_PLAN = HardwarePlan(
     k_values=(0, 1, 2),
     batch_sizes=(1, 2),
@@ -901,6 +914,7 @@ def hardware_report(
     dataset: str = "instructcoder",
     quick: bool = False,
     trials: int | None = None,
+    time_budget_s: float | None = None,
     seed: int = 0,
     progress: ProgressFactory = no_progress,
     on_stage: Callable[[str], None] | None = None,
@@ -910,9 +924,12 @@ def hardware_report(
     simulator, and write `reports.hardware`'s folder into `out`. `quick`: a small plan that
     runs in about a minute (a dry run of the pipeline, not a measurement). `trials`: real runs
     per cell instead of the plan's (a shorter run where time is short, e.g. a lent GPU); the
-    plan recorded in config.json says which. On CPU `threads` defaults to 1 (a shared
-    machine's cores are not all ours)."""
+    plan recorded in config.json says which. `time_budget_s`: seconds the whole report may
+    take (a lent GPU's call): the validation starts no trial round that would end past it, less
+    `REPORT_WRITE_RESERVE_S` (at least one round runs; config.json's `trials_done` says how
+    many did). On CPU `threads` defaults to 1 (a shared machine's cores are not all ours)."""
     import datetime as dt
+    import time
 
     from dsd.backend.profiler import environment_metadata
     from dsd.common.machine import load_average
@@ -924,6 +941,11 @@ def hardware_report(
         if trials < 1:
             raise InputError(f"--trials {trials}: must be at least 1")
         plan = dataclasses.replace(plan, trials=trials)
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise InputError(f"--time-budget {time_budget_s}: must be > 0 seconds")
+    deadline_s = (
+        None if time_budget_s is None else time.monotonic() + time_budget_s - REPORT_WRITE_RESERVE_S
+    )
     stage = on_stage or (lambda text: None)
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
@@ -1005,6 +1027,7 @@ def hardware_report(
         output_len=plan.output_len,
         k_max=k_max,
         seed=seed,
+        deadline_s=deadline_s,
         # The cells' prompts are among the profiled ones: each is simulated with its own
         # measured draft outcomes (sim.acceptance.EmpiricalAcceptance matches prompt keys).
         acceptance_model="empirical",
@@ -1017,6 +1040,7 @@ def hardware_report(
             "device_name": environment_metadata(pair.device, pair.dtype)["device"],
             "quick": quick,
             "plan": dataclasses.asdict(plan),
+            "time_budget_s": time_budget_s,
             "started": started.isoformat(timespec="seconds"),
             "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "load_during": {"min": min(loads), "max": max(loads), "samples": loads},

@@ -383,6 +383,11 @@ def hardware_markdown(
     for key in ("device_name", "dtype", "load_average", "versions", "date", "quick"):
         if key in config:
             lines.append(f"- {key}: {config[key]}")
+    if config.get("trials_done", config.get("trials")) != config.get("trials"):
+        lines.append(
+            f"- trials per cell: {config['trials_done']} of the {config['trials']} planned "
+            f"(the time budget, {config.get('time_budget_s')} s, stopped the rounds)"
+        )
     threads = config.get("threads")
     if isinstance(threads, dict):
         lines.append("- threads: " + ", ".join(f"{k} {v}" for k, v in threads.items()))

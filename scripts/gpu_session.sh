@@ -14,8 +14,9 @@
 #   --dry-run        on CPU: engine_gpu.py --dry-run, the report with --device cpu --quick; the
 #                    gpu tests still run (and report skipped without CUDA).
 #   --quick          pass --quick to the hardware report on the GPU too.
-#   --trials N       pass --trials N to the hardware report (real runs per cell; fewer where
-#                    the device time left is short).
+#   --trials N       pass --trials N to the hardware report (real runs per cell); its
+#                    --time-budget is always the phase's time limit less 20 s, so a report
+#                    that would overrun stops after fewer trial rounds instead.
 #   --wheels DIR     wheels made by scripts/gpu_wheels.sh (default .whl): DIR/**/*.whl, and the
 #                    pieces DIR/part-K/NAME.K-of-N of a split wheel (gathered under TARGET.parts
 #                    across calls, installed once all N came).
@@ -545,6 +546,9 @@ sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)' "$REPORT_MODULE" ||
     args=(-m "$REPORT_MODULE" hardware-report --device "$device" --out "$RESULTS/hardware")
     if [[ $DRY_RUN == 1 || $QUICK == 1 ]]; then args+=(--quick); fi
     if [[ -n $TRIALS ]]; then args+=(--trials "$TRIALS"); fi
+    # The report stops its trial rounds in time to write its files inside this phase's limit
+    # (20 s for Python's start and the pair's loading; the report keeps its own reserve).
+    args+=(--time-budget "$((PHASE_LIMIT > 40 ? PHASE_LIMIT - 20 : 20))")
     run_timed "$PY" "${args[@]}"
 }
 

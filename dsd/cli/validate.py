@@ -193,6 +193,13 @@ def register(app: typer.Typer) -> None:
         trials: Annotated[
             int | None, typer.Option(help="Real runs per cell (default: the plan's, 5).")
         ] = None,
+        time_budget: Annotated[
+            float | None,
+            typer.Option(
+                help="Seconds the whole report may take: no trial round starts that would end "
+                "past it (at least one runs; config.json's trials_done says how many)."
+            ),
+        ] = None,
         seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
@@ -207,6 +214,7 @@ def register(app: typer.Typer) -> None:
             dataset=dataset_name,
             quick=quick,
             trials=trials,
+            time_budget_s=time_budget,
             seed=seed,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),

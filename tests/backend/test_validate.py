@@ -6,6 +6,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -274,3 +275,29 @@ def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> No
         priced = simulated_run(with_latency_from(own, retimed)).metrics
         assert cell.simulated["mean_tpot_ms"] == priced["mean_tpot_ms"]
         assert cell.simulated["mean_tpot_ms"] != simulated_run(own).metrics["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize(
+    ("deadline_s", "rounds"),
+    [(None, 5), (1000.0, 5), (45.0, 2), (39.0, 1), (0.0, 1)],
+)
+def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
+    """Each real run takes 10 s on a fake clock (two cells: 20 s a round). A round starts only
+    if the mean round so far says it ends by the deadline; the first always runs, and every
+    cell gets the same number of trials."""
+    import dsd.backend.validate as validate_module
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
+
+    def fake_run(resolved, pair, fast_path):
+        clock["now"] += 10.0
+        return resolved.config.policy
+
+    monkeypatch.setattr(validate_module, "measured_run", fake_run)
+    monkeypatch.setattr(
+        validate_module, "cell_result", lambda resolved, runs, pair, timing: tuple(runs)
+    )
+    cells = [SimpleNamespace(config=SimpleNamespace(policy=p)) for p in ("a", "b")]
+    done = validation_cells(cells, None, trials=5, deadline_s=deadline_s)
+    assert done == [("a",) * rounds, ("b",) * rounds]

@@ -77,6 +77,7 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--draft", "NGRAM"], "write ngram"),
         (["--threads", "0"], "--threads"),
         (["--trials", "0"], "--trials"),
+        (["--time-budget", "0"], "--time-budget"),
         (["--target", "no-such-model"], "no-such-model"),
     ],
 )
@@ -91,6 +92,20 @@ def test_bad_input_is_one_line_and_writes_nothing(args, fragment, tmp_path, caps
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: ") and fragment in last
     assert not out.exists()
+
+
+def test_a_spent_time_budget_runs_one_round_and_says_so(tmp_path) -> None:
+    from dsd.cli import main
+
+    out = tmp_path / "report"
+    # 1 s, less the reserve for writing: spent before the first round, which runs anyway
+    main(["hardware-report", "--quick", "--trials", "3", "--time-budget", "1", "--target",
+          "tiny", "--draft", "ngram:1-3", "--out", str(out)])  # fmt: skip
+    rows = list(csv.DictReader((out / "cells.csv").open()))
+    assert {row["num_trials"] for row in rows} == {"1"}
+    config = json.loads((out / "config.json").read_text())
+    assert (config["trials"], config["trials_done"], config["time_budget_s"]) == (3, 1, 1.0)
+    assert "trials per cell: 1 of the 3 planned" in (out / "report.md").read_text()
 
 
 def test_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
