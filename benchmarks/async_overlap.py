@@ -3,15 +3,16 @@ simulator's ratio beside it.
 
 The pair is profiled first (B and K of the cells, a short context; the host-overhead model with
 its planning split), then, per concurrency C, the same workload (4 x C prompts, static K, EOS
-ignored) runs on the real engine three ways in a rotated order per repeat: sync, async with the
-step on a worker thread while the next one is planned (the engine's default on CUDA), and
-async run serially (`LoopConfig(overlap=False)`, the engine's default on a CPU). The simulator
-runs the same configs on the profile: async overlapped is charged max(device, planning) + the
-rest of the host time, async serial as sync. Printed per C: the profile's host time as a share
-of the step, measured output-throughput ratios async/sync and async-serial/sync (mean over
-repeats with its 95% interval, the arms of a repeat paired as they ran back to back; median and
-range), and the simulated ratios. The issue's goal: real async >= sync wherever host time is
->= 5% of the step, and the simulated ratio within 2 percentage points of the measured one.
+ignored) runs on the real engine three ways, once untimed each and then in a rotated order per
+repeat: sync, async with the step on the step thread while the next one is planned (the
+engine's default on CUDA), and async run serially (`LoopConfig(overlap=False)`, the engine's
+default on a CPU). The simulator runs the same configs on the profile: async overlapped is
+charged max(device, planning) + the rest of the host time, async serial as sync. Printed per
+C: the profile's host time as a share of the step, measured output-throughput ratios async/sync
+and async-serial/sync (mean over repeats with its 95% interval, the arms of a repeat paired as
+they ran back to back; median and range), and the simulated ratios. The issue's goal: real
+async >= sync wherever host time is >= 5% of the step, and the simulated ratio within 2
+percentage points of the measured one.
 
     python benchmarks/async_overlap.py                          # tiny pair: host time matters
     python benchmarks/async_overlap.py --target smollm2-135m --draft ngram:2-6 --k 4
@@ -115,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                 max_num_seqs=concurrency,
                 output_len=args.output_len,
             )
+            # One untimed run per arm first: on an H200 the first run at each C was 6-16x
+            # slower than the next ones (reports/gpu/2026-11-26-h200), cold costs that
+            # belong to no arm
+            for arm in ARMS:
+                _measured(pair, config, arm)
             throughputs: dict[str, list[float]] = {arm: [] for arm in ARMS}
             for repeat in range(args.repeats):
                 order = ARMS[repeat % 3 :] + ARMS[: repeat % 3]  # rotated: drift spreads

@@ -32,8 +32,9 @@ measured perf_counter time of the whole iteration, host work included (schedulin
 bookkeeping of the previous step), which is what a real executor needs for an apples-to-apples
 comparison with the simulator.
 
-Real overlap (wall clock, async): step t runs on a worker thread (`executor.execute`; torch
-releases the GIL in its kernels) while this thread plans and commits step t+1; the loop then
+Real overlap (wall clock, async): step t runs on the step thread (`executor.execute`, one
+thread per process; torch releases the GIL in its kernels) while this thread plans and commits
+step t+1; the loop then
 waits for step t's outcome. Requests sent meanwhile reach the executor (`add_request`) only
 after step t returns, before step t+1 runs, so the executor is never touched by two threads.
 `LoopConfig(overlap=False)` runs async steps serially (the executor on this thread); the
@@ -52,10 +53,9 @@ policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
@@ -323,28 +323,25 @@ class Engine:
     def _simpy_process(self) -> Generator[simpy.Event, Any, None]:
         """The loop as a SimPy process beside the client's (requests arrive over time)."""
         env = self._env
-        with self._step_worker() as worker:
-            for delay_s in self._loop(worker):
-                if delay_s is None:
-                    self._wake = env.event()
-                    yield self._wake
-                else:
-                    yield env.timeout(delay_s)
-                self.now_s = float(env.now)
+        for delay_s in self._loop(self._step_worker()):
+            if delay_s is None:
+                self._wake = env.event()
+                yield self._wake
+            else:
+                yield env.timeout(delay_s)
+            self.now_s = float(env.now)
 
     def _run_without_simpy(self) -> None:
         """The loop alone (every request arrives at 0): the clock moves only by steps."""
-        with self._step_worker() as worker:
-            for delay_s in self._loop(worker):
-                self._advance(delay_s)
+        for delay_s in self._loop(self._step_worker()):
+            self._advance(delay_s)
 
     def _advance(self, delay_s: float | None) -> None:
         if delay_s is None:
             raise RuntimeError("nothing to run and no request left to arrive")
         self.now_s = self.now_s + delay_s  # as SimPy's clock: now + delay
 
-    @contextlib.contextmanager
-    def _step_worker(self) -> Iterator[ThreadPoolExecutor | None]:
+    def _step_worker(self) -> ThreadPoolExecutor | None:
         """The thread that runs steps under real overlap (wall clock, async), else None."""
         overlap = self.config.overlap
         if overlap is None:
@@ -352,14 +349,7 @@ class Engine:
         overlapped = (
             self.config.clock == "wall" and self.scheduler.config.scheduling == "async" and overlap
         )
-        if not overlapped:
-            yield None
-            return
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step")
-        try:
-            yield worker
-        finally:
-            worker.shutdown(wait=True)
+        return _step_thread() if overlapped else None
 
     def _loop(self, worker: ThreadPoolExecutor | None) -> Generator[float | None, None, None]:
         """The steps; yields each step's duration (the clock advances by it) or None (wait for
@@ -520,19 +510,28 @@ def run_interleaved(engines: Sequence[Engine]) -> list[RunResult]:
         raise ValueError("run_interleaved needs closed-loop workloads (every arrival at 0)")
     for engine in engines:
         engine._start()
-    with contextlib.ExitStack() as stack:
-        loops = [engine._loop(stack.enter_context(engine._step_worker())) for engine in engines]
-        running = list(range(len(engines)))
-        while running:
-            for index in list(running):
-                engine = engines[index]
-                engine._wall_mark_s = time.perf_counter()  # the others' steps are not its time
-                delay_s = next(loops[index], _FINISHED)
-                if delay_s is _FINISHED:
-                    running.remove(index)
-                else:
-                    engine._advance(cast(float | None, delay_s))
+    # One step thread serves them all: an engine's step is never in flight while another runs
+    loops = [engine._loop(engine._step_worker()) for engine in engines]
+    running = list(range(len(engines)))
+    while running:
+        for index in list(running):
+            engine = engines[index]
+            engine._wall_mark_s = time.perf_counter()  # the others' steps are not its time
+            delay_s = next(loops[index], _FINISHED)
+            if delay_s is _FINISHED:
+                running.remove(index)
+            else:
+                engine._advance(cast(float | None, delay_s))
     return [engine._result() for engine in engines]
 
 
 _FINISHED = object()  # run_interleaved: an engine's loop returned
+
+
+@functools.cache
+def _step_thread() -> ThreadPoolExecutor:
+    """The one thread that runs overlapped steps, for the whole process. Created once rather
+    than per run: what torch keeps per thread stays warm from run to run (on an H200 every
+    async run with a fresh thread ran at the speed of a cold first run, 5-15x slower than
+    sync; reports/gpu/2026-11-26-h200). Idle, it only waits on its queue."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step")

@@ -185,19 +185,21 @@ def test_async_overlap_runs_the_step_on_a_worker_and_changes_no_token(target, dr
         for p, o in [(9, 12), (20, 7), (3, 16), (14, 10), (6, 9), (11, 12)]
     ]
     runs = {}
+    step_threads: dict[str, set[threading.Thread]] = {}
     for name, scheduling, overlap in [
         ("sync", "sync", True),
         ("async serial", "async", False),
         ("async overlap", "async", True),
         # the default: overlap where the executor says it pays (CUDA), serially on a CPU
         ("async default", "async", None),
+        ("async overlap again", "async", True),
     ]:
         executor = make_executor(target, draft, seed=3)
-        threads: set[str] = set()
+        threads: set[threading.Thread] = set()
         execute = executor.execute
 
         def recorded(batch, execute=execute, threads=threads):
-            threads.add(threading.current_thread().name)
+            threads.add(threading.current_thread())
             return execute(batch)
 
         executor.execute = recorded  # type: ignore[method-assign]
@@ -217,9 +219,16 @@ def test_async_overlap_runs_the_step_on_a_worker_and_changes_no_token(target, dr
             [outputs[i][: spec.output_len].tolist() for i, spec in enumerate(requests)],
             (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens),
         )
-        on_worker = any(t.startswith("dsd-step") for t in threads)
+        step_threads[name] = threads
+        on_worker = any(t.name.startswith("dsd-step") for t in threads)
         default_overlaps = executor.overlaps_host  # dsd's engine: only on CUDA
         assert default_overlaps == (executor.engine.device.type == "cuda")
-        expect_worker = name == "async overlap" or (name == "async default" and default_overlaps)
+        expect_worker = name.startswith("async overlap") or (
+            name == "async default" and default_overlaps
+        )
         assert on_worker == expect_worker, (name, threads)
     assert runs["async overlap"] == runs["async serial"] == runs["sync"] == runs["async default"]
+    assert runs["async overlap again"] == runs["async overlap"]
+    # One step thread for the process (per-thread state stays warm from run to run)
+    assert step_threads["async overlap again"] == step_threads["async overlap"]
+    assert len(step_threads["async overlap"]) == 1
