@@ -263,7 +263,7 @@ def validation_cells(
     biasing the ones that ran last. With `timing`, a timing round runs before the first real
     run and after every one, and every cell's simulated side is priced by the re-timed profile
     (`TimingRounds.profile`) instead of the cells' own. `deadline_s` (a `time.monotonic()`
-    instant): no round starts that the last one's length says would end after it, so every
+    instant): no round starts that the mean round so far says would end after it, so every
     cell has the same number of trials (at least one: the first round always runs)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")

@@ -847,8 +847,8 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     output_len=96,
     allow_noisy_profile=True,
 )
-# Seconds a time-budgeted report keeps for what follows the last trial round (the simulated
-# sides, the plots, the files): ~10 s for the full plan on either machine.
+# Seconds a time-budgeted report keeps for what follows the last trial round: the simulated
+# side of every cell (simulator runs, no model), the plots and the files.
 REPORT_WRITE_RESERVE_S = 30.0
 
 QUICK_HARDWARE_PLAN = HardwarePlan(
