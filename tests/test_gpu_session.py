@@ -81,11 +81,19 @@ def summary(output: str) -> dict[str, tuple[str, str]]:
     return rows
 
 
-def make_wheel(folder: Path, module: str, version: str = "0.1", value: int = 42) -> Path:
-    """A minimal pure-Python wheel `module-version-py3-none-any.whl` holding VALUE = value."""
+def make_wheel(
+    folder: Path,
+    module: str,
+    version: str = "0.1",
+    value: int = 42,
+    extra: dict[str, str] | None = None,
+) -> Path:
+    """A minimal pure-Python wheel `module-version-py3-none-any.whl` holding VALUE = value (and
+    `extra`: more files, by path inside the wheel)."""
     folder.mkdir(parents=True, exist_ok=True)
     dist_info = f"{module}-{version}.dist-info"
     files = {
+        **(extra or {}),
         f"{module}/__init__.py": f"VALUE = {value}\n",
         f"{dist_info}/METADATA": (
             f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: {version}\n"
@@ -222,6 +230,33 @@ def test_a_failing_report_is_reported_and_the_script_still_ends_with_its_summary
     assert list(rows) == ["install", "device", "report"]  # install runs before any other phase
     assert rows["report"][0] == "failed"
     assert (tmp_path / "results" / "report.log").is_file()
+
+
+# A stand-in for `python -m dsd hardware-report`: writes its arguments into its --out folder
+ARGV_REPORT = """import pathlib, sys
+out = pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+out.mkdir(parents=True)
+(out / "argv.txt").write_text(" ".join(sys.argv[1:]))
+"""
+
+
+def test_the_report_gets_the_trials_and_the_phase_limit_as_its_time_budget(
+    tmp_path: Path,
+) -> None:
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "argv_report", extra={"argv_report/__main__.py": ARGV_REPORT})
+    result, output = session(
+        tmp_path,
+        "--phase", "report", "--report-module", "argv_report", "--trials", "2",
+        "--budget", "300",
+        wheels=wheels,
+    )  # fmt: skip
+    assert result.returncode == 0, output
+    argv = (tmp_path / "results" / "hardware" / "argv.txt").read_text().split()
+    assert argv[0] == "hardware-report"
+    assert argv[argv.index("--trials") + 1] == "2"
+    # the phase's limit (what is left of the 300 s, less 15) less 20 s for the start
+    assert 200 < int(argv[argv.index("--time-budget") + 1]) <= 300 - 15 - 20
 
 
 def test_phases_past_the_budget_are_skipped_and_bad_phases_refused(tmp_path: Path) -> None:
