@@ -1,17 +1,28 @@
-"""Simulated vs measured mean TPOT per SPEC from envelope_gap JSONs (median over repeats), and
-the spread of identical-work repeats."""
-import json, statistics, sys, glob
-errs = []
+"""Simulated vs measured mean TPOT per SPEC (median over repeats) from the envelope_gap JSONs
+in a folder, with each SPEC's repeat spread.
+
+    python reports/engine/2026-11-26b-cpu/sim_vs_measured.py reports/engine/2026-11-26b-cpu
+"""
+
+import glob
+import json
+import statistics
+import sys
+
+errors = []
 for path in sorted(glob.glob(sys.argv[1] + "/interleaved_c*.json")):
-    r = json.load(open(path))
-    for row in r["rows"]:
-        c = row["concurrency"]
+    with open(path, encoding="utf-8") as file:
+        rows = json.load(file)["rows"]
+    for row in rows:
         for spec, runs in row["measured"].items():
-            t = [x["tpot_ms"] for x in runs]
-            med = statistics.median(t)
-            sim = row["simulated"][spec]["tpot_ms"] if isinstance(row["simulated"][spec], dict) else row["simulated"][spec]
-            err = 100 * (sim - med) / med
-            spread = 100 * (max(t) - min(t)) / med
-            errs.append(abs(err))
-            print(f"C={c} {spec:10s} measured {med:6.1f} sim {sim:6.1f} err {err:+5.1f}% spread {spread:4.1f}%")
-print(f"cells {len(errs)}: median |err| {statistics.median(errs):.1f}%, max {max(errs):.1f}%")
+            tpot = [run["tpot_ms"] for run in runs]
+            measured = statistics.median(tpot)
+            simulated = row["simulated"][spec]["tpot_ms"]
+            error = 100 * (simulated - measured) / measured
+            spread = 100 * (max(tpot) - min(tpot)) / measured
+            errors.append(abs(error))
+            print(
+                f"C={row['concurrency']} {spec:10s} measured {measured:6.1f} "
+                f"sim {simulated:6.1f} err {error:+5.1f}% spread {spread:4.1f}%"
+            )
+print(f"cells {len(errors)}: median |err| {statistics.median(errors):.1f}%, max {max(errors):.1f}%")
