@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'P':>3} {'measured ms':>12} {'curve(W)+(P-1)marginal':>24} {'one prompt of PxW':>18}")
     for p in rows:
         priced = median[(1, width)] + (p - 1) * marginal
-        print(f"{p:>3} {median[(p, width)]:>12.0f} {priced:>24.0f} {median[(1, p * width)]:>18.0f}")
+        print(f"{p:>3} {median[(p, width)]:>12.2f} {priced:>24.2f} {median[(1, p * width)]:>18.2f}")
     return 0
 
 

@@ -7,6 +7,7 @@ default import mode needs unique test-module basenames.)
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -362,7 +363,11 @@ def test_padded_prefill_benchmark_prices_p_rows_and_refuses_bad_input(
     module = load_benchmark("padded_prefill")
     assert module.main(["--model", "tiny", "--width", "8", "--rows", "2,3", "--repeats", "1"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
-    assert [row[0] for row in rows] == ["2", "3"] and all(float(v) > 0 for row in rows for v in row)
+    assert [row[0] for row in rows] == ["2", "3"]
+    # measured forwards take time; the priced column is a difference of medians, so with one
+    # repeat on a tiny model it may come out at or below 0 (it did once in CI)
+    assert all(float(row[1]) > 0 and float(row[3]) > 0 for row in rows)
+    assert all(math.isfinite(float(row[2])) for row in rows)
     assert module.main(["--rows", "0"]) == 2
     assert module.main(["--model", "no-such-model"]) == 2
     assert "error:" in capsys.readouterr().err
