@@ -611,9 +611,12 @@ class TimingRounds:
     prefill sizes, the profiler's way (same slots, same truncation), in a fresh random order.
     `profile()` is the profile with those samples in place of its own timing: measured over the
     same stretch of the machine's time as the runs, it is what the simulator's latency model
-    for them is fitted from (policies keep the profile they ran with). `speed(rounds)` says how
-    fast the machine ran in some rounds against the whole: the median over their samples of
-    sample / that point's median over all rounds (> 1: slower).
+    for them is fitted from (policies keep the profile they ran with). The drift is faster than
+    a run, though (a fixed step's 2.6 s means moved 127-144 ms within half a minute), so while
+    a closed-loop run steps, `probe()` also times one decode point between its steps into a
+    round of its own (`open_window()`). `speed(rounds)` says how fast the machine ran in some
+    rounds against the whole: the median over their samples of sample / that point's median
+    over all rounds (> 1: slower).
     """
 
     def __init__(
@@ -682,6 +685,7 @@ class TimingRounds:
         self._in_decode: dict[tuple[int, int], list[tuple[int, float]]] = {
             key: [] for key in self.in_decode_keys
         }
+        self._probe_cycles: dict[int, list[tuple[int, int, int]]] = {}
         self.num_rounds = 0
 
     def round(self) -> int:
@@ -708,6 +712,28 @@ class TimingRounds:
                 self._prefill[key].append((index, elapsed_ms))
         self.num_rounds += 1
         return index
+
+    def open_window(self) -> int:
+        """A new round that times nothing itself: `probe()` fills it while a real run steps
+        (`backend.validate`); returns its index."""
+        self.num_rounds += 1
+        return self.num_rounds - 1
+
+    def probe(self, window: int, max_batch: int) -> float:
+        """Time the next of the decode points with B <= max_batch (each once, in a shuffled
+        cycle per max_batch) into round `window`; returns the wall ms it took, timing
+        included. A run's steps interleaved with these probes see the machine at the same
+        moments, so `speed([window])` is the machine's speed during that run."""
+        cycle = self._probe_cycles.get(max_batch)
+        if not cycle:
+            keys = [key for key in self.decode_keys if key[1] <= max(max_batch, 1)]
+            cycle = [keys[int(i)] for i in self._rng.permutation(len(keys))]
+            self._probe_cycles[max_batch] = cycle
+        key = cycle.pop()
+        context, b, k = key
+        start_s = time.perf_counter()
+        self._decode[key].append((window, self._slots[context].time_step((b, k))))
+        return (time.perf_counter() - start_s) * 1000.0
 
     def profile(self) -> Profile:
         """The base profile with every point's timing from the rounds (points no round timed

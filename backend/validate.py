@@ -17,10 +17,13 @@ become the workload, and its recorded metrics are the measured side.
 Errors are (simulated - measured) / measured in percent. With `TimingRounds`, the profile's
 points are timed again before and after every real trial, and the simulated side of every cell
 is priced by those samples (`sim.resolve.with_latency_from`): the simulator and the runs then
-see the same stretch of a drifting machine. A cell also reports the machine's speed in the
-rounds around its trials against the whole (`machine_speed`: > 1 slower) and the error left once
-the simulated times are scaled by it (`speed_adjusted_error_pct`). This module does not parse
-flags, load models or write files (`dsd validate` and `reports.validation` do).
+see the same stretch of a drifting machine. The machine drifts within a trial too, so a
+closed-loop trial also times one profile point between its steps whenever such probes have
+taken less than `PROBE_SHARE` of its step time (the steps' own timing leaves them out), and its
+machine speed is read from them (`TimingRounds.speed`: > 1 slower; the rounds around it for an
+open-loop trial). A cell reports each trial's speed and the error left once every trial's
+measured times are divided by it (`speed_adjusted_error_pct`). This module does not parse flags,
+load models or write files (`dsd validate` and `reports.validation` do).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from dsd.common.errors import InputError
 from dsd.common.user_files import parse_user_json, read_user_text
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
-from dsd.sim.engine import RunResult
+from dsd.sim.engine import RunResult, run_interleaved
 from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import ResolvedRun, resolve, with_latency_from
 from dsd.traces.arrivals import validate_rate, with_arrivals
@@ -62,6 +65,9 @@ VLLM_METRIC_KEYS: tuple[str, ...] = (
     "output_throughput",
     "request_throughput",
 )
+# Most a trial's machine-speed probes may take, as a share of its steps' wall time: a quarter
+# gives every CPU trial dozens to hundreds of samples for +25% of its time
+PROBE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -83,9 +89,15 @@ class CellResult:
     # The simulator replaying the first real trial's own drafts and acceptances position by
     # position (fitted latency, recorded acceptance); {} for a vLLM file
     replayed: dict[str, Any] = field(default_factory=dict)
-    # how slow the machine ran in the timing rounds around the real trials against all rounds
-    # (`TimingRounds.speed`: > 1 slower); NaN without timing rounds
-    machine_speed: float = float("nan")
+    # how slow the machine ran during each real trial against all the timing (`TimingRounds.
+    # speed`: > 1 slower), in trial order; () without timing rounds
+    trial_speeds: tuple[float, ...] = ()
+
+    @property
+    def machine_speed(self) -> float:
+        """The median of `trial_speeds` (NaN without them)."""
+        speeds = [speed for speed in self.trial_speeds if math.isfinite(speed)]
+        return float(np.median(speeds)) if speeds else float("nan")
 
     def error_pct(self, key: str) -> float:
         """(simulated - measured) / measured * 100; NaN when either is missing or measured 0."""
@@ -100,21 +112,32 @@ class CellResult:
         run's own acceptance, both on the fitted latency)."""
         return _error_pct(self.simulated.get(key), self.replayed.get(key))
 
+    def speed_adjusted_measured(self, key: str) -> float:
+        """The median over the trials of each one's `key` divided by its machine speed: the
+        trials as if run at the speed the timing rounds price the simulator at (ms keys
+        only); NaN unless every trial has a speed."""
+        speeds = np.array(self.trial_speeds, dtype=np.float64)
+        values = np.array([_as_float(t.get(key)) for t in self.measured_trials])
+        if speeds.size == 0 or speeds.size != values.size or not np.isfinite(speeds).all():
+            return float("nan")
+        return float(np.median(values / speeds))
+
     def speed_adjusted_error_pct(self, key: str) -> float:
-        """`error_pct` with the simulated time scaled by `machine_speed` (ms keys only)."""
-        return _error_pct(
-            _as_float(self.simulated.get(key)) * self.machine_speed, self.measured.get(key)
-        )
+        """`error_pct` against `speed_adjusted_measured`."""
+        return _error_pct(self.simulated.get(key), self.speed_adjusted_measured(key))
 
     def speed_adjusted_timing_error_pct(self, key: str) -> float:
-        """`timing_error_pct` with the replayed time scaled by `machine_speed`."""
-        return _error_pct(
-            _as_float(self.replayed.get(key)) * self.machine_speed, self.measured.get(key)
-        )
+        """`timing_error_pct` against `speed_adjusted_measured`."""
+        return _error_pct(self.replayed.get(key), self.speed_adjusted_measured(key))
 
-    def trial_spread_pct(self, key: str) -> float:
-        """(max - min) / median of the real trials' `key`, in percent (NaN below 2 trials)."""
+    def trial_spread_pct(self, key: str, speed_adjusted: bool = False) -> float:
+        """(max - min) / median of the real trials' `key`, in percent (NaN below 2 trials);
+        `speed_adjusted`: of each divided by its trial's speed (NaN without speeds)."""
         values = np.array([_as_float(t.get(key)) for t in self.measured_trials])
+        if speed_adjusted:
+            if len(self.trial_speeds) != values.size:
+                return float("nan")
+            values = values / np.array(self.trial_speeds, dtype=np.float64)
         values = values[np.isfinite(values)]
         if values.size < 2 or np.median(values) == 0:
             return float("nan")
@@ -161,6 +184,8 @@ class MeasuredRun:
     prompt_ids: dict[int, list[int]]  # req_id -> prompt ids it was given
     output_ids: dict[int, list[int]]  # req_id -> output ids, as counted
     timing_rounds: tuple[int, ...] = ()  # the TimingRounds just before and after it
+    # how slow the machine ran during it (`TimingRounds.speed`); NaN without timing rounds
+    machine_speed: float = float("nan")
 
 
 def simulated_run(resolved: ResolvedRun) -> RunResult:
@@ -169,13 +194,19 @@ def simulated_run(resolved: ResolvedRun) -> RunResult:
 
 
 def measured_run(
-    resolved: ResolvedRun, pair: ModelPair, *, temperature: float = 0.0, fast_path: str = "off"
+    resolved: ResolvedRun,
+    pair: ModelPair,
+    *,
+    temperature: float = 0.0,
+    fast_path: str = "off",
+    between_steps: Callable[[], object] | None = None,
 ) -> MeasuredRun:
-    """The real engine's run of a resolved cell, EOS ignored (output lengths as simulated)."""
+    """The real engine's run of a resolved cell, EOS ignored (output lengths as simulated);
+    `between_steps` (closed-loop cells only) runs after every step, outside the steps' time."""
     engine = real_engine(
         resolved, pair, temperature=temperature, ignore_eos=True, fast_path=fast_path
     )
-    result = engine.run()
+    result = engine.run() if between_steps is None else run_interleaved([engine], between_steps)[0]
     return MeasuredRun(
         metrics=dict(result.metrics),
         steps=result.steps,
@@ -205,16 +236,11 @@ def replayed_run(resolved: ResolvedRun, pair: ModelPair, run: MeasuredRun) -> Ru
 
 
 def cell_result(
-    resolved: ResolvedRun,
-    runs: Sequence[MeasuredRun],
-    pair: ModelPair | None = None,
-    timing: TimingRounds | None = None,
+    resolved: ResolvedRun, runs: Sequence[MeasuredRun], pair: ModelPair | None = None
 ) -> CellResult:
     """The simulator's run of a cell next to its real trials; given the pair (runs greedy:
-    temperature 0), also the simulator replaying the first trial's acceptance; given the timing
-    rounds that bracketed the trials, the machine's speed in them."""
+    temperature 0), also the simulator replaying the first trial's acceptance."""
     simulated = simulated_run(resolved)
-    rounds = [index for run in runs for index in run.timing_rounds]
     replayed = None if pair is None else replayed_run(resolved, pair, runs[0])
     return CellResult(
         policy=resolved.config.policy,
@@ -226,7 +252,7 @@ def cell_result(
         host_overhead_source=resolved.host_overhead_source,
         measured_trials=tuple(run.metrics for run in runs),
         replayed={} if replayed is None else dict(replayed.metrics),
-        machine_speed=float("nan") if timing is None else timing.speed(rounds),
+        trial_speeds=tuple(run.machine_speed for run in runs) if runs[0].timing_rounds else (),
     )
 
 
@@ -262,9 +288,11 @@ def validation_cells(
     round in a rotated order, so drift on a shared machine spreads over the cells instead of
     biasing the ones that ran last. With `timing`, a timing round runs before the first real
     run and after every one, and every cell's simulated side is priced by the re-timed profile
-    (`TimingRounds.profile`) instead of the cells' own. `deadline_s` (a `time.monotonic()`
-    instant): no round starts that the mean round so far says would end after it, so every
-    cell has the same number of trials (at least one: the first round always runs)."""
+    (`TimingRounds.profile`) instead of the cells' own; a closed-loop trial is probed between
+    its steps (`SpeedProbes`), and every trial's machine speed recorded. `deadline_s` (a
+    `time.monotonic()` instant): no round starts that the mean round so far says would end
+    after it, so every cell has the same number of trials (at least one: the first round always
+    runs)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
@@ -279,10 +307,14 @@ def validation_cells(
         for offset in range(count):
             index = (trial + offset) % count
             resolved = resolved_cells[index]
-            run = measured_run(resolved, pair, fast_path=fast_path)
+            probes = None
+            if timing is not None and resolved.workload.closed_loop:
+                probes = SpeedProbes(timing, resolved.workload.max_concurrency)
+            run = measured_run(resolved, pair, fast_path=fast_path, between_steps=probes)
             if timing is not None:
                 after = timing.round()
-                run = replace(run, timing_rounds=(before, after))
+                speed = timing.speed((before, after) if probes is None else (probes.window,))
+                run = replace(run, timing_rounds=(before, after), machine_speed=speed)
                 before = after
             runs[index].append(run)
             if on_progress is not None:
@@ -294,9 +326,33 @@ def validation_cells(
         retimed = timing.profile()
         resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]
     return [
-        cell_result(resolved, own, pair, timing)
-        for resolved, own in zip(resolved_cells, runs, strict=True)
+        cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
+
+
+class SpeedProbes:
+    """Called after every step of a real trial: times one profile point (`TimingRounds.probe`,
+    B <= the trial's C) into a round of the trial's own whenever the probes so far took less
+    than `share` of the time since the trial's first step less the probes' own."""
+
+    def __init__(
+        self, timing: TimingRounds, max_concurrency: int | None, share: float = PROBE_SHARE
+    ) -> None:
+        self.timing = timing
+        self.window = timing.open_window()
+        self.max_batch = max_concurrency or max(b for _c, b, _k in timing.decode_keys)
+        self.share = share
+        self._mark_s = time.perf_counter()
+        self._steps_s = 0.0
+        self._probes_s = 0.0
+
+    def __call__(self) -> None:
+        start_s = time.perf_counter()
+        self._steps_s += start_s - self._mark_s
+        if self._probes_s < self.share * self._steps_s:
+            self.timing.probe(self.window, self.max_batch)
+        self._mark_s = time.perf_counter()
+        self._probes_s += self._mark_s - start_s
 
 
 # ---------------------------------------------------------------------------- vLLM result file

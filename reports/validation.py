@@ -54,11 +54,14 @@ class Cell(Protocol):
     def replayed(self) -> dict[str, Any]: ...
     @property
     def machine_speed(self) -> float: ...
+    @property
+    def trial_speeds(self) -> tuple[float, ...]: ...
 
     def error_pct(self, key: str) -> float: ...
     def timing_error_pct(self, key: str) -> float: ...
     def acceptance_error_pct(self, key: str) -> float: ...
-    def trial_spread_pct(self, key: str) -> float: ...
+    def trial_spread_pct(self, key: str, speed_adjusted: bool = False) -> float: ...
+    def speed_adjusted_measured(self, key: str) -> float: ...
     def speed_adjusted_error_pct(self, key: str) -> float: ...
     def speed_adjusted_timing_error_pct(self, key: str) -> float: ...
 
@@ -86,7 +89,8 @@ def _median_max_abs(errors: Sequence[float]) -> tuple[float, float]:
 def tpot_error_summary(cells: Sequence[Cell]) -> dict[str, float]:
     """Median and max |error %| of mean TPOT over the cells (NaN cells left out), and of its
     two parts: timing (replay vs measured) and acceptance modelling (fitted vs replay), and of
-    the total and timing errors scaled by each cell's machine speed (NaN when not re-timed)."""
+    the total and timing errors against the trials divided by their machine speed (NaN when
+    not re-timed)."""
     summary: dict[str, float] = {}
     parts = {
         "tpot": [cell.error_pct("mean_tpot_ms") for cell in cells],
@@ -122,11 +126,14 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "timing_error_pct_mean_tpot_ms",
         "acceptance_error_pct_mean_tpot_ms",
         "replayed_acceptance_length",
-        # The machine's speed in the timing rounds around the real trials against all rounds
-        # (TimingRounds), and the errors left with the simulated times scaled by it
+        # The machine's speed during the real trials against all the timing (TimingRounds;
+        # median over the trials), the trials each divided by their speed, and the errors
+        # against them
         "machine_speed",
         "speed_adjusted_error_pct_mean_tpot_ms",
         "speed_adjusted_timing_error_pct_mean_tpot_ms",
+        "speed_adjusted_measured_mean_tpot_ms",
+        "speed_adjusted_trial_spread_pct_mean_tpot_ms",
     ]
     writer.writerow(header)
     for cell in cells:
@@ -149,6 +156,8 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             cell.machine_speed,
             cell.speed_adjusted_error_pct("mean_tpot_ms"),
             cell.speed_adjusted_timing_error_pct("mean_tpot_ms"),
+            cell.speed_adjusted_measured("mean_tpot_ms"),
+            cell.trial_spread_pct("mean_tpot_ms", speed_adjusted=True),
         ]
         writer.writerow(row)
     return buffer.getvalue()
@@ -205,24 +214,45 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
 
 
 def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str]:
-    """What the errors are with the simulated times scaled by the machine's measured speed
-    (nothing when the cells were not re-timed)."""
-    speeds = np.array([cell.machine_speed for cell in cells], dtype=np.float64)
+    """What the errors are with every trial's measured times divided by the machine's speed
+    during it (nothing when the cells were not re-timed)."""
+    speeds = np.array([s for cell in cells for s in cell.trial_speeds], dtype=np.float64)
     speeds = speeds[np.isfinite(speeds)]
     if speeds.size == 0:
         return []
+    spreads = [
+        (cell.trial_spread_pct("mean_tpot_ms"), cell.trial_spread_pct("mean_tpot_ms", True))
+        for cell in cells
+    ]
+    raw_spread, adjusted_spread = (
+        _nan_median([pair[index] for pair in spreads]) for index in (0, 1)
+    )
+    spread = (
+        f"the trials of a cell spread by a median of {format_number(adjusted_spread, 1)} % "
+        f"instead of {format_number(raw_spread, 1)} %, and "
+        if math.isfinite(adjusted_spread)
+        else ""
+    )
     return [
-        "Machine speed (the profile's points timed again just before and after every real "
-        "trial, against the same points over all the timing rounds; > 1 is slower) ranged "
-        f"{speeds.min():.2f}-{speeds.max():.2f} over the cells (median {np.median(speeds):.2f}). "
-        "With the simulated times scaled by it, the mean-TPOT error is median |error| "
+        "Machine speed (per trial: the profile's points timed between its steps, or just "
+        "before and after it for an open-loop trial, against the same points over all the "
+        "timing; > 1 is slower) ranged "
+        f"{speeds.min():.2f}-{speeds.max():.2f} over the trials (median "
+        f"{np.median(speeds):.2f}). Each trial's mean TPOT divided by it, {spread}the "
+        "mean-TPOT error is median |error| "
         f"{format_number(summary['median_abs_speed_adjusted_error_pct'], 1)} %, max "
         f"{format_number(summary['max_abs_speed_adjusted_error_pct'], 1)} % (timing part median "
         f"{format_number(summary['median_abs_speed_adjusted_timing_error_pct'], 1)} %, max "
-        f"{format_number(summary['max_abs_speed_adjusted_timing_error_pct'], 1)} %). The unscaled "
-        "errors above are the result; the scaled ones show how much of it is the machine drifting.",
+        f"{format_number(summary['max_abs_speed_adjusted_timing_error_pct'], 1)} %). The "
+        "unadjusted errors above are the result; the adjusted ones show how much of it is the "
+        "machine drifting under the trials.",
         "",
     ]
+
+
+def _nan_median(values: Sequence[float]) -> float:
+    finite = [value for value in values if math.isfinite(value)]
+    return float(np.median(finite)) if finite else float("nan")
 
 
 def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:

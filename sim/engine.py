@@ -45,7 +45,8 @@ machine, that costs more than the planning it hides (docs/simulator.md).
 
 `run_interleaved(engines)` runs several closed-loop engines one step each in turn: under the
 wall clock each step is timed from when its engine resumed, so machine drift over seconds lands
-on every engine alike (paired A/B measurements on a shared machine).
+on every engine alike (paired A/B measurements on a shared machine). Its `between` callback runs
+after every step, outside every engine's time (the validation's machine-speed probes).
 
 What this module deliberately does not do: compute latency (the executor does), choose K (the
 policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
@@ -287,7 +288,7 @@ class Engine:
         if self._ran:
             raise RuntimeError("Engine.run() may be called once")
         self._ran = True
-        if not all(request.arrival_s == 0 for request in self.workload.requests):
+        if not self.workload.closed_loop:
             return False
         config = self.config
         self._fast_forward = (
@@ -497,16 +498,17 @@ class Engine:
             self.scheduler.check_invariants()
 
 
-def run_interleaved(engines: Sequence[Engine]) -> list[RunResult]:
+def run_interleaved(
+    engines: Sequence[Engine], between: Callable[[], object] | None = None
+) -> list[RunResult]:
     """Closed-loop engines run one step each in turn until every one has finished; their
     results, in order. Each engine keeps its own clock, scheduler and executor, so under the
     model clock every result is exactly its `run()`'s. Under the wall clock each step is timed
-    from when its engine resumed: a step never includes the other engines' steps, and a
-    machine whose speed drifts over seconds slows every engine alike (A/B measurements on a
-    shared machine: `benchmarks/envelope_gap.py`)."""
-    if not all(
-        request.arrival_s == 0 for engine in engines for request in engine.workload.requests
-    ):
+    from when its engine resumed: a step never includes the other engines' steps (nor what
+    `between`, called after every step, does), and a machine whose speed drifts over seconds
+    slows every engine alike (A/B measurements on a shared machine: `benchmarks/envelope_gap.py`;
+    speed probes inside a validation's trials: `backend.validate`)."""
+    if not all(engine.workload.closed_loop for engine in engines):
         raise ValueError("run_interleaved needs closed-loop workloads (every arrival at 0)")
     for engine in engines:
         engine._start()
@@ -522,6 +524,8 @@ def run_interleaved(engines: Sequence[Engine]) -> list[RunResult]:
                 running.remove(index)
             else:
                 engine._advance(cast(float | None, delay_s))
+                if between is not None:
+                    between()
     return [engine._result() for engine in engines]
 
 

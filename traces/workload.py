@@ -58,3 +58,8 @@ class Workload:
         arrivals = [r.arrival_s for r in self.requests]
         if any(b < a for a, b in pairwise(arrivals)):
             raise ValueError("requests must be in non-decreasing arrival order")
+
+    @property
+    def closed_loop(self) -> bool:
+        """Every request arrives at 0 (sends are paced by max_concurrency alone)."""
+        return all(request.arrival_s == 0 for request in self.requests)

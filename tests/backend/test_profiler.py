@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -612,3 +613,23 @@ def test_adaptive_profiling_needs_three_batch_sizes_and_a_positive_target() -> N
         small_config(adaptive_target_pct=5.0)
     with pytest.raises(InputError, match="adaptive_target_pct: must be a number > 0"):
         small_config(batch_sizes=(1, 2, 4), adaptive_target_pct=0.0)
+
+
+def test_timing_probes_cycle_through_the_points_up_to_max_batch(target) -> None:
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    config = small_config(context_lens=(6,))
+    profile = profile_pair(target, draft, config, prompts(3), [6] * 3)
+    timing = TimingRounds(target, draft, profile, share=0.25)
+    window = timing.open_window()
+    assert window == 0 and timing.num_rounds == 1
+    small = [key for key in timing.decode_keys if key[1] <= 2]
+    assert 0 < len(small) < len(timing.decode_keys)
+    for _ in range(2 * len(small)):
+        assert timing.probe(window, 2) > 0
+    # each point with B <= 2 timed once per cycle, into the window; no other point
+    assert {key: len(samples) for key, samples in timing._decode.items()} == {
+        key: 2 if key in small else 0 for key in timing.decode_keys
+    }
+    assert {r for samples in timing._decode.values() for r, _ms in samples} == {window}
+    assert math.isfinite(timing.speed([window]))
+    timing.free()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,8 +20,10 @@ from dsd.backend.profiler import ProfileConfig, TimingRounds, profile_pair
 from dsd.backend.real import resolve_real
 from dsd.backend.validate import (
     CellResult,
+    SpeedProbes,
     compare_cell,
     load_vllm_result,
+    median_metrics,
     parse_vllm_result,
     simulated_run,
     validate_against_vllm,
@@ -228,25 +232,41 @@ def test_report_summary_ignores_nan_cells(tmp_path) -> None:
     assert summary["max_abs_tpot_error_pct"] == pytest.approx(20.0)
 
 
-def test_speed_adjusted_error_scales_the_simulated_time_by_the_machine_speed(tmp_path) -> None:
-    measured, simulated, replayed = (
-        {"mean_tpot_ms": 13.0},
-        {"mean_tpot_ms": 10.0},
-        {"mean_tpot_ms": 12.0},
+def test_speed_adjusted_error_divides_every_trial_by_its_machine_speed(tmp_path) -> None:
+    trials = ({"mean_tpot_ms": 13.0}, {"mean_tpot_ms": 15.0})
+    simulated, replayed = {"mean_tpot_ms": 10.0}, {"mean_tpot_ms": 12.0}
+    cell = CellResult(
+        "a",
+        1,
+        median_metrics(trials),
+        simulated,
+        measured_trials=trials,
+        replayed=replayed,
+        trial_speeds=(1.3, 1.25),  # the trials at the pricing speed: 10 and 12 ms
     )
-    cell = CellResult("a", 1, measured, simulated, replayed=replayed, machine_speed=1.25)
-    assert cell.error_pct("mean_tpot_ms") == pytest.approx(-300 / 13)
-    assert cell.speed_adjusted_error_pct("mean_tpot_ms") == pytest.approx(-50 / 13)
-    assert cell.speed_adjusted_timing_error_pct("mean_tpot_ms") == pytest.approx(200 / 13)
-    unprobed = CellResult("a", 1, measured, simulated)
+    assert cell.error_pct("mean_tpot_ms") == pytest.approx(-400 / 14)
+    assert cell.machine_speed == pytest.approx(1.275)
+    assert cell.speed_adjusted_measured("mean_tpot_ms") == pytest.approx(11.0)
+    assert cell.speed_adjusted_error_pct("mean_tpot_ms") == pytest.approx(-100 / 11)
+    assert cell.speed_adjusted_timing_error_pct("mean_tpot_ms") == pytest.approx(100 / 11)
+    assert cell.trial_spread_pct("mean_tpot_ms") == pytest.approx(200 / 14)
+    assert cell.trial_spread_pct("mean_tpot_ms", speed_adjusted=True) == pytest.approx(200 / 11)
+    unprobed = CellResult("a", 1, median_metrics(trials), simulated, measured_trials=trials)
     assert math.isnan(unprobed.speed_adjusted_error_pct("mean_tpot_ms"))
+    assert math.isnan(unprobed.machine_speed)
+    assert math.isnan(unprobed.trial_spread_pct("mean_tpot_ms", speed_adjusted=True))
+    partly = replace(cell, trial_speeds=(1.3, float("nan")))  # every trial needs a speed
+    assert math.isnan(partly.speed_adjusted_measured("mean_tpot_ms"))
     write_validation_report(tmp_path / "probed", [cell], {})
     write_validation_report(tmp_path / "unprobed", [unprobed], {})
-    assert "Machine speed" in (tmp_path / "probed" / "report.md").read_text()
+    probed_report = (tmp_path / "probed" / "report.md").read_text()
+    assert "Machine speed" in probed_report and "1.25-1.30 over the trials" in probed_report
     assert "Machine speed" not in (tmp_path / "unprobed" / "report.md").read_text()
     row = next(csv.DictReader((tmp_path / "probed" / "cells.csv").open()))
-    assert float(row["machine_speed"]) == 1.25
-    assert float(row["speed_adjusted_error_pct_mean_tpot_ms"]) == pytest.approx(-50 / 13)
+    assert float(row["machine_speed"]) == pytest.approx(1.275)
+    assert float(row["speed_adjusted_error_pct_mean_tpot_ms"]) == pytest.approx(-100 / 11)
+    assert float(row["speed_adjusted_measured_mean_tpot_ms"]) == pytest.approx(11.0)
+    assert float(row["speed_adjusted_trial_spread_pct_mean_tpot_ms"]) == pytest.approx(200 / 11)
 
 
 def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:
@@ -268,8 +288,14 @@ def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> No
     resolved = [resolve_real(config, pair) for config in configs]
     timing = TimingRounds(target, draft, resolved[0].profile, share=1.0)
     cells = validation_cells(resolved, pair, trials=2, timing=timing)
-    assert timing.num_rounds == 1 + 2 * 2  # before the first, after each of 2 trials x 2 cells
-    assert all(math.isfinite(cell.machine_speed) for cell in cells)
+    # before the first, after each of 2 trials x 2 cells, and each trial's probe window
+    assert timing.num_rounds == 1 + 2 * 2 + 2 * 2
+    assert all(len(cell.trial_speeds) == 2 for cell in cells)
+    assert all(math.isfinite(speed) for cell in cells for speed in cell.trial_speeds)
+    # the closed-loop trials were probed between their steps: rounds 1, 3, 5, 7 are windows
+    windows = {1 + 2 * trial for trial in range(4)}
+    probed = [r for samples in timing._decode.values() for r, _ms in samples if r in windows]
+    assert set(probed) == windows
     retimed = timing.profile()
     for cell, own in zip(cells, resolved, strict=True):
         priced = simulated_run(with_latency_from(own, retimed)).metrics
@@ -290,14 +316,37 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
 
-    def fake_run(resolved, pair, fast_path):
+    def fake_run(resolved, pair, fast_path, between_steps):
         clock["now"] += 10.0
         return resolved.config.policy
 
     monkeypatch.setattr(validate_module, "measured_run", fake_run)
-    monkeypatch.setattr(
-        validate_module, "cell_result", lambda resolved, runs, pair, timing: tuple(runs)
-    )
+    monkeypatch.setattr(validate_module, "cell_result", lambda resolved, runs, pair: tuple(runs))
     cells = [SimpleNamespace(config=SimpleNamespace(policy=p)) for p in ("a", "b")]
     done = validation_cells(cells, None, trials=5, deadline_s=deadline_s)
     assert done == [("a",) * rounds, ("b",) * rounds]
+
+
+def test_speed_probes_take_their_share_of_the_steps_time() -> None:
+    """10 ms steps, 20 ms probes, a quarter share: the probes' total stays within one probe of
+    a quarter of the steps' total, all in the trial's window, at B <= C (every B uncapped)."""
+    calls = []
+
+    class Timing:
+        decode_keys = ((65, 1, 0), (65, 4, 2))
+
+        def open_window(self) -> int:
+            return 7
+
+        def probe(self, window: int, max_batch: int) -> None:
+            calls.append((window, max_batch))
+            time.sleep(0.02)
+
+    probes = SpeedProbes(Timing(), None, share=0.25)  # type: ignore[arg-type]
+    for _ in range(40):
+        time.sleep(0.01)
+        probes()
+    assert probes._probes_s <= 0.25 * probes._steps_s + 0.03
+    assert probes._probes_s >= 0.25 * probes._steps_s - 0.03
+    assert len(calls) >= 4 and set(calls) == {(7, 4)}
+    assert SpeedProbes(Timing(), 2).max_batch == 2  # type: ignore[arg-type]

@@ -321,6 +321,15 @@ def test_interleaved_wall_clock_steps_are_each_engines_own():
     assert fast_run.metrics["completed"] == slow_run.metrics["completed"] == 1
 
 
+def test_between_runs_after_every_step_outside_the_engines_time():
+    """A 40 ms callback after each 2 ms step: it runs once per step, and no step lasts it."""
+    engine = _engine([RequestSpec(4, 6)], StaticK(0), _SleepingExecutor(0.002), clock="wall")
+    calls = []
+    (result,) = run_interleaved([engine], between=lambda: calls.append(time.sleep(0.04)))
+    assert len(calls) == len(result.steps) > 1
+    assert result.steps["duration_s"].max() < 0.03
+
+
 def test_interleaving_needs_closed_loop_workloads():
     arriving = _engine([RequestSpec(4, 3, arrival_s=0.5)], StaticK(0), ScriptedExecutor(STEP_S))
     with pytest.raises(ValueError, match="closed-loop"):
