@@ -686,7 +686,8 @@ class TimingRounds:
             key: [] for key in self.in_decode_keys
         }
         self._probe_cycles: dict[int, list[tuple[int, int, int]]] = {}
-        self.num_rounds = 0
+        self.num_rounds = 0  # round indices handed out, windows included
+        self.num_windows = 0
 
     def round(self) -> int:
         """Time a random share of the points once each (shuffled); returns the round's index."""
@@ -717,6 +718,7 @@ class TimingRounds:
         """A new round that times nothing itself: `probe()` fills it while a real run steps
         (`backend.validate`); returns its index."""
         self.num_rounds += 1
+        self.num_windows += 1
         return self.num_rounds - 1
 
     def probe(self, window: int, max_batch: int) -> float:
@@ -761,7 +763,11 @@ class TimingRounds:
                 _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
             )
         metadata = dict(self.base.metadata)
-        metadata["timing_rounds"] = {"rounds": self.num_rounds, "share": self.share}
+        metadata["timing_rounds"] = {
+            "rounds": self.num_rounds - self.num_windows,
+            "share": self.share,
+            "probed_runs": self.num_windows,
+        }
         return dataclasses.replace(
             self.base,
             latency=tuple(latency),

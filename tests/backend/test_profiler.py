@@ -522,7 +522,7 @@ def test_timing_rounds_retime_every_point_between_runs(target) -> None:
     # policy inputs (acceptance, host overhead) are the profile's own
     assert retimed.acceptance_rates == profile.acceptance_rates
     assert retimed.host_overhead == profile.host_overhead
-    assert retimed.metadata["timing_rounds"] == {"rounds": 3, "share": 1.0}
+    assert retimed.metadata["timing_rounds"] == {"rounds": 3, "share": 1.0, "probed_runs": 0}
     # speed: samples over their point's median; every point once per round
     speed = timing.speed([0, 1, 2])
     assert speed == pytest.approx(1.0)
@@ -621,7 +621,7 @@ def test_timing_probes_cycle_through_the_points_up_to_max_batch(target) -> None:
     profile = profile_pair(target, draft, config, prompts(3), [6] * 3)
     timing = TimingRounds(target, draft, profile, share=0.25)
     window = timing.open_window()
-    assert window == 0 and timing.num_rounds == 1
+    assert window == 0 and timing.num_rounds == timing.num_windows == 1
     small = [key for key in timing.decode_keys if key[1] <= 2]
     assert 0 < len(small) < len(timing.decode_keys)
     for _ in range(2 * len(small)):

@@ -54,8 +54,9 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     assert config["plan"]["trials"] == 2
     assert len(config["load_during"]["samples"]) == 4
     # The simulated side is priced by the profile re-timed around the real runs
-    # (one round before the runs, one after each of the cells' 2 trials)
+    # (one round before the runs, one after each of the cells' 2 trials), and probed in them
     assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + 2 * len(rows)
+    assert config["retime"]["probed_runs"] == 2 * len(rows)
     retimed = json.loads((out / "profile_retimed.json").read_text())
     assert retimed["metadata"]["timing_rounds"]["rounds"] == config["retime"]["rounds"]
 

@@ -56,3 +56,39 @@ def test_the_crossover_outside_prefill_steps_is_the_median_of_each_trials_differ
     # trials that did not record the part leave the table out
     plain = [CellResult(c.policy, 8, c.measured, {}) for c in cells]
     assert "outside prefill steps" not in hardware_markdown({}, None, crossover(plain), plain)
+
+
+def test_the_speed_adjusted_crossover_divides_every_trial_by_its_machine_speed() -> None:
+    """Raw, goodput reads 25% above static:1 because its trials ran on a slow machine (speed
+    1.25); divided by the speeds, it did static:1's exact work at static:1's time."""
+
+    def cell(policy: str, tpots: list[float], speeds: tuple[float, ...], k: int) -> CellResult:
+        work = {"k_histogram": {k: 90}, "spec_decode_accepted_tokens": 60 * k}
+        trials = tuple({"mean_tpot_ms": tpot, **work} for tpot in tpots)
+        return CellResult(
+            policy,
+            4,
+            trials[0] | {"mean_tpot_ms": sorted(tpots)[1]},
+            {},
+            measured_trials=trials,
+            trial_speeds=speeds,
+        )
+
+    cells = [
+        cell("static:0", [120.0, 120.0, 120.0], (1.0, 1.0, 1.0), 0),
+        cell("static:1", [100.0, 96.0, 104.0], (1.0, 0.96, 1.04), 1),
+        cell("goodput", [125.0, 125.0, 125.0], (1.25, 1.25, 1.25), 1),
+    ]
+    text = hardware_markdown({"command": "x"}, None, crossover(cells), cells)
+    raw, adjusted = text.split("### The same, each trial divided by its machine speed")
+    assert "| 4 | 120.0 | **100.0** | 1 | 125.0 (+25.0%) |" in raw
+    assert "| 4 | 120.0 | **100.0** | 1 | 100.0 (+0.0%) |" in adjusted
+    assert "static:1, goodput at C=4: 25.0%" in raw and "static:1, goodput at C=4: 0.0%" in adjusted
+    assert "worst +25.0% (goodput at C=4) (speed-adjusted: worst +0.0% at C=4)" in raw
+    # without speeds there is no such table, and the goal says nothing of it
+    plain = [
+        CellResult(c.policy, 4, c.measured, {}, measured_trials=c.measured_trials) for c in cells
+    ]
+    text = hardware_markdown({}, None, crossover(plain), plain)
+    assert "each trial divided by its machine speed" not in text
+    assert "speed-adjusted: worst" not in text
