@@ -7,8 +7,8 @@
   >= 1.5x with identical tokens; K* non-increasing in C; goodput and online within 2% of the
   envelope at every C; median |TPOT error| <= 3% and max <= 8% over the cells;
 - the files: report.md (summary, goals met or missed, tables, machine, threads, load, exact
-  commands), cells.csv and validation.md (`reports.validation`), crossover.csv, speedup.json,
-  config.json, and the plots.
+  commands), cells.csv, trials.csv and validation.md (`reports.validation`), crossover.csv,
+  speedup.json, config.json, and the plots.
 
 Measured TPOT per cell is the median over its trials (`backend.validate.CellResult`).
 """
@@ -39,6 +39,7 @@ from dsd.reports.validation import (
     save_concurrency_plot,
     speed_adjusted_lines,
     tpot_error_summary,
+    trials_csv,
 )
 
 SPEEDUP_GOAL = 1.5  # B = 1 TPOT ratio of the best draft arm over plain decoding
@@ -497,7 +498,7 @@ def hardware_markdown(
         *speed_adjusted_lines(cells, summary),
         *_error_split_markdown(cells),
         "",
-        "Files: cells.csv, validation.md, crossover.csv, speedup.json, profile.json, "
+        "Files: cells.csv, trials.csv, validation.md, crossover.csv, speedup.json, profile.json, "
         "profile_retimed.json, config.json, tpot_vs_concurrency.png, crossover.png, "
         "k_over_time.png.",
         "",
@@ -566,6 +567,7 @@ def write_hardware_report(
     texts = {
         "report.md": hardware_markdown(config, speedup, rows, cells),
         "cells.csv": cells_csv(cells),
+        "trials.csv": trials_csv(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
         "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)

@@ -1,4 +1,4 @@
-"""Write a validation report: report.md, cells.csv, PNG plots and config.json in one folder.
+"""Write a validation report: report.md, cells.csv, trials.csv, PNGs and config.json in one folder.
 
 Input is a list of `backend.validate.CellResult`-like objects (policy, max_concurrency,
 measured / simulated metric dicts, optional step tables, `error_pct(key)`). Every file is written
@@ -160,6 +160,26 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             cell.trial_spread_pct("mean_tpot_ms", speed_adjusted=True),
         ]
         writer.writerow(row)
+    return buffer.getvalue()
+
+
+def trials_csv(cells: Sequence[Cell]) -> str:
+    """One row per real trial, in each cell's trial order: its machine speed (empty without
+    timing) and every report metric as that trial measured it (a cell's `measured` is their
+    median)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    keys = [key for key, _label in REPORT_METRICS]
+    writer.writerow(["policy", "max_concurrency", "trial", "machine_speed", *keys])
+    for cell in cells:
+        concurrency = "" if cell.max_concurrency is None else cell.max_concurrency
+        speeds = cell.trial_speeds if len(cell.trial_speeds) == len(cell.measured_trials) else ()
+        for index, trial in enumerate(cell.measured_trials):
+            speed = speeds[index] if speeds else ""
+            writer.writerow(
+                [cell.policy, concurrency, index + 1, speed]
+                + [as_number(trial.get(key)) for key in keys]
+            )
     return buffer.getvalue()
 
 
@@ -336,7 +356,8 @@ def write_validation_report(
     title: str = "Validation: simulated vs measured",
     k_plot_cell: int | None = None,
 ) -> list[Path]:
-    """Write report.md, cells.csv, config.json and the PNGs into out_dir; returns the paths.
+    """Write report.md, cells.csv, trials.csv, config.json and the PNGs into out_dir; returns
+    the paths.
 
     `k_plot_cell`: index of the cell whose K-over-time is plotted (default: the cell with the
     largest C of the first policy whose K is not fixed, else the first cell).
@@ -351,6 +372,8 @@ def write_validation_report(
     written.append(out / "report.md")
     atomic_write_text(out / "cells.csv", cells_csv(cells))
     written.append(out / "cells.csv")
+    atomic_write_text(out / "trials.csv", trials_csv(cells))
+    written.append(out / "trials.csv")
     atomic_write_text(
         out / "config.json", json.dumps(config_out, indent=2, default=str, allow_nan=True) + "\n"
     )

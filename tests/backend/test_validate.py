@@ -267,6 +267,13 @@ def test_speed_adjusted_error_divides_every_trial_by_its_machine_speed(tmp_path)
     assert float(row["speed_adjusted_error_pct_mean_tpot_ms"]) == pytest.approx(-100 / 11)
     assert float(row["speed_adjusted_measured_mean_tpot_ms"]) == pytest.approx(11.0)
     assert float(row["speed_adjusted_trial_spread_pct_mean_tpot_ms"]) == pytest.approx(200 / 11)
+    trials_rows = list(csv.DictReader((tmp_path / "probed" / "trials.csv").open()))
+    assert [(r["trial"], r["machine_speed"], r["mean_tpot_ms"]) for r in trials_rows] == [
+        ("1", "1.3", "13.0"),
+        ("2", "1.25", "15.0"),
+    ]
+    unprobed_rows = list(csv.DictReader((tmp_path / "unprobed" / "trials.csv").open()))
+    assert [r["machine_speed"] for r in unprobed_rows] == ["", ""]
 
 
 def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:

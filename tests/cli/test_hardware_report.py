@@ -12,6 +12,7 @@ REPORT_FILES = {
     "report.md",
     "validation.md",
     "cells.csv",
+    "trials.csv",
     "config.json",
     "crossover.csv",
     "crossover.png",
