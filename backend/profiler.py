@@ -612,11 +612,11 @@ class TimingRounds:
     `profile()` is the profile with those samples in place of its own timing: measured over the
     same stretch of the machine's time as the runs, it is what the simulator's latency model
     for them is fitted from (policies keep the profile they ran with). The drift is faster than
-    a run, though (a fixed step's 2.6 s means moved 127-144 ms within half a minute), so while
-    a closed-loop run steps, `probe()` also times one decode point between its steps into a
-    round of its own (`open_window()`). `speed(rounds)` says how fast the machine ran in some
-    rounds against the whole: the median over their samples of sample / that point's median
-    over all rounds (> 1: slower).
+    a run, though (a fixed step's 10-second means moved by 10% within two minutes:
+    benchmarks/machine_drift.py), so while a closed-loop run steps, `probe()` also times one
+    decode point between its steps into a round of its own (`open_window()`). `speed(rounds)`
+    says how fast the machine ran in some rounds against the whole: the median over their
+    samples of sample / that point's median over all rounds (> 1: slower).
     """
 
     def __init__(

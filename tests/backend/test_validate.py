@@ -357,3 +357,20 @@ def test_speed_probes_take_their_share_of_the_steps_time() -> None:
     assert probes._probes_s >= 0.25 * probes._steps_s - 0.03
     assert len(calls) >= 4 and set(calls) == {(7, 4)}
     assert SpeedProbes(Timing(), 2).max_batch == 2  # type: ignore[arg-type]
+
+
+def test_machine_drift_benchmark_prints_windows_and_refuses_bad_input(
+    load_benchmark, capsys
+) -> None:
+    """benchmarks/machine_drift.py on small weights: a row per full window, the summary lines,
+    and one-line errors."""
+    module = load_benchmark("machine_drift")
+    assert module.main(["--seconds", "0.6", "--window-s", "0.2", "--weights-mb", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    windows = [line.split() for line in out[2:] if line.split()[0].isdigit()]
+    assert 2 <= len(windows) <= 3 and all(float(value) > 0 for row in windows for value in row[1:])
+    assert any(line.startswith("run windows spread") for line in out)
+    assert any("correlation wall-thread CPU time" in line for line in out)
+    assert module.main(["--seconds", "0"]) == 2
+    assert module.main(["--seconds", "1", "--window-s", "1"]) == 2
+    assert "error:" in capsys.readouterr().err
