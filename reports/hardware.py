@@ -179,21 +179,14 @@ def goals(
                 all(b <= a for a, b in itertools.pairwise(k_stars)),
             )
         )
+        adjusted_rows = crossover(cells, _tpot_speed_adjusted)
         for family in GAP_CHECKED_POLICIES:
-            gaps = [
-                (row.max_concurrency, policy, row.gap_pct(policy))
-                for row in rows
-                for policy in row.dynamic_tpot_ms
-                if policy.partition(":")[0] == family
-            ]
+            gaps = _family_gaps(rows, family)
             if gaps:
                 worst = max(gaps, key=lambda g: g[2])
                 figure = f"worst {worst[2]:+.1f}% ({worst[1]} at C={worst[0]})"
                 adjusted_gaps = [
-                    (row.max_concurrency, policy, row.gap_pct(policy))
-                    for row in crossover(cells, _tpot_speed_adjusted)
-                    for policy in row.dynamic_tpot_ms
-                    if policy.partition(":")[0] == family and math.isfinite(row.gap_pct(policy))
+                    gap for gap in _family_gaps(adjusted_rows, family) if math.isfinite(gap[2])
                 ]
                 if adjusted_gaps:
                     most = max(adjusted_gaps, key=lambda g: g[2])
@@ -228,6 +221,16 @@ def goals(
             )
         )
     return found
+
+
+def _family_gaps(rows: Sequence[CrossoverRow], family: str) -> list[tuple[int, str, float]]:
+    """(C, policy, gap %) of every dynamic policy of `family` (`goodput:...` is goodput's)."""
+    return [
+        (row.max_concurrency, policy, row.gap_pct(policy))
+        for row in rows
+        for policy in row.dynamic_tpot_ms
+        if policy.partition(":")[0] == family
+    ]
 
 
 def _verdict(goal: Goal) -> str:

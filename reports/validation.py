@@ -240,12 +240,10 @@ def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> li
     speeds = speeds[np.isfinite(speeds)]
     if speeds.size == 0:
         return []
-    spreads = [
-        (cell.trial_spread_pct("mean_tpot_ms"), cell.trial_spread_pct("mean_tpot_ms", True))
-        for cell in cells
-    ]
+    # spreads are >= 0, so the median |spread| over the finite ones is their median
     raw_spread, adjusted_spread = (
-        _nan_median([pair[index] for pair in spreads]) for index in (0, 1)
+        _median_max_abs([cell.trial_spread_pct("mean_tpot_ms", adjusted) for cell in cells])[0]
+        for adjusted in (False, True)
     )
     spread = (
         f"the trials of a cell spread by a median of {format_number(adjusted_spread, 1)} % "
@@ -268,11 +266,6 @@ def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> li
         "machine drifting under the trials.",
         "",
     ]
-
-
-def _nan_median(values: Sequence[float]) -> float:
-    finite = [value for value in values if math.isfinite(value)]
-    return float(np.median(finite)) if finite else float("nan")
 
 
 def plot_tpot_vs_concurrency(cells: Sequence[Cell], path: Path) -> bool:
