@@ -338,6 +338,7 @@ def test_speed_probes_take_their_share_of_the_steps_time() -> None:
     """10 ms steps, 20 ms probes, a quarter share: the probes' total stays within one probe of
     a quarter of the steps' total, all in the trial's window, at B <= C (every B uncapped)."""
     calls = []
+    longest_s = [0.0]  # the longest probe: a loaded machine oversleeps
 
     class Timing:
         decode_keys = ((65, 1, 0), (65, 4, 2))
@@ -347,13 +348,15 @@ def test_speed_probes_take_their_share_of_the_steps_time() -> None:
 
         def probe(self, window: int, max_batch: int) -> None:
             calls.append((window, max_batch))
+            start_s = time.perf_counter()
             time.sleep(0.02)
+            longest_s[0] = max(longest_s[0], time.perf_counter() - start_s)
 
     probes = SpeedProbes(Timing(), None, share=0.25)  # type: ignore[arg-type]
     for _ in range(40):
         time.sleep(0.01)
         probes()
-    assert probes._probes_s <= 0.25 * probes._steps_s + 0.03
+    assert probes._probes_s <= 0.25 * probes._steps_s + longest_s[0] + 0.005
     assert probes._probes_s >= 0.25 * probes._steps_s - 0.03
     assert len(calls) >= 4 and set(calls) == {(7, 4)}
     assert SpeedProbes(Timing(), 2).max_batch == 2  # type: ignore[arg-type]
