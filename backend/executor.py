@@ -14,7 +14,8 @@ Per `execute(batch)`:
    chunks as two groups (`Transformer.forward_groups`: weights read once, no decode row padded
    to a chunk's length; the chunks are one block padded to the longest); "separate" runs the
    chunks in a forward of their own after the step (what the fixed-shape fast path must do);
-4. duration = perf_counter around all of it, after `torch.cuda.synchronize()` on CUDA.
+4. duration = perf_counter around all of it, after `torch.cuda.synchronize()` on CUDA (kept
+   per step in `execute_s`).
 
 Truth about positions: the executor uses the engine's OWN per-slot lengths for where tokens go,
 never `batch.num_computed_tokens`. In async scheduling, step t+1 is scheduled before step t's
@@ -130,6 +131,9 @@ class TorchExecutor:
         self._synthetic_vocab: IntArray = np.array(
             [token for token in range(vocab) if token not in specials], dtype=np.int64
         )
+        # Each execute's own wall seconds, in call order: the engine loop's wall step is this
+        # plus the host work around it (planning, policy, metrics), which this separates
+        self.execute_s: list[float] = []
         self._is_cuda = self.engine.device.type == "cuda"
         # Async scheduling runs the step on a worker thread (sim.engine) only where that pays:
         # CUDA kernels run while the host plans; a CPU step holds the GIL the planning needs.
@@ -223,6 +227,7 @@ class TorchExecutor:
         if self._is_cuda:
             torch.cuda.synchronize(engine.device)
         duration_s = max(time.perf_counter() - start_s, 1e-9)
+        self.execute_s.append(duration_s)
         return StepOutcome(
             duration_s=duration_s,
             num_accepted=num_accepted,

@@ -5,13 +5,15 @@
 the engine with `sim.build.build_engine` and a `TorchExecutor`, so scheduler, policy, limits
 and seeds are exactly the simulator's for the same config (docs/architecture.md).
 `run_output_ids` / `run_prompt_ids` read back what each request generated (as the scheduler
-counted it) and the prompt ids it was given.
+counted it) and the prompt ids it was given; `run_step_table` the steps with the executor's own
+time beside the loop's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dsd.backend.engine import AnyDraft
 from dsd.backend.executor import TorchExecutor, engine_prefill_forward
@@ -99,6 +101,17 @@ def _torch_executor(engine: Engine) -> TorchExecutor:
     if not isinstance(executor, TorchExecutor):
         raise TypeError("a real run's engine (a TorchExecutor) is needed")
     return executor
+
+
+def run_step_table(engine: Engine, result: RunResult) -> Any:
+    """A finished real run's step table (pandas) with `execute_s`: each step's time inside the
+    executor (model work; on CUDA up to its synchronize), beside the loop's wall `duration_s`
+    of the step, which adds the host's planning, policy and bookkeeping around it."""
+    steps = result.steps
+    execute_s = _torch_executor(engine).execute_s
+    if len(execute_s) != len(steps):
+        raise RuntimeError(f"{len(execute_s)} executor steps for {len(steps)} engine steps")
+    return steps.assign(execute_s=execute_s)
 
 
 def run_prompt_ids(engine: Engine) -> dict[int, list[int]]:

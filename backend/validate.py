@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dsd.backend.pair import ModelPair
-from dsd.backend.real import real_engine, run_output_ids, run_prompt_ids
+from dsd.backend.real import real_engine, run_output_ids, run_prompt_ids, run_step_table
 from dsd.backend.replay import pair_replay_recording
 from dsd.common.errors import InputError
 from dsd.common.user_files import parse_user_json, read_user_text
@@ -180,7 +180,7 @@ class MeasuredRun:
     """One real run of a cell: its metrics, steps and every request's tokens."""
 
     metrics: dict[str, Any]  # vLLM-keyed metrics
-    steps: Any  # pandas step table
+    steps: Any  # pandas step table, with the executor's own time per step (`run_step_table`)
     prompt_ids: dict[int, list[int]]  # req_id -> prompt ids it was given
     output_ids: dict[int, list[int]]  # req_id -> output ids, as counted
     timing_rounds: tuple[int, ...] = ()  # the TimingRounds just before and after it
@@ -209,7 +209,7 @@ def measured_run(
     result = engine.run() if between_steps is None else run_interleaved([engine], between_steps)[0]
     return MeasuredRun(
         metrics=dict(result.metrics),
-        steps=result.steps,
+        steps=run_step_table(engine, result),
         prompt_ids=run_prompt_ids(engine),
         output_ids=run_output_ids(engine, result),
     )

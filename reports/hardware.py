@@ -7,8 +7,8 @@
   >= 1.5x with identical tokens; K* non-increasing in C; goodput and online within 2% of the
   envelope at every C; median |TPOT error| <= 3% and max <= 8% over the cells;
 - the files: report.md (summary, goals met or missed, tables, machine, threads, load, exact
-  commands), cells.csv, trials.csv and validation.md (`reports.validation`), crossover.csv,
-  speedup.json, config.json, and the plots.
+  commands), cells.csv, trials.csv, steps.csv and validation.md (`reports.validation`),
+  crossover.csv, speedup.json, config.json, and the plots.
 
 Measured TPOT per cell is the median over its trials (`backend.validate.CellResult`).
 """
@@ -38,6 +38,8 @@ from dsd.reports.validation import (
     report_markdown,
     save_concurrency_plot,
     speed_adjusted_lines,
+    step_split_lines,
+    steps_csv,
     tpot_error_summary,
     trials_csv,
 )
@@ -499,11 +501,12 @@ def hardware_markdown(
         "",
         *_pricing_lines(config),
         *speed_adjusted_lines(cells, summary),
+        *step_split_lines(cells),
         *_error_split_markdown(cells),
         "",
-        "Files: cells.csv, trials.csv, validation.md, crossover.csv, speedup.json, profile.json, "
-        "profile_retimed.json, config.json, tpot_vs_concurrency.png, crossover.png, "
-        "k_over_time.png.",
+        "Files: cells.csv, trials.csv, steps.csv, validation.md, crossover.csv, speedup.json, "
+        "profile.json, profile_retimed.json, config.json, tpot_vs_concurrency.png, "
+        "crossover.png, k_over_time.png.",
         "",
     ]
     return "\n".join(lines)
@@ -571,6 +574,7 @@ def write_hardware_report(
         "report.md": hardware_markdown(config, speedup, rows, cells),
         "cells.csv": cells_csv(cells),
         "trials.csv": trials_csv(cells),
+        "steps.csv": steps_csv(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
         "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)
@@ -588,6 +592,8 @@ def write_hardware_report(
         )
     written = []
     for name, text in texts.items():
+        if text is None:  # steps.csv without executor times
+            continue
         atomic_write_text(folder / name, text)
         written.append(folder / name)
     plots = [

@@ -1,4 +1,5 @@
-"""Write a validation report: report.md, cells.csv, trials.csv, PNGs and config.json in one folder.
+"""Write a validation report into one folder: report.md, cells.csv, trials.csv, steps.csv, PNGs
+and config.json.
 
 Input is a list of `backend.validate.CellResult`-like objects (policy, max_concurrency,
 measured / simulated metric dicts, optional step tables, `error_pct(key)`). Every file is written
@@ -134,6 +135,10 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "speed_adjusted_timing_error_pct_mean_tpot_ms",
         "speed_adjusted_measured_mean_tpot_ms",
         "speed_adjusted_trial_spread_pct_mean_tpot_ms",
+        # The first trial's steps: median wall ms of the loop's step and of its part outside
+        # the executor (host planning, policy, bookkeeping; steps.csv has every step)
+        "measured_step_ms",
+        "measured_outside_executor_ms",
     ]
     writer.writerow(header)
     for cell in cells:
@@ -158,9 +163,52 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             cell.speed_adjusted_timing_error_pct("mean_tpot_ms"),
             cell.speed_adjusted_measured("mean_tpot_ms"),
             cell.trial_spread_pct("mean_tpot_ms", speed_adjusted=True),
+            *step_split_ms(cell),
         ]
         writer.writerow(row)
     return buffer.getvalue()
+
+
+def _executor_steps(cell: Cell) -> Any:
+    """The first real trial's step table when it has the executor's own times, else None."""
+    steps = cell.measured_steps
+    if steps is None or "execute_s" not in getattr(steps, "columns", ()) or len(steps) == 0:
+        return None
+    return steps
+
+
+def step_split_ms(cell: Cell) -> tuple[float, float]:
+    """Over the first real trial's steps: the median wall ms of a step and the median ms of it
+    spent outside the executor (NaN, NaN without executor times: a vLLM file)."""
+    steps = _executor_steps(cell)
+    if steps is None:
+        return float("nan"), float("nan")
+    wall_ms = steps["duration_s"].to_numpy() * 1000.0
+    outside_ms = wall_ms - steps["execute_s"].to_numpy() * 1000.0
+    return float(np.median(wall_ms)), float(np.median(outside_ms))
+
+
+def steps_csv(cells: Sequence[Cell]) -> str | None:
+    """One row per step of each cell's first real trial: what ran, the loop's wall ms and the
+    executor's own ms (None when no cell has executor times)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = ["step_index", "batch_size", "num_decode_reqs", "num_tokens", "num_spec_tokens"]
+    columns += ["num_accepted_tokens", "mean_k"]
+    writer.writerow(["policy", "max_concurrency", *columns, "wall_ms", "execute_ms"])
+    written = False
+    for cell in cells:
+        steps = _executor_steps(cell)
+        if steps is None:
+            continue
+        concurrency = "" if cell.max_concurrency is None else cell.max_concurrency
+        values = [steps[column].tolist() for column in columns]
+        values.append((steps["duration_s"] * 1000.0).round(4).tolist())
+        values.append((steps["execute_s"] * 1000.0).round(4).tolist())
+        for row in zip(*values, strict=True):
+            writer.writerow([cell.policy, concurrency, *row])
+        written = True
+    return buffer.getvalue() if written else None
 
 
 def trials_csv(cells: Sequence[Cell]) -> str:
@@ -214,6 +262,7 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
             "",
         ]
     lines += speed_adjusted_lines(cells, summary)
+    lines += step_split_lines(cells)
     lines += [
         "| policy | C | metric | measured ms | simulated ms | error % |",
         "|---|---|---|---|---|---|",
@@ -231,6 +280,27 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def step_split_lines(cells: Sequence[Cell]) -> list[str]:
+    """Where a real step's wall time went: inside the executor (the model's work) or outside
+    it in the engine loop (nothing without executor times)."""
+    split = [(cell, *step_split_ms(cell)) for cell in cells]
+    split = [item for item in split if math.isfinite(item[1]) and item[1] > 0]
+    if not split:
+        return []
+    step_ms = float(np.median([wall for _cell, wall, _outside in split]))
+    outside_ms = float(np.median([outside for _cell, _wall, outside in split]))
+    cell, wall, outside = max(split, key=lambda item: item[2] / item[1])
+    concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
+    return [
+        "Per real step (each cell's first trial, every step in steps.csv; medians): the engine "
+        f"loop's step took {format_number(step_ms)} ms, of which {format_number(outside_ms)} ms "
+        "outside the executor (host planning, policy, bookkeeping); the largest share outside: "
+        f"{format_number(outside / wall * 100.0, 1)} % of {format_number(wall)} ms "
+        f"({cell.policy} at C={concurrency}).",
+        "",
+    ]
 
 
 def speed_adjusted_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str]:
@@ -367,6 +437,10 @@ def write_validation_report(
     written.append(out / "cells.csv")
     atomic_write_text(out / "trials.csv", trials_csv(cells))
     written.append(out / "trials.csv")
+    steps = steps_csv(cells)
+    if steps is not None:
+        atomic_write_text(out / "steps.csv", steps)
+        written.append(out / "steps.csv")
     atomic_write_text(
         out / "config.json", json.dumps(config_out, indent=2, default=str, allow_nan=True) + "\n"
     )

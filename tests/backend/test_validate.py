@@ -274,6 +274,9 @@ def test_speed_adjusted_error_divides_every_trial_by_its_machine_speed(tmp_path)
     ]
     unprobed_rows = list(csv.DictReader((tmp_path / "unprobed" / "trials.csv").open()))
     assert [r["machine_speed"] for r in unprobed_rows] == ["", ""]
+    # No step tables with executor times (as from a vLLM file): no steps.csv, no step split
+    assert not (tmp_path / "unprobed" / "steps.csv").exists()
+    assert "outside the executor" not in probed_report
 
 
 def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:

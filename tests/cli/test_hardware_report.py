@@ -13,6 +13,7 @@ REPORT_FILES = {
     "validation.md",
     "cells.csv",
     "trials.csv",
+    "steps.csv",
     "config.json",
     "crossover.csv",
     "crossover.png",
@@ -61,8 +62,21 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     retimed = json.loads((out / "profile_retimed.json").read_text())
     assert retimed["metadata"]["timing_rounds"]["rounds"] == config["retime"]["rounds"]
 
+    # Every step of each cell's first trial, its time inside the executor within the loop's
+    steps = list(csv.DictReader((out / "steps.csv").open()))
+    assert {(r["policy"], r["max_concurrency"]) for r in steps} == {
+        (r["policy"], r["max_concurrency"]) for r in rows
+    }
+    assert all(0 < float(r["execute_ms"]) <= float(r["wall_ms"]) + 1e-3 for r in steps)
+    for row in rows:
+        own = [r for r in steps if (r["policy"], r["max_concurrency"]) == (row["policy"],
+               row["max_concurrency"])]  # fmt: skip
+        assert [int(r["step_index"]) for r in own] == list(range(len(own)))
+        assert 0 <= float(row["measured_outside_executor_ms"]) < float(row["measured_step_ms"])
+
     report = (out / "report.md").read_text()
     for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
+                     "outside the executor",
                      "priced by the profile re-timed around the real runs",
                      "| static:2 | 2 |", "dsd hardware-report --quick --trials 2"):  # fmt: skip
         assert fragment in report, fragment
