@@ -18,12 +18,17 @@ On CPU, `Transformer.prepare_cpu_kernels()` lays the float32 weights out for inf
 (`CpuKernels`): the few-token forwards that SD verification runs are bound by how matmuls
 with a handful of rows are done, not by attention.
 
+On CUDA the forwards keep SDPA off cuDNN attention (`attention_backends`): it builds an
+execution plan for every new (batch, key length, ...) shape, and a decode step's key length is new
+at every step.
+
 It deliberately does not: load files (`backend.weights`), tokenize, support attention biases,
-sliding windows, MoE or tensor parallelism, or pick attention kernels (plain SDPA everywhere).
+sliding windows, MoE or tensor parallelism, or pick attention kernels otherwise (plain SDPA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,9 +37,27 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dsd.backend.kv_cache import KVCache
 from dsd.common.errors import InputError
+
+# SDPA backends without a per-shape plan. torch prefers cuDNN attention on sm90/sm100 with a
+# recent cuDNN, and cuDNN caches one built plan per (batch, query length, key length, ...): a
+# miss costs tens of ms of host time. A decode step reads a key length it never read before.
+# On an H100 (reports/gpu/2026-11-26-h100) the cells that ran a (B, K) first took 46-94 ms a
+# step, and later cells with the same shapes 23-27 ms (profiled: 19-23): the cost of a build
+# per step, by that pattern (not yet re-measured with this context).
+_NO_PER_SHAPE_PLANS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_backends(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """The context a forward on `device` runs its attention in: on CUDA, SDPA without cuDNN
+    attention (flash, memory-efficient or math pick up any shape at no build cost); elsewhere
+    nothing changes."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(_NO_PER_SHAPE_PLANS)
 
 
 @dataclass(frozen=True)
@@ -637,14 +660,15 @@ class Transformer(nn.Module):
         hidden = self.embed_tokens(flat_ids[0] if len(groups) == 1 else torch.cat(flat_ids))
         inv_freq: torch.Tensor = self.inv_freq  # type: ignore[assignment]
         ropes = [rope_cos_sin(inv_freq, g.positions, hidden.dtype) for g in groups]  # [B, T, D]
-        for index in range(depth):
-            layer: DecoderLayer = self.layers[index]  # type: ignore[assignment]
-            cache_k = kv_cache.k[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
-            cache_v = kv_cache.v[index] if kv_cache is not None else None  # [S, max_len, Hkv, D]
-            hidden = hidden + layer.self_attn(
-                layer.input_layernorm(hidden), groups, ropes, cache_k, cache_v
-            )  # [N, hidden]
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        with attention_backends(hidden.device):
+            for index in range(depth):
+                layer: DecoderLayer = self.layers[index]  # type: ignore[assignment]
+                cache_k = kv_cache.k[index] if kv_cache is not None else None  # [S, L, Hkv, D]
+                cache_v = kv_cache.v[index] if kv_cache is not None else None  # [S, L, Hkv, D]
+                hidden = hidden + layer.self_attn(
+                    layer.input_layernorm(hidden), groups, ropes, cache_k, cache_v
+                )  # [N, hidden]
+                hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
         # The head only at the tokens each group wants logits of, all groups in one matmul.
         heads: list[torch.Tensor] = []

@@ -441,3 +441,39 @@ def test_logits_match_transformers_llama() -> None:
         theirs = hf(ids).logits.float()
     # Same float32 math in a different order: agreement to 1e-4 absolute.
     torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=1e-4)
+
+
+def test_cuda_attention_runs_without_cudnn_plans_and_restores_the_flags() -> None:
+    """On CUDA the forwards' attention excludes cuDNN attention (a plan built per new key
+    length); the flags come back after, and other devices change nothing (flags only: no GPU)."""
+    from dsd.backend.model import attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+@pytest.mark.gpu
+def test_cuda_decode_steps_do_not_call_cudnn_attention() -> None:
+    """bf16 cached decoding on CUDA with growing key lengths: SDPA picks a backend without
+    per-shape plans, never `_scaled_dot_product_cudnn_attention` (torch's first choice on sm90
+    and sm100 otherwise)."""
+    cfg = small_config(hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=256)
+    model = init_random_(Transformer(cfg, device="cuda", dtype=torch.bfloat16), seed=0)
+    cache = new_kv_cache(cfg, num_slots=2, max_len=64, device="cuda", dtype=torch.bfloat16)
+    slots = torch.tensor([0, 1], device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (2, 12), device="cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.no_grad(), torch.profiler.profile(activities=activities) as prof:
+        model(ids[:, :8], torch.arange(8, device="cuda").expand(2, 8), cache, slots, kv_len=8)
+        for step in range(8, 12):
+            pos = torch.full((2, 1), step, device="cuda")
+            model(ids[:, step : step + 1], pos, cache, slots, kv_len=step + 1)
+    names = {event.name for event in prof.events()}
+    assert "aten::scaled_dot_product_attention" in names
+    assert not any("cudnn_attention" in name for name in names), sorted(names)
