@@ -31,7 +31,7 @@ from dsd.reports.speedup import SpeedupResult, speedup_table
 from dsd.reports.validation import (
     Cell,
     as_number,
-    cells_csv,
+    cell_tables,
     format_number,
     plot_k_over_time,
     plot_tpot_vs_concurrency,
@@ -39,9 +39,7 @@ from dsd.reports.validation import (
     save_concurrency_plot,
     speed_adjusted_lines,
     step_split_lines,
-    steps_csv,
     tpot_error_summary,
-    trials_csv,
 )
 
 SPEEDUP_GOAL = 1.5  # B = 1 TPOT ratio of the best draft arm over plain decoding
@@ -572,9 +570,7 @@ def write_hardware_report(
     }
     texts = {
         "report.md": hardware_markdown(config, speedup, rows, cells),
-        "cells.csv": cells_csv(cells),
-        "trials.csv": trials_csv(cells),
-        "steps.csv": steps_csv(cells),
+        **cell_tables(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
         "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)
@@ -592,8 +588,6 @@ def write_hardware_report(
         )
     written = []
     for name, text in texts.items():
-        if text is None:  # steps.csv without executor times
-            continue
         atomic_write_text(folder / name, text)
         written.append(folder / name)
     plots = [

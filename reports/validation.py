@@ -211,6 +211,16 @@ def steps_csv(cells: Sequence[Cell]) -> str | None:
     return buffer.getvalue() if written else None
 
 
+def cell_tables(cells: Sequence[Cell]) -> dict[str, str]:
+    """The per-cell tables of a validation folder by file name: cells.csv, trials.csv and, for
+    real runs, steps.csv."""
+    tables = {"cells.csv": cells_csv(cells), "trials.csv": trials_csv(cells)}
+    steps = steps_csv(cells)
+    if steps is not None:
+        tables["steps.csv"] = steps
+    return tables
+
+
 def trials_csv(cells: Sequence[Cell]) -> str:
     """One row per real trial, in each cell's trial order: its machine speed (empty without
     timing) and every report metric as that trial measured it (a cell's `measured` is their
@@ -433,14 +443,9 @@ def write_validation_report(
     config_out["summary"] = summary
     atomic_write_text(out / "report.md", report_markdown(cells, config_out, title))
     written.append(out / "report.md")
-    atomic_write_text(out / "cells.csv", cells_csv(cells))
-    written.append(out / "cells.csv")
-    atomic_write_text(out / "trials.csv", trials_csv(cells))
-    written.append(out / "trials.csv")
-    steps = steps_csv(cells)
-    if steps is not None:
-        atomic_write_text(out / "steps.csv", steps)
-        written.append(out / "steps.csv")
+    for name, table in cell_tables(cells).items():
+        atomic_write_text(out / name, table)
+        written.append(out / name)
     atomic_write_text(
         out / "config.json", json.dumps(config_out, indent=2, default=str, allow_nan=True) + "\n"
     )
