@@ -763,11 +763,7 @@ class TimingRounds:
                 _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
             )
         metadata = dict(self.base.metadata)
-        metadata["timing_rounds"] = {
-            "rounds": self.num_rounds - self.num_windows,
-            "share": self.share,
-            "probed_runs": self.num_windows,
-        }
+        metadata["timing_rounds"] = self.counts()
         return dataclasses.replace(
             self.base,
             latency=tuple(latency),
@@ -775,6 +771,15 @@ class TimingRounds:
             prefill_in_decode=tuple(in_decode),
             metadata=metadata,
         )
+
+    def counts(self) -> dict[str, Any]:
+        """What was timed so far: timing rounds (windows not counted), their share of the
+        points, and the probed runs (one window each)."""
+        return {
+            "rounds": self.num_rounds - self.num_windows,
+            "share": self.share,
+            "probed_runs": self.num_windows,
+        }
 
     def speed(self, rounds: Sequence[int]) -> float:
         """Median of sample / its point's median over all rounds, over the samples taken in

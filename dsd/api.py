@@ -771,9 +771,7 @@ def _validation(
             if timing is None
             else {
                 "status": retime_note,
-                "rounds": timing.num_rounds - timing.num_windows,
-                "share": timing.share,
-                "probed_runs": timing.num_windows,
+                **timing.counts(),
                 "profile": RETIMED_PROFILE_NAME,
             }
         ),

@@ -429,8 +429,8 @@ def write_validation_report(
     title: str = "Validation: simulated vs measured",
     k_plot_cell: int | None = None,
 ) -> list[Path]:
-    """Write report.md, cells.csv, trials.csv, config.json and the PNGs into out_dir; returns
-    the paths.
+    """Write report.md, the per-cell tables (`cell_tables`), config.json and the PNGs into
+    out_dir; returns the paths.
 
     `k_plot_cell`: index of the cell whose K-over-time is plotted (default: the cell with the
     largest C of the first policy whose K is not fixed, else the first cell).
