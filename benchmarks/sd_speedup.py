@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--dataset-name", default="instructcoder")
     parser.add_argument("--num-prompts", type=int, default=24)
     parser.add_argument("--max-concurrency", type=int, default=1)
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     try:
         arms = [Arm.parse(text) for text in (args.arm or DEFAULT_ARMS)]
-        pair = api.load_pair(args.target, device=args.device, threads=args.threads)
+        pair = api.load_pair(
+            args.target, device=args.device, dtype=args.dtype, threads=args.threads
+        )
         config = api.run_config(
             policy="static:0",  # each arm's own
             dataset=args.dataset_name,
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "target": args.target,
         "device": args.device,
+        "dtype": str(pair.dtype),
         "dataset_name": args.dataset_name,
         "num_prompts": args.num_prompts,
         "max_concurrency": args.max_concurrency,
