@@ -10,7 +10,9 @@
 #   --phase LIST     comma-separated, of install, tests, bench, report, all (default all). install
 #                    runs first whenever another phase is asked for: it skips wheels already there.
 #   --results DIR    the one results folder (default reports/gpu/<UTC date>-<device>, device from
-#                    nvidia-smi, e.g. h100; "cpu" in a dry run). A later call appends to it.
+#                    nvidia-smi, e.g. h100; "cpu" in a dry run; <UTC date>b-<device>, c, ... where
+#                    an earlier session's folder of that name is in the tree). A later call on the
+#                    same machine appends to the folder its first call began.
 #   --dry-run        on CPU: engine_gpu.py --dry-run, the report with --device cpu --quick; the
 #                    gpu tests still run (and report skipped without CUDA).
 #   --quick          pass --quick to the hardware report on the GPU too.
@@ -167,7 +169,15 @@ SHADOW_ROOT=$TARGET.results
 if [[ -z $RESULTS ]]; then
     previous=$(find "$SHADOW_ROOT" -mindepth 1 -maxdepth 1 -type d -name "*-$DEVICE" 2>/dev/null |
         sort | tail -1 || true)
-    RESULTS=reports/gpu/$(basename "${previous:-$(date -u +%F)-$DEVICE}")
+    if [[ -n $previous ]]; then
+        RESULTS=reports/gpu/$(basename "$previous")
+    else # a fresh machine: a folder of its own, never one an earlier session committed
+        RESULTS=reports/gpu/$(date -u +%F)-$DEVICE
+        for suffix in b c d e f g h i j k; do
+            [[ -e $RESULTS ]] || break
+            RESULTS=reports/gpu/$(date -u +%F)$suffix-$DEVICE
+        done
+    fi
 fi
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)

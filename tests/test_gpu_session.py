@@ -9,9 +9,11 @@ nothing to install, and install a split wheel once all its pieces came, across c
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -297,3 +299,28 @@ def test_collect_merges_the_archives_of_warm_and_fresh_calls(tmp_path: Path) -> 
     assert (folder / "d.json").read_text() == "1"  # the later archive wins (a1 came again last)
     assert (folder / "hardware" / "x.csv").read_text() == "a\n"
     assert "report ok" in result.stdout
+
+
+def test_a_fresh_machine_never_writes_into_a_folder_an_earlier_session_committed(
+    tmp_path: Path,
+) -> None:
+    repo = tmp_path / "repo"  # the script works in its own repository: a copy of it here
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SESSION, repo / "scripts" / SESSION.name)
+    today = datetime.datetime.now(datetime.UTC).date()
+    for day in (today, today + datetime.timedelta(days=1)):  # a run may cross midnight
+        committed = repo / "reports" / "gpu" / f"{day}-cpu"
+        committed.mkdir(parents=True)
+        (committed / "NOTE.md").write_text("an earlier session\n")
+    args = ["--dry-run", "--target", tmp_path / "site", "--phase", "install", "--budget", "5"]
+    first = run_script(repo / "scripts" / SESSION.name, tmp_path, *args)
+    assert first.returncode == 0, first.stderr
+    folder = re.search(r"results: (\S+)", first.stdout)
+    assert folder and re.fullmatch(r".*/reports/gpu/\d{4}-\d\d-\d\db-cpu", folder[1]), first.stdout
+    # a later call on the same (warm) machine adds to the folder the first call began
+    second = run_script(repo / "scripts" / SESSION.name, tmp_path, *args)
+    assert re.search(r"results: (\S+)", second.stdout)[1] == folder[1]  # type: ignore[index]
+    for day in (today, today + datetime.timedelta(days=1)):
+        assert sorted(p.name for p in (repo / "reports" / "gpu" / f"{day}-cpu").iterdir()) == [
+            "NOTE.md"
+        ]
