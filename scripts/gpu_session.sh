@@ -41,6 +41,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CALLER_DIR=$PWD # --collect's paths are the caller's
 cd "$REPO"
 START=$SECONDS
 
@@ -61,6 +62,7 @@ usage() { sed -n '3,37p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
 # --collect DIR ARCHIVE...: merge the archives the calls brought back into DIR (see collect()).
 collect() {
+    cd "$CALLER_DIR"
     "${PYTHON:-python3}" - "$@" <<'EOF'
 """Each archive's folder into DIR, in the order given. A .txt or .log file that an earlier archive
 also had: kept if the later one starts with it (the later call saw the earlier one's folder),

@@ -39,11 +39,11 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def run_script(
-    script: Path, tmp_path: Path, *args: str | Path, timeout: float = 300
+    script: Path, tmp_path: Path, *args: str | Path, timeout: float = 300, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(script), *map(str, args)],
-        cwd=REPO,
+        cwd=cwd,
         env=_env(tmp_path),
         capture_output=True,
         text=True,
@@ -292,7 +292,9 @@ def test_collect_merges_the_archives_of_warm_and_fresh_calls(tmp_path: Path) -> 
         tmp_path / "a3.tar.gz", {"summary.txt": "report ok\n", "hardware/x.csv": "a\n"}
     )
     dest = tmp_path / "gpu"
-    result = run_script(SESSION, tmp_path, "--collect", dest, first, warm, fresh, first)
+    # paths relative to where the command is given (the script itself works in its repository)
+    names = [path.name for path in (first, warm, fresh, first)]
+    result = run_script(SESSION, tmp_path, "--collect", "gpu", *names, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     folder = dest / "2026-01-01-h100"
     assert (folder / "summary.txt").read_text() == "tests ok\nbench ok\nreport ok\n"
