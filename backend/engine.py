@@ -348,7 +348,8 @@ class SpecDecodeEngine:
 
         if isinstance(self.draft, NgramDraft) and k_step > 0:
             # Prompt lookup drafts what it finds: rows verify only their found drafts.
-            spec, k_step, draft_ids = self._lookup_drafts(slots, spec, lengths)
+            spec, k_step, found_ids = self._lookup_drafts(slots, spec, lengths)
+            draft_ids = torch.from_numpy(found_ids).to(device)  # [B, K']
             draft_probs = None  # one-hot q: set below if sampling
         else:
             draft_ids = torch.zeros((num_rows, k_step), dtype=torch.int64, device=device)  # [B,K]
@@ -404,9 +405,9 @@ class SpecDecodeEngine:
 
     def _lookup_drafts(
         self, slots: IntArray, spec: IntArray, lengths: IntArray
-    ) -> tuple[IntArray, int, torch.Tensor]:
-        """(drafts found per row <= K, the widest, [B, widest] draft ids) by prompt lookup in
-        each row's known tokens [0, L] (its last token included)."""
+    ) -> tuple[IntArray, int, IntArray]:
+        """(drafts found per row <= K, the widest, [B, widest] draft ids on the host) by prompt
+        lookup in each row's known tokens [0, L] (its last token included)."""
         assert isinstance(self.draft, NgramDraft)
         rows = [
             self.token_ids[slot, : length + 1] for slot, length in zip(slots, lengths, strict=True)
@@ -415,8 +416,7 @@ class SpecDecodeEngine:
             rows, spec, self.draft.config, self.config.max_model_len
         )  # [B, K], [B]
         k_found = int(found.max(initial=0))
-        draft_ids = torch.from_numpy(drafts[:, :k_found].copy()).to(self.device)  # [B, K']
-        return found, k_found, draft_ids
+        return found, k_found, drafts[:, :k_found].copy()  # [B], K', [B, K']
 
     def _roll_back(
         self,

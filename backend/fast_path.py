@@ -14,13 +14,18 @@ replayed for every later step of that shape:
 A shape is a `GraphKey(num_rows, num_spec_tokens, kv_len)`. Every key is captured at most once;
 switching K between steps replays another already-captured graph, it never re-captures.
 
-The draft's lazy catch-up (the draft does no work at K = 0 and never sees the bonus token, so
+An n-gram draft (prompt lookup, `NgramDraft`) is looked up on the host before the fixed-shape
+part, as the reference does; its drafts travel in with the step's inputs, and the step's K is
+the widest lookup found: one graph per (batch bucket, found K, kv bucket), as for a model draft.
+
+A model draft's lazy catch-up (the draft does no work at K = 0 and never sees the bonus token, so
 its cache may lag the target's) has a variable width, so it runs eagerly BEFORE the fixed-shape
 part: one forward over the lagging tokens of the rows that draft. After it every drafting row's
 draft cache holds exactly [0, L), and the fixed-shape part is: K draft forwards of width 1,
 one target forward over [B, K+1], greedy accept. Its inputs are four int64 rows (slot, last
-token, L, K) copied into static buffers; its output is one [B, K+2] tensor (accepted count,
-then the K+1 output ids) read back with the step's one host sync.
+token, L, K), then k_max rows of n-gram drafts, copied into static buffers; its output is one
+[B, K+2] tensor (accepted count, then the K+1 output ids) read back with the step's one host
+sync.
 
 Two runners share the padding and key bookkeeping:
 - `EagerStepRunner` runs the fixed-shape function directly (CPU or CUDA): the testable half,
@@ -60,7 +65,7 @@ from dsd.common.errors import InputError
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
 DEFAULT_MIN_KV_LEN = 256  # smallest attention span bucket; smaller spans round up to it
-_NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs
+_NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs (then n-gram drafts)
 
 
 def check_fast_path(kind: str, device: str) -> None:
@@ -120,21 +125,24 @@ def fixed_shape_step(
     draft: Draft | None,
     target_cache: KVCache,
     draft_cache: KVCache | None,
-    inputs: torch.Tensor,  # [4, B] int64 rows: slot, last token, L, K
+    inputs: torch.Tensor,  # [4 + K_max, B] int64 rows: slot, last token, L, K, n-gram drafts
     key: GraphKey,
     trash_position: int,
 ) -> torch.Tensor:
     """Draft (width-1 forwards), verify, greedy accept; returns [B, K+2]: a, then output ids.
 
     Every drafting row's draft cache must already hold [0, L). Rows with K = 0 (and padded rows,
-    whose L is the trash position) write only at the trash position of the draft cache. No host
-    sync, no data-dependent shapes: capturable as a CUDA graph for this key.
+    whose L is the trash position) write only at the trash position of the draft cache. Without
+    a model draft (n-gram), the drafts come in: rows 4..4+K of `inputs`, found on the host. No
+    host sync, no data-dependent shapes: capturable as a CUDA graph for this key.
     """
     slots, last_tokens, lengths, spec = inputs[0], inputs[1], inputs[2], inputs[3]  # [B] each
     k_step = key.num_spec_tokens
     trash = torch.full_like(lengths, trash_position)  # [B]
     drafted: list[torch.Tensor] = []
-    if k_step > 0:
+    if k_step > 0 and draft is None:  # n-gram drafts, looked up on the host
+        drafted = list(inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step])  # K x [B]
+    elif k_step > 0:
         assert draft is not None and draft_cache is not None
         drafting = spec > 0  # [B]
         token = last_tokens  # [B]
@@ -176,13 +184,16 @@ class EagerStepRunner:
         max_rows = engine.config.num_slots
         # Static inputs: graphs read them by address, so they are allocated once.
         self.input_buffer = torch.zeros(
-            (_NUM_INPUT_ROWS, max_rows), dtype=torch.int64, device=engine.device
-        )  # [4, S]
+            (_NUM_INPUT_ROWS + engine.config.k_max, max_rows),
+            dtype=torch.int64,
+            device=engine.device,
+        )  # [4 + K_max, S]
 
     def run(self, key: GraphKey, host_inputs: IntArray) -> IntArray:
-        """[4, key.num_rows] host inputs -> [num_rows, K+2] host outputs (the one sync)."""
+        """[4 + K_max, key.num_rows] host inputs -> [num_rows, K+2] host outputs (the one
+        sync)."""
         self.keys_seen.add(key)
-        staged = self.input_buffer[:, : key.num_rows]  # [4, B] view of the static buffer
+        staged = self.input_buffer[:, : key.num_rows]  # [4 + K_max, B] view of the buffer
         staged.copy_(torch.from_numpy(host_inputs), non_blocking=False)
         out = self._execute(key, staged)  # [B, K+2]
         return out.cpu().numpy().astype(np.int64)
@@ -267,8 +278,6 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             )
         if min_kv_len < 1:
             raise ValueError(f"min_kv_len must be >= 1, got {min_kv_len}")
-        if isinstance(draft, NgramDraft):
-            raise ValueError("the fast path runs model drafts; n-gram drafts use --fast-path off")
         super().__init__(target, draft, config)
         self.min_kv_len = min_kv_len
         self.batch_buckets = batch_buckets(config.num_slots)
@@ -305,17 +314,25 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
                 "reference engine (fast path off)"
             )
         num_rows = slots.size
+        ngram_drafts = None
+        if isinstance(self.draft, NgramDraft) and k_step > 0:
+            # Prompt lookup on the host, as the reference does; rows verify what they found.
+            spec, k_step, ngram_drafts = self._lookup_drafts(slots, spec, lengths)  # [B, K']
         drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
-        if k_step > 0:
+        if k_step > 0 and self.model_draft is not None:
             self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
 
         key = self.graph_key(num_rows, k_step, int(lengths.max()))
-        host_inputs = np.zeros((_NUM_INPUT_ROWS, key.num_rows), dtype=np.int64)  # [4, Bpad]
+        host_inputs = np.zeros(
+            (_NUM_INPUT_ROWS + self.config.k_max, key.num_rows), dtype=np.int64
+        )  # [4 + K_max, Bpad]
         host_inputs[2, :] = self.trash_position  # padded rows sit at the trash position
         host_inputs[0, :num_rows] = slots
         host_inputs[1, :num_rows] = self.token_ids[slots, lengths]
         host_inputs[2, :num_rows] = lengths
         host_inputs[3, :num_rows] = spec
+        if ngram_drafts is not None:
+            host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = ngram_drafts.T
         out = self.runner.run(key, host_inputs)[:num_rows]  # [B, K+2]
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]

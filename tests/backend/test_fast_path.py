@@ -21,7 +21,13 @@ from mock_models import (
     tiny_target,
 )
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.engine import (
+    Draft,
+    NgramDraft,
+    SpecDecodeConfig,
+    SpecDecodeEngine,
+    target_greedy_decode,
+)
 from dsd.backend.executor import TorchExecutor
 from dsd.backend.fast_path import (
     FastSpecDecodeEngine,
@@ -31,6 +37,7 @@ from dsd.backend.fast_path import (
     build_spec_decode_engine,
     kv_len_bucket,
 )
+from dsd.backend.ngram import NgramConfig
 from dsd.sim.engine import Engine, LoopConfig
 from dsd.sim.fakes import ScriptedK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
@@ -186,6 +193,30 @@ def test_fast_eager_agrees_with_reference_for_early_exit_draft(exit_layer: int) 
     assert fast_acc == ref_acc
 
 
+def test_fast_eager_agrees_with_reference_for_ngram_draft(target) -> None:
+    # Prompts that repeat themselves, so prompt lookup finds drafts (and sometimes none).
+    rng = np.random.default_rng(5)
+    prompts = [np.tile(random_prompt(rng, n), 3) for n in (3, 5, 4, 7)]
+    k_rng = np.random.default_rng(6)
+    draft = NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    reference = make_engine(target, draft, k_max=5, num_slots=4)
+    fast = fast_engine(target, draft, k_max=5, num_slots=4)
+    (ref_out, ref_acc), (fast_out, fast_acc) = run_pair(
+        [reference, fast],
+        prompts,
+        24,
+        lambda step, rows: k_rng.integers(0, 6, size=rows),
+        arrival_steps=[0, 0, 3, 9],
+    )
+    assert fast_out == ref_out
+    assert fast_acc == ref_acc
+    for prompt, output in zip(prompts, fast_out, strict=True):
+        assert output == target_greedy_decode(target, prompt, 24)
+    assert sum(map(sum, fast_acc)) > 0  # drafts were found and accepted
+    # A step's K is the widest lookup found (<= the asked K): keys below k_max appear
+    assert {key.num_spec_tokens for key in fast.runner.keys_seen} - {0}
+
+
 def test_graph_keys_stay_fixed_when_k_flips(target, close_draft) -> None:
     fast = fast_engine(target, Draft(close_draft), k_max=4, min_kv_len=128)
     rng = np.random.default_rng(0)
@@ -303,6 +334,25 @@ def test_cuda_graph_runner_agrees_with_reference_and_captures_once_per_key() -> 
     )
     assert graph_out == ref_out
     assert graph_acc == ref_acc
+    runner = graphs.runner
+    assert runner.num_captures == len(runner.keys_seen)  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+def test_cuda_graph_runner_agrees_with_reference_for_ngram_draft() -> None:
+    target = tiny_target(seed=0).to(torch.device("cuda"))
+    rng = np.random.default_rng(5)
+    prompts = [np.tile(random_prompt(rng, n), 3) for n in (3, 5, 4, 7)]
+    k_rng = np.random.default_rng(6)
+    draft = NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    reference = make_engine(target, draft, k_max=5, num_slots=4)
+    graphs = fast_engine(target, draft, runner="cuda-graphs", k_max=5, num_slots=4)
+    (ref_out, ref_acc), (graph_out, graph_acc) = run_pair(
+        [reference, graphs], prompts, 24, lambda step, rows: k_rng.integers(0, 6, size=rows)
+    )
+    assert graph_out == ref_out
+    assert graph_acc == ref_acc
+    assert sum(map(sum, graph_acc)) > 0
     runner = graphs.runner
     assert runner.num_captures == len(runner.keys_seen)  # type: ignore[attr-defined]
 
