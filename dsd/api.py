@@ -910,6 +910,8 @@ def hardware_report(
     device: str = "cpu",
     target: str = "smollm2-135m",
     draft: str = "ngram:2-6",
+    dtype: str = "auto",
+    fast_path: str = "off",
     threads: int | None = None,
     dataset: str = "instructcoder",
     quick: bool = False,
@@ -927,7 +929,9 @@ def hardware_report(
     plan recorded in config.json says which. `time_budget_s`: seconds the whole report may
     take (a lent GPU's call): the validation starts no trial round that would end past it, less
     `REPORT_WRITE_RESERVE_S` (at least one round runs; config.json's `trials_done` says how
-    many did). On CPU `threads` defaults to 1 (a shared machine's cores are not all ours)."""
+    many did). On CPU `threads` defaults to 1 (a shared machine's cores are not all ours).
+    `dtype` and `fast_path` (the decode path: off, eager, cuda-graphs) hold for the profile, the
+    speedup arms and the cells alike."""
     import datetime as dt
     import time
 
@@ -950,9 +954,13 @@ def hardware_report(
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
-    from dsd.backend.pair import check_draft_spec
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.pair import check_device, check_draft_spec, resolve_dtype
 
     check_draft_spec(draft)  # a bad spelling fails before anything loads
+    check_device(device)
+    resolve_dtype(dtype, device)
+    check_fast_path(fast_path, device)
     if draft.strip() in ("", "none"):
         raise InputError("--draft: the hardware report needs a draft (e.g. ngram:2-6)")
     if threads is None and device == "cpu":
@@ -960,7 +968,7 @@ def hardware_report(
     started = dt.datetime.now(dt.UTC)
     loads = [load_average()]
     stage(f"loading {target} + {draft} on {device}")
-    pair = load_pair(target, draft, device=device, threads=threads, seed=seed)
+    pair = load_pair(target, draft, device=device, dtype=dtype, threads=threads, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     profile_path = folder / "profile.json"
     k_max = max(plan.k_values)
@@ -982,6 +990,7 @@ def hardware_report(
         # acceptance prompts, whose draft sequences the cells' simulated side replays
         ignore_eos=True,
         seed=seed,
+        fast_path=fast_path,
         progress=progress,
     )
     loads.append(load_average())
@@ -1006,6 +1015,7 @@ def hardware_report(
             arms,
             speedup_config,
             repeats=plan.speedup_repeats,
+            fast_path=fast_path,
             on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
         )
     loads.append(load_average())
@@ -1018,7 +1028,7 @@ def hardware_report(
         max_concurrency=plan.concurrency,
         num_prompts_per_concurrency=plan.prompts_per_concurrency,
         trials=plan.trials,
-        fast_path="off",
+        fast_path=fast_path,
         allow_noisy_profile=plan.allow_noisy_profile,
         retime=True,
         retime_share=plan.retime_share,

@@ -105,14 +105,19 @@ class SpeedupResult:
 
 
 def _run(
-    pair: ModelPair, arm: Arm, config: RunConfig
+    pair: ModelPair, arm: Arm, config: RunConfig, fast_path: str
 ) -> tuple[dict[str, Any], dict[int, list[int]]]:
     """(metrics, output ids) of one real run of `config` with the arm's draft and policy."""
     from dsd.backend.real import real_engine, resolve_real, run_output_ids
 
     arm_pair = pair.with_draft(arm.draft, seed=config.seed)
     arm_config = dataclasses.replace(config, policy=arm.policy, k_max=arm.k_max)
-    engine = real_engine(resolve_real(arm_config, arm_pair), arm_pair, step_sink=discard_steps)
+    engine = real_engine(
+        resolve_real(arm_config, arm_pair, fast_path),
+        arm_pair,
+        step_sink=discard_steps,
+        fast_path=fast_path,
+    )
     result = engine.run()
     return dict(result.metrics), run_output_ids(engine, result)
 
@@ -123,10 +128,12 @@ def measure_arms(
     config: RunConfig,
     *,
     repeats: int = 3,
+    fast_path: str = "off",
     on_run: Callable[[int, Arm, dict[str, Any]], None] | None = None,
 ) -> SpeedupResult:
     """Time every arm `repeats` times (module docstring) on `config`'s workload (its policy
-    and k_max are each arm's). `on_run(repeat, arm, record)` is called after each timed run."""
+    and k_max are each arm's) on the decode path `fast_path`. `on_run(repeat, arm, record)` is
+    called after each timed run."""
     if not arms:
         raise InputError("speedup: give at least one arm")
     if len({arm.label for arm in arms}) != len(arms):
@@ -135,14 +142,14 @@ def measure_arms(
         raise InputError(f"speedup: repeats must be >= 1, got {repeats}")
     warm_up = dataclasses.replace(config, num_prompts=1, output_len=16, max_concurrency=1)
     for arm in arms:  # warm-up, and every spec checked before anything is timed
-        _run(pair, arm, warm_up)
+        _run(pair, arm, warm_up, fast_path)
     runs: dict[str, list[dict[str, Any]]] = {arm.label: [] for arm in arms}
     outputs: dict[str, list[Any]] = {arm.label: [] for arm in arms}
     for repeat in range(repeats):
         shift = repeat % len(arms)
         for arm in [*arms[shift:], *arms[:shift]]:
             load_before = load_average()
-            metrics, output_ids = _run(pair, arm, config)
+            metrics, output_ids = _run(pair, arm, config, fast_path)
             record = {
                 "mean_tpot_ms": metrics["mean_tpot_ms"],
                 "duration_s": metrics["duration"],

@@ -250,13 +250,15 @@ def test_the_report_gets_the_trials_and_the_phase_limit_as_its_time_budget(
     result, output = session(
         tmp_path,
         "--phase", "report", "--report-module", "argv_report", "--trials", "2",
-        "--budget", "300",
+        "--budget", "300", "--fast-path", "cuda-graphs",
         wheels=wheels,
     )  # fmt: skip
     assert result.returncode == 0, output
     argv = (tmp_path / "results" / "hardware" / "argv.txt").read_text().split()
     assert argv[0] == "hardware-report"
     assert argv[argv.index("--trials") + 1] == "2"
+    assert argv[argv.index("--dtype") + 1] == "float32"  # the script's default
+    assert argv[argv.index("--fast-path") + 1] == "eager"  # a dry run has no CUDA graphs
     # the phase's limit (what is left of the 300 s, less 15) less 20 s for the start
     assert 200 < int(argv[argv.index("--time-budget") + 1]) <= 300 - 15 - 20
 

@@ -183,6 +183,12 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         target: Annotated[str, typer.Option(help="Target model spec.")] = "smollm2-135m",
         draft: Annotated[str, typer.Option(help="Draft spec.")] = "ngram:2-6",
+        dtype: Annotated[
+            str, typer.Option(help="auto (bfloat16 on CUDA, float32 on CPU), float32, ...")
+        ] = "auto",
+        fast_path: Annotated[
+            str, typer.Option(help="Decode path: off (reference), eager, cuda-graphs.")
+        ] = "off",
         threads: Annotated[
             int | None, typer.Option(help="torch CPU threads (default: 1 on CPU).")
         ] = None,
@@ -210,6 +216,8 @@ def register(app: typer.Typer) -> None:
             device=device,
             target=target,
             draft=draft,
+            dtype=dtype,
+            fast_path=fast_path,
             threads=threads,
             dataset=dataset_name,
             quick=quick,

@@ -95,6 +95,10 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--trials", "0"], "--trials"),
         (["--time-budget", "0"], "--time-budget"),
         (["--target", "no-such-model"], "no-such-model"),
+        (["--dtype", "float8"], "--dtype"),
+        (["--device", "tpu"], "--device"),
+        (["--fast-path", "turbo"], "--fast-path"),
+        (["--fast-path", "cuda-graphs"], "needs --device cuda"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, fragment, tmp_path, capsys) -> None:
@@ -114,13 +118,18 @@ def test_a_spent_time_budget_runs_one_round_and_says_so(tmp_path) -> None:
     from dsd.cli import main
 
     out = tmp_path / "report"
-    # 1 s, less the reserve for writing: spent before the first round, which runs anyway
+    # 1 s, less the reserve for writing: spent before the first round, which runs anyway.
+    # On the fixed-shape decode path and a chosen dtype, both recorded.
     main(["hardware-report", "--quick", "--trials", "3", "--time-budget", "1", "--target",
-          "tiny", "--draft", "ngram:1-3", "--out", str(out)])  # fmt: skip
+          "tiny", "--draft", "ngram:1-3", "--fast-path", "eager", "--dtype", "float32",
+          "--out", str(out)])  # fmt: skip
     rows = list(csv.DictReader((out / "cells.csv").open()))
     assert {row["num_trials"] for row in rows} == {"1"}
     config = json.loads((out / "config.json").read_text())
     assert (config["trials"], config["trials_done"], config["time_budget_s"]) == (3, 1, 1.0)
+    assert config["fast_path"] == "eager" and config["dtype"] == "float32"
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["metadata"]["fast_path"] == "eager"
     assert "trials per cell: 1 of the 3 planned" in (out / "report.md").read_text()
 
 
