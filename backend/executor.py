@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from dsd.backend.engine import AnyDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
-from dsd.backend.fast_path import build_spec_decode_engine
+from dsd.backend.fast_path import EnginePool, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
@@ -81,6 +81,7 @@ class TorchExecutor:
         ignore_eos: bool = False,
         fast_path: str = "off",
         prefill_forward: PrefillForward | None = None,
+        engines: EnginePool | None = None,
     ) -> None:
         """`tokenize`: prompt text -> ids (requests with text need it); `eos_token_ids`: ids
         that stop a request (default: the target config's); `ignore_eos`: never stop early
@@ -88,7 +89,8 @@ class TorchExecutor:
         `fast_path`: "off" (reference step), "eager" or "cuda-graphs" (`backend.fast_path`);
         `prefill_forward`: a step's prefill chunks in the decode rows' verify forward ("fused",
         reference step only) or in a forward of their own ("separate"); None: the fast path's
-        way (`engine_prefill_forward`)."""
+        way (`engine_prefill_forward`); `engines`: where to take the engine from (a pool kept
+        across the runs of a measurement, `backend.fast_path.EnginePool`; None: a new one)."""
         if prefill_forward is None:
             prefill_forward = engine_prefill_forward(fast_path)
         if prefill_forward not in PREFILL_FORWARDS:
@@ -101,17 +103,17 @@ class TorchExecutor:
                 "fixed shape, with no room for prefill chunks)"
             )
         self.prefill_forward = prefill_forward
-        self.engine: SpecDecodeEngine = build_spec_decode_engine(
-            target,
-            draft,
-            SpecDecodeConfig(
-                num_slots=max_num_seqs,
-                max_model_len=max_model_len,
-                k_max=k_max,
-                temperature=temperature,
-                seed=seed,
-            ),
-            fast_path=fast_path,
+        engine_config = SpecDecodeConfig(
+            num_slots=max_num_seqs,
+            max_model_len=max_model_len,
+            k_max=k_max,
+            temperature=temperature,
+            seed=seed,
+        )
+        self.engine: SpecDecodeEngine = (
+            build_spec_decode_engine(target, draft, engine_config, fast_path=fast_path)
+            if engines is None
+            else engines.engine(target, draft, engine_config, fast_path, release=self.release)
         )
         self.tokenize = tokenize
         eos = target.config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
@@ -249,6 +251,15 @@ class TorchExecutor:
         for req_id in self._requests:
             outputs[req_id] = self.output_token_ids(req_id)
         return outputs
+
+    def release(self) -> None:
+        """Free every slot still held (the run's last finished requests, or those of a run that
+        stopped), keeping their output ids: the engine may then serve another executor."""
+        for req_id, state in list(self._requests.items()):
+            if state.slot is not None:
+                self.finished_output_ids[req_id] = self.output_token_ids(req_id)
+                self.engine.free_slot(state.slot)
+                del self._requests[req_id]
 
     def _slot(self, req_id: int) -> int:
         state = self._requests.get(req_id)

@@ -41,8 +41,9 @@ attention kernel (the model's gather + SDPA is used as is).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -95,6 +96,16 @@ def bucket_for(num_rows: int, buckets: tuple[int, ...]) -> int:
         if size >= num_rows:
             return size
     raise ValueError(f"{num_rows} rows exceed the largest batch bucket {buckets[-1]}")
+
+
+def kv_len_buckets(cache_len: int, min_kv_len: int = DEFAULT_MIN_KV_LEN) -> tuple[int, ...]:
+    """Every attention span `kv_len_bucket` can return for this cache length, ascending."""
+    spans = []
+    span = max(1, min_kv_len)
+    while span < cache_len:
+        spans.append(span)
+        span *= 2
+    return (*spans, cache_len)
 
 
 def kv_len_bucket(needed: int, cache_len: int, min_kv_len: int = DEFAULT_MIN_KV_LEN) -> int:
@@ -289,6 +300,31 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         else:
             raise ValueError(f"runner must be 'eager' or 'cuda-graphs', got {runner!r}")
 
+    def all_graph_keys(self) -> list[GraphKey]:
+        """Every fixed shape a step of this engine can take."""
+        spans = kv_len_buckets(self.config.cache_len, self.min_kv_len)
+        return [
+            GraphKey(rows, k, span)
+            for rows in self.batch_buckets
+            for k in range(self.config.k_max + 1)
+            for span in spans
+        ]
+
+    def run_every_shape(self) -> int:
+        """Run the fixed-shape step once at every key (so the CUDA-graph runner captures them
+        all now, as vLLM captures at start-up, and no later step pays a capture); returns how
+        many. Every row is a padded row: nothing outside the trash position is written."""
+        if self.num_free_slots < self.config.num_slots:
+            raise RuntimeError("run_every_shape: the engine holds requests")
+        keys = self.all_graph_keys()
+        for key in keys:
+            host_inputs = np.zeros(
+                (_NUM_INPUT_ROWS + self.config.k_max, key.num_rows), dtype=np.int64
+            )
+            host_inputs[2, :] = self.trash_position
+            self.runner.run(key, host_inputs)
+        return len(keys)
+
     def graph_key(self, num_rows: int, k_step: int, max_length: int) -> GraphKey:
         """The key of a step over num_rows rows whose longest has its last token at max_length."""
         return GraphKey(
@@ -360,6 +396,63 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             need_logits=False,
         )
         cache.lengths[lagging] = lengths[behind]
+
+
+@dataclass(slots=True)
+class _Pooled:
+    target: Transformer  # held, so that its id (in the pool's key) stays its own
+    engine: SpecDecodeEngine
+    release: Callable[[], None] | None  # how its current user gives back its slots
+
+
+class EnginePool:
+    """The engines of one measurement's real runs (speedup arms, validation cells), kept
+    across runs per (target, draft, engine config, fast path).
+
+    A fast-path engine keeps its fixed shapes, and under CUDA graphs each shape is captured
+    (tens of ms) the first time it runs: a fresh engine per run would put captures inside
+    every timed run. So a pooled fast-path engine is reused by every later run of the same
+    config, and a CUDA-graph one runs every shape once when it is built. The reference path
+    ("off") has no shapes to keep: it gets a fresh engine each time, as without a pool.
+    """
+
+    def __init__(self) -> None:
+        self._engines: dict[tuple[Any, ...], _Pooled] = {}
+
+    def engine(
+        self,
+        target: Transformer,
+        draft: AnyDraft | None,
+        config: SpecDecodeConfig,
+        fast_path: str = "off",
+        release: Callable[[], None] | None = None,
+    ) -> SpecDecodeEngine:
+        """An engine with every slot free: the pooled one for this config, or a new one.
+        `release`: how its new user gives back the slots it still holds (a run's last
+        finished requests are freed by no later step); called before the engine serves
+        again."""
+        if fast_path == "off":
+            return build_spec_decode_engine(target, draft, config, fast_path)
+        key = (id(target), draft, config, fast_path)
+        entry = self._engines.get(key)
+        if entry is None:
+            engine = build_spec_decode_engine(target, draft, config, fast_path)
+            if fast_path == "cuda-graphs":
+                assert isinstance(engine, FastSpecDecodeEngine)
+                engine.run_every_shape()
+            self._engines[key] = _Pooled(target, engine, release)
+            return engine
+        if entry.release is not None:
+            entry.release()
+        engine = entry.engine
+        if engine.num_free_slots < config.num_slots:
+            raise RuntimeError("EnginePool: the pooled engine still holds requests")
+        engine.generator.manual_seed(config.seed)  # a reused engine draws as a new one would
+        entry.release = release
+        return engine
+
+    def __len__(self) -> int:
+        return len(self._engines)
 
 
 def build_spec_decode_engine(

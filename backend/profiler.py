@@ -616,7 +616,9 @@ class TimingRounds:
     benchmarks/machine_drift.py), so while a closed-loop run steps, `probe()` also times one
     decode point between its steps into a round of its own (`open_window()`). `speed(rounds)`
     says how fast the machine ran in some rounds against the whole: the median over their
-    samples of sample / that point's median over all rounds (> 1: slower).
+    samples of sample / that point's median over all rounds (> 1: slower). The points are timed
+    on the runs' decode path (`fast_path`), each step shape run once before any round (a CUDA
+    graph's capture is no sample).
     """
 
     def __init__(
@@ -627,6 +629,7 @@ class TimingRounds:
         *,
         share: float = 0.25,
         seed: int = 0,
+        fast_path: str = "off",
     ) -> None:
         contexts = sorted({p.context_len for p in profile.latency if p.context_len})
         if not contexts or any(p.context_len is None for p in profile.latency):
@@ -641,8 +644,11 @@ class TimingRounds:
         self.prefill_sizes = sorted({p.num_tokens for p in profile.prefill})
         # (decode rows, chunk tokens) of the prefill-in-decode points, timed as the profiler
         # does: a fused step beside rows of the shortest context, minus the decode step alone
-        self.in_decode_keys = sorted(
-            {(p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode}
+        # (on a path that runs no fused steps the runs pay no such cost: nothing to time)
+        self.in_decode_keys = (
+            sorted({(p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode})
+            if engine_prefill_forward(fast_path) == "fused"
+            else []
         )
         k_max = max(k for _c, _b, k in self.decode_keys)
         batch_sizes = sorted({b for _c, b, _k in self.decode_keys})
@@ -667,6 +673,7 @@ class TimingRounds:
                 k_max=max(k_max, 1),
                 seed=seed,
             ),
+            fast_path,
         )
         self._engine = engine
         self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
@@ -678,6 +685,9 @@ class TimingRounds:
         }
         for slots in self._slots.values():
             warm_up(functools.partial(slots.time_step, (max(batch_sizes), k_max)), 3)
+        if fast_path != "off":  # every fixed shape once: captures happen here, not in a round
+            for context, b, k in self.decode_keys:
+                self._slots[context].time_step((b, k))
         self._decode: dict[tuple[int, int, int], list[tuple[int, float]]] = {
             key: [] for key in self.decode_keys
         }
@@ -758,7 +768,7 @@ class TimingRounds:
         in_decode = []
         for in_decode_point in self.base.prefill_in_decode:
             rows_tokens = (in_decode_point.decode_rows, in_decode_point.num_tokens)
-            samples = [ms for _round, ms in self._in_decode[rows_tokens]]
+            samples = [ms for _round, ms in self._in_decode.get(rows_tokens, [])]
             in_decode.append(
                 _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
             )

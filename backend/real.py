@@ -17,6 +17,7 @@ from typing import Any
 
 from dsd.backend.engine import AnyDraft
 from dsd.backend.executor import TorchExecutor, engine_prefill_forward
+from dsd.backend.fast_path import EnginePool
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.common.errors import InputError
@@ -56,9 +57,10 @@ def torch_executor(
     temperature: float = 0.0,
     ignore_eos: bool = False,
     fast_path: str = "off",
+    engines: EnginePool | None = None,
 ) -> TorchExecutor:
     """The real executor of a resolved run: slots for the most requests that can run at once,
-    and the run's max_model_len, k_max and seed."""
+    and the run's max_model_len, k_max and seed; its engine from `engines` when given."""
     return TorchExecutor(
         target,
         draft,
@@ -71,6 +73,7 @@ def torch_executor(
         ignore_eos=ignore_eos,
         fast_path=fast_path,
         prefill_forward=resolved.prefill_forward,
+        engines=engines,
     )
 
 
@@ -82,8 +85,10 @@ def real_engine(
     ignore_eos: bool = False,
     fast_path: str = "off",
     step_sink: StepSink | None = None,
+    engines: EnginePool | None = None,
 ) -> Engine:
-    """The engine of a real run (wall clock), ready to `run()`."""
+    """The engine of a real run (wall clock), ready to `run()`; `engines`: the pool of the
+    measurement it belongs to (`backend.fast_path.EnginePool`)."""
     executor = torch_executor(
         resolved,
         pair.target,
@@ -92,6 +97,7 @@ def real_engine(
         temperature=temperature,
         ignore_eos=ignore_eos,
         fast_path=fast_path,
+        engines=engines,
     )
     return build_engine(resolved, executor, LoopConfig(clock="wall", step_sink=step_sink))
 

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dsd.backend.fast_path import EnginePool
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import real_engine, run_output_ids, run_prompt_ids, run_step_table
 from dsd.backend.replay import pair_replay_recording
@@ -200,11 +201,18 @@ def measured_run(
     temperature: float = 0.0,
     fast_path: str = "off",
     between_steps: Callable[[], object] | None = None,
+    engines: EnginePool | None = None,
 ) -> MeasuredRun:
     """The real engine's run of a resolved cell, EOS ignored (output lengths as simulated);
-    `between_steps` (closed-loop cells only) runs after every step, outside the steps' time."""
+    `between_steps` (closed-loop cells only) runs after every step, outside the steps' time;
+    `engines`: the pool of the measurement (a fast path's shapes kept across its runs)."""
     engine = real_engine(
-        resolved, pair, temperature=temperature, ignore_eos=True, fast_path=fast_path
+        resolved,
+        pair,
+        temperature=temperature,
+        ignore_eos=True,
+        fast_path=fast_path,
+        engines=engines,
     )
     result = engine.run() if between_steps is None else run_interleaved([engine], between_steps)[0]
     return MeasuredRun(
@@ -266,8 +274,9 @@ def compare_cell(
 ) -> CellResult:
     """Both sides of one cell (resolved by `backend.real.resolve_real`): `trials` real runs
     with EOS ignored, then the simulator."""
+    engines = EnginePool()
     runs = [
-        measured_run(resolved, pair, temperature=temperature, fast_path=fast_path)
+        measured_run(resolved, pair, temperature=temperature, fast_path=fast_path, engines=engines)
         for _ in range(trials)
     ]
     return cell_result(resolved, runs, pair if temperature == 0 else None)
@@ -297,6 +306,7 @@ def validation_cells(
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
     count = len(resolved_cells)
+    engines = EnginePool()  # a fast path's engine (its CUDA graphs) serves every run of its config
     before = timing.round() if timing is not None else -1
     round_start_s = time.monotonic()
     for trial in range(trials):
@@ -310,7 +320,9 @@ def validation_cells(
             probes = None
             if timing is not None and resolved.workload.closed_loop:
                 probes = SpeedProbes(timing, resolved.workload.max_concurrency)
-            run = measured_run(resolved, pair, fast_path=fast_path, between_steps=probes)
+            run = measured_run(
+                resolved, pair, fast_path=fast_path, between_steps=probes, engines=engines
+            )
             if timing is not None:
                 after = timing.round()
                 speed = timing.speed((before, after) if probes is None else (probes.window,))

@@ -718,7 +718,12 @@ def _validation(
         retime_note = "off (--no-retime)"
     timing = (
         TimingRounds(
-            pair.target, pair.draft, loaded_profile, share=retime_share, seed=configs[0].seed
+            pair.target,
+            pair.draft,
+            loaded_profile,
+            share=retime_share,
+            seed=configs[0].seed,
+            fast_path=fast_path,
         )
         if retime
         else None

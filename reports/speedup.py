@@ -25,6 +25,7 @@ from dsd.sim.config import RunConfig
 from dsd.sim.metrics import discard_steps
 
 if TYPE_CHECKING:
+    from dsd.backend.fast_path import EnginePool
     from dsd.backend.pair import ModelPair
 
 
@@ -105,7 +106,7 @@ class SpeedupResult:
 
 
 def _run(
-    pair: ModelPair, arm: Arm, config: RunConfig, fast_path: str
+    pair: ModelPair, arm: Arm, config: RunConfig, fast_path: str, engines: EnginePool
 ) -> tuple[dict[str, Any], dict[int, list[int]]]:
     """(metrics, output ids) of one real run of `config` with the arm's draft and policy."""
     from dsd.backend.real import real_engine, resolve_real, run_output_ids
@@ -117,6 +118,7 @@ def _run(
         arm_pair,
         step_sink=discard_steps,
         fast_path=fast_path,
+        engines=engines,
     )
     result = engine.run()
     return dict(result.metrics), run_output_ids(engine, result)
@@ -140,16 +142,19 @@ def measure_arms(
         raise InputError("speedup: each arm once")
     if repeats < 1:
         raise InputError(f"speedup: repeats must be >= 1, got {repeats}")
+    from dsd.backend.fast_path import EnginePool
+
     warm_up = dataclasses.replace(config, num_prompts=1, output_len=16, max_concurrency=1)
+    engines = EnginePool()  # a fast path's engine (its CUDA graphs) serves every run of an arm
     for arm in arms:  # warm-up, and every spec checked before anything is timed
-        _run(pair, arm, warm_up, fast_path)
+        _run(pair, arm, warm_up, fast_path, engines)
     runs: dict[str, list[dict[str, Any]]] = {arm.label: [] for arm in arms}
     outputs: dict[str, list[Any]] = {arm.label: [] for arm in arms}
     for repeat in range(repeats):
         shift = repeat % len(arms)
         for arm in [*arms[shift:], *arms[:shift]]:
             load_before = load_average()
-            metrics, output_ids = _run(pair, arm, config, fast_path)
+            metrics, output_ids = _run(pair, arm, config, fast_path, engines)
             record = {
                 "mean_tpot_ms": metrics["mean_tpot_ms"],
                 "duration_s": metrics["duration"],

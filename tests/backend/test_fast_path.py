@@ -6,6 +6,7 @@ runner's own tests are marked gpu.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -30,6 +31,7 @@ from dsd.backend.engine import (
 )
 from dsd.backend.executor import TorchExecutor
 from dsd.backend.fast_path import (
+    EnginePool,
     FastSpecDecodeEngine,
     GraphKey,
     batch_buckets,
@@ -271,8 +273,22 @@ def test_build_engine_picks_the_path(target, close_draft) -> None:
         build_spec_decode_engine(target, Draft(close_draft), config, "turbo")
 
 
-def _loop_outputs(target, draft, fast_path: str) -> tuple[dict[int, list[int]], list[int]]:
+def _loop_outputs(
+    target, draft, fast_path: str, engines: EnginePool | None = None
+) -> tuple[dict[int, list[int]], list[int]]:
     """(output ids per request, accepted tokens per step) of a short run in the engine loop."""
+    executor, accepted = _loop_run(target, draft, fast_path, engines)
+    return _outputs(executor), accepted
+
+
+def _outputs(executor: TorchExecutor) -> dict[int, list[int]]:
+    return {r: ids.tolist() for r, ids in sorted(executor.all_output_ids().items())}
+
+
+def _loop_run(
+    target, draft, fast_path: str, engines: EnginePool | None
+) -> tuple[TorchExecutor, list[int]]:
+    """(the executor, accepted tokens per step) of a short run in the engine loop."""
     executor = TorchExecutor(
         target,
         Draft(draft),
@@ -281,6 +297,7 @@ def _loop_outputs(target, draft, fast_path: str) -> tuple[dict[int, list[int]], 
         k_max=4,
         ignore_eos=True,
         fast_path=fast_path,
+        engines=engines,
     )
     scheduler = Scheduler(
         SchedulerConfig(
@@ -301,8 +318,7 @@ def _loop_outputs(target, draft, fast_path: str) -> tuple[dict[int, list[int]], 
         Workload("t", requests, max_concurrency=3),
         LoopConfig(clock="wall"),
     ).run()
-    outputs = {r: ids.tolist() for r, ids in sorted(executor.all_output_ids().items())}
-    return outputs, result.steps["num_accepted_tokens"].tolist()
+    return executor, result.steps["num_accepted_tokens"].tolist()
 
 
 def test_executor_fast_path_matches_reference_in_the_engine_loop(target, close_draft) -> None:
@@ -311,6 +327,59 @@ def test_executor_fast_path_matches_reference_in_the_engine_loop(target, close_d
     assert fast == reference  # same outputs and the same accepted count at every step
     assert len(reference[0]) == 6
     assert sum(reference[1]) > 0
+
+
+def test_pooled_fast_engine_serves_every_run_of_its_config_with_the_same_results(
+    target, close_draft
+) -> None:
+    engines = EnginePool()
+    reference = _loop_outputs(target, close_draft, "off", engines)
+    first_executor, first_accepted = _loop_run(target, close_draft, "eager", engines)
+    first = (_outputs(first_executor), first_accepted)
+    pooled = first_executor.engine
+    assert pooled.num_free_slots < pooled.config.num_slots  # the last finished still hold slots
+    shapes = set(pooled.runner.keys_seen)  # type: ignore[attr-defined]
+    again_executor, again_accepted = _loop_run(target, close_draft, "eager", engines)
+    assert again_executor.engine is pooled
+    assert reference == first == (_outputs(again_executor), again_accepted)  # as a fresh one
+    assert _outputs(first_executor) == first[0]  # released: its outputs kept, not overwritten
+    assert len(engines) == 1  # one engine for the two eager runs; none kept for "off"
+    assert pooled.runner.keys_seen == shapes  # type: ignore[attr-defined]  # nothing new ran
+
+
+def test_engine_pool_keys_by_config_and_refuses_an_engine_that_holds_requests(
+    target, close_draft
+) -> None:
+    engines = EnginePool()
+    config = SpecDecodeConfig(num_slots=2, max_model_len=32, k_max=2, temperature=0.0, seed=3)
+    first = engines.engine(target, Draft(close_draft), config, "eager")
+    assert engines.engine(target, Draft(close_draft), config, "eager") is first
+    other = dataclasses.replace(config, max_model_len=48)
+    assert engines.engine(target, Draft(close_draft), other, "eager") is not first
+    plain = dataclasses.replace(config, k_max=0)
+    assert engines.engine(target, None, plain, "off") is not engines.engine(
+        target, None, plain, "off"
+    )  # the reference path is never pooled
+    first.alloc_slot(np.array([1, 2, 3]))  # a user that gives no release keeps its slots
+    with pytest.raises(RuntimeError, match="still holds requests"):
+        engines.engine(target, Draft(close_draft), config, "eager")
+
+
+def test_every_shape_runs_once_up_front_and_leaves_the_results_alone(target, close_draft) -> None:
+    fast = fast_engine(target, Draft(close_draft), k_max=3, num_slots=4, min_kv_len=32)
+    count = fast.run_every_shape()
+    # buckets 1, 2, 4; K 0..3; spans 32, 64 and the cache length (99)
+    assert count == len(fast.all_graph_keys()) == 3 * 4 * 3
+    assert fast.runner.keys_seen == set(fast.all_graph_keys())
+    rng = np.random.default_rng(11)
+    prompts = [random_prompt(rng, n) for n in (4, 9, 6)]
+    k_rng = np.random.default_rng(12)
+    reference = make_engine(target, Draft(close_draft), k_max=3, num_slots=4)
+    (ref_out, ref_acc), (fast_out, fast_acc) = run_pair(
+        [reference, fast], prompts, 16, lambda step, rows: k_rng.integers(0, 4, size=rows)
+    )
+    assert (fast_out, fast_acc) == (ref_out, ref_acc)
+    assert fast.runner.keys_seen == set(fast.all_graph_keys())  # no step ran a new shape
 
 
 # ------------------------------------------------------------------------------------ GPU
@@ -355,6 +424,27 @@ def test_cuda_graph_runner_agrees_with_reference_for_ngram_draft() -> None:
     assert sum(map(sum, graph_acc)) > 0
     runner = graphs.runner
     assert runner.num_captures == len(runner.keys_seen)  # type: ignore[attr-defined]
+
+
+@pytest.mark.gpu
+def test_pooled_cuda_graph_engine_captures_every_shape_when_built_and_none_in_a_run() -> None:
+    target = tiny_target(seed=0).to(torch.device("cuda"))
+    draft = NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    config = SpecDecodeConfig(num_slots=4, max_model_len=96, k_max=5)
+    engines = EnginePool()
+    engine = engines.engine(target, draft, config, "cuda-graphs")
+    assert isinstance(engine, FastSpecDecodeEngine)
+    captures = engine.runner.num_captures  # type: ignore[attr-defined]
+    assert captures == len(engine.all_graph_keys())
+    rng = np.random.default_rng(5)
+    prompts = [np.tile(random_prompt(rng, n), 3) for n in (3, 5, 4, 7)]
+    k_rng = np.random.default_rng(6)
+    reference = make_engine(target, draft, k_max=5, num_slots=4)
+    (ref_out, _), (out, _) = run_pair(
+        [reference, engine], prompts, 24, lambda step, rows: k_rng.integers(0, 6, size=rows)
+    )
+    assert out == ref_out
+    assert engine.runner.num_captures == captures  # type: ignore[attr-defined]
 
 
 @pytest.mark.gpu

@@ -10,8 +10,8 @@ import pytest
 import torch
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
-from dsd.backend.engine import Draft, SpecDecodeConfig
-from dsd.backend.fast_path import build_spec_decode_engine
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.fast_path import FastSpecDecodeEngine, build_spec_decode_engine
 from dsd.backend.profiler import (
     ProfileConfig,
     TimingRounds,
@@ -547,6 +547,24 @@ def test_timing_rounds_time_a_share_of_the_points(target) -> None:
     retimed = timing.profile()  # points no round timed keep the profile's own timing
     points = [*retimed.latency, *retimed.prefill, *retimed.prefill_in_decode]
     assert sum(p.n == 1 for p in points) == timed
+
+
+def test_timing_rounds_time_the_runs_decode_path_with_every_shape_run_before_a_round(
+    target,
+) -> None:
+    draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
+    profile = profile_pair(target, draft, small_config(context_lens=(6, 4)), prompts(3), [6] * 3)
+    timing = TimingRounds(target, draft, profile, share=1.0, fast_path="eager")
+    engine = timing._engine
+    assert isinstance(engine, FastSpecDecodeEngine)
+    shapes = set(engine.runner.keys_seen)  # a CUDA graph would be captured once for each
+    assert {key.num_spec_tokens for key in shapes} == {p.num_spec_tokens for p in profile.latency}
+    timing.round()
+    timing.round()
+    assert engine.runner.keys_seen == shapes  # no round ran a shape for the first time
+    assert all(p.n == 2 for p in timing.profile().latency)
+    timing.free()
+    assert type(TimingRounds(target, draft, profile)._engine) is SpecDecodeEngine  # "off"
 
 
 def test_timing_rounds_need_recorded_contexts(target) -> None:

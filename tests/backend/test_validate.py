@@ -326,7 +326,7 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
 
-    def fake_run(resolved, pair, fast_path, between_steps):
+    def fake_run(resolved, pair, fast_path, between_steps, engines):
         clock["now"] += 10.0
         return resolved.config.policy
 
