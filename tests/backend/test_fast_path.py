@@ -12,6 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from mock_models import (
     MockModel,
     make_engine,
@@ -38,6 +40,7 @@ from dsd.backend.fast_path import (
     bucket_for,
     build_spec_decode_engine,
     kv_len_bucket,
+    kv_len_buckets,
 )
 from dsd.backend.ngram import NgramConfig
 from dsd.sim.engine import Engine, LoopConfig
@@ -158,6 +161,14 @@ def test_bucket_for_rejects_too_many_rows() -> None:
 )
 def test_kv_len_bucket(needed: int, cache_len: int, min_kv_len: int, expected: int) -> None:
     assert kv_len_bucket(needed, cache_len, min_kv_len) == expected
+
+
+@given(cache_len=st.integers(1, 3000), min_kv_len=st.integers(1, 600))
+def test_kv_len_buckets_are_exactly_the_spans_a_step_can_take(cache_len, min_kv_len) -> None:
+    spans = kv_len_buckets(cache_len, min_kv_len)
+    assert spans == tuple(
+        sorted({kv_len_bucket(n, cache_len, min_kv_len) for n in range(1, cache_len + 1)})
+    )
 
 
 def test_fast_eager_agrees_with_reference_token_for_token(target, close_draft) -> None:
