@@ -318,12 +318,15 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             raise RuntimeError("run_every_shape: the engine holds requests")
         keys = self.all_graph_keys()
         for key in keys:
-            host_inputs = np.zeros(
-                (_NUM_INPUT_ROWS + self.config.k_max, key.num_rows), dtype=np.int64
-            )
-            host_inputs[2, :] = self.trash_position
-            self.runner.run(key, host_inputs)
+            self.runner.run(key, self._padded_inputs(key.num_rows))
         return len(keys)
+
+    def _padded_inputs(self, num_rows: int) -> IntArray:
+        """[4 + K_max, num_rows] step inputs of padded rows only: slot 0, token 0, K = 0, at
+        the trash position; a step fills in its real rows."""
+        host_inputs = np.zeros((_NUM_INPUT_ROWS + self.config.k_max, num_rows), dtype=np.int64)
+        host_inputs[2, :] = self.trash_position
+        return host_inputs
 
     def graph_key(self, num_rows: int, k_step: int, max_length: int) -> GraphKey:
         """The key of a step over num_rows rows whose longest has its last token at max_length."""
@@ -359,10 +362,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
 
         key = self.graph_key(num_rows, k_step, int(lengths.max()))
-        host_inputs = np.zeros(
-            (_NUM_INPUT_ROWS + self.config.k_max, key.num_rows), dtype=np.int64
-        )  # [4 + K_max, Bpad]
-        host_inputs[2, :] = self.trash_position  # padded rows sit at the trash position
+        host_inputs = self._padded_inputs(key.num_rows)  # [4 + K_max, Bpad]
         host_inputs[0, :num_rows] = slots
         host_inputs[1, :num_rows] = self.token_ids[slots, lengths]
         host_inputs[2, :num_rows] = lengths

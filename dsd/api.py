@@ -960,12 +960,10 @@ def hardware_report(
     if folder.exists() and not folder.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
     from dsd.backend.fast_path import check_fast_path
-    from dsd.backend.pair import check_device, check_draft_spec, resolve_dtype
+    from dsd.backend.pair import check_draft_spec
 
     check_draft_spec(draft)  # a bad spelling fails before anything loads
-    check_device(device)
-    resolve_dtype(dtype, device)
-    check_fast_path(fast_path, device)
+    check_fast_path(fast_path, device)  # load_pair checks the device and dtype
     if draft.strip() in ("", "none"):
         raise InputError("--draft: the hardware report needs a draft (e.g. ngram:2-6)")
     if threads is None and device == "cpu":
