@@ -5,9 +5,9 @@ Two decode models implement `sim.types.LatencyModel`:
 - `TableLatencyModel`: the profile's ITL(B, K) table read with exactly the goodput policy's
   interpolation (linear in B between profiled B, clamped at the ends; linear in K between
   profiled K, clamped at the ends), computed by `policies.goodput.ItlTable` itself.
-- `ParametricLatencyModel`: a small physical model fitted with scipy (draft passes, a
-  memory-bound/compute-bound verification forward, per-step host overhead) that extrapolates
-  beyond the profiled B and K and reports its fit error as a `FitReport`.
+- `ParametricLatencyModel`: a small physical model fitted with scipy (the whole step, draft
+  passes included, memory-bound or compute-bound, plus per-step host overhead) that
+  extrapolates beyond the profiled B and K and reports its fit error as a `FitReport`.
 
 Both share one prefill cost (`PrefillCost`): interpolated in tokens from the profile's prefill
 points, or, when the profile has none, estimated from the decode table's per-token slope; the
@@ -32,7 +32,7 @@ with a smaller K are masked, not skipped). The table model charges ITL(D, max K)
 ("padded", what a static-shape engine pays) or ITL(D, K_eq) with K_eq = sum(K_i + 1) / D - 1,
 the uniform K with the same number of verified tokens ("token-equivalent", an optimistic
 bound that ignores the extra draft passes). The parametric model charges max K draft passes
-and verifies sum(K_i + 1) tokens, which is its own decomposition.
+(memory side) and the compute of sum(K_i) drafted tokens, which is its own decomposition.
 
 Context: the parametric model prices the KV read of the step's total context; the table model
 has a context axis when the profile measured two or more contexts (the PR #32374 table has
@@ -349,7 +349,9 @@ PARAM_NAMES: tuple[str, ...] = (
     "weight_read_ms",  # target forward, memory-bound floor (weights)
     "row_read_ms",  # target forward, per-row memory traffic
     "kv_read_ms_per_token",  # target forward, KV cache read per context token
-    "flop_ms_per_token",  # target forward, compute per verified token
+    "compute_per_row_ms",  # compute-bound step: per decode row (its token, sampling, ...)
+    "compute_spec_per_row_ms",  # compute-bound step: per row of a step that drafts at all
+    "compute_per_draft_token_ms",  # compute-bound step: per drafted token (verify + draft row)
 )
 # Sharpness of the smooth max between memory-bound and compute-bound time: a p-norm, so the
 # step is max(mem, compute) far from the ridge and a little above both near it.
@@ -398,12 +400,14 @@ def _parametric_ms(
     context_tokens: FloatArray,
 ) -> FloatArray:
     """Decode step latency for arrays of steps (all arrays [n]); see docs/models.md."""
-    host, spec0, spec1, draft0, draft1, weights, row, kv, flop = params
+    host, spec0, spec1, draft0, draft1, weights, row, kv, row_c, spec_c, token_c = params
     drafting = (max_k > 0).astype(np.float64)  # [n]
+    # The whole step (draft passes included) is either bandwidth- or compute-bound.
     draft_ms = drafting * (spec0 + spec1 * num_decode) + max_k * (draft0 + draft1 * num_decode)
-    memory_ms = weights + row * num_decode + kv * context_tokens  # [n]
-    compute_ms = flop * verified_tokens  # [n]
-    return host + draft_ms + _smooth_max(memory_ms, compute_ms)  # type: ignore[no-any-return]
+    memory_ms = weights + row * num_decode + kv * context_tokens + draft_ms  # [n]
+    drafted_tokens = verified_tokens - num_decode  # [n] each row verifies K_i + 1
+    compute_ms = (row_c + spec_c * drafting) * num_decode + token_c * drafted_tokens  # [n]
+    return host + _smooth_max(memory_ms, compute_ms)  # type: ignore[no-any-return]
 
 
 def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) -> dict[str, float]:
@@ -424,10 +428,11 @@ def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) ->
 
 @dataclass(frozen=True)
 class ParametricLatencyModel:
-    """Fitted decode cost: draft passes + smooth-max(memory, compute) verification + overhead.
+    """Fitted decode cost: host overhead + smooth-max(memory, compute) of the whole step.
 
-    ITL = host + [K>0](s0 + s1 D) + K (d0 + d1 D) + smax(w + r D + kv sum(L), f sum(K_i+1))
-    with all parameters >= 0, so ITL never decreases in B, K or context.
+    ITL = h + smax(w + r D + kv sum(L) + [K>0](s0 + s1 D) + K (d0 + d1 D),
+                   (c + [K>0] c_s) D + c_t sum(K_i))
+    (K = max K_i) with all parameters >= 0, so ITL never decreases in B, K or context.
     """
 
     params: tuple[float, ...]  # fitted values, in PARAM_NAMES order
@@ -475,7 +480,9 @@ class ParametricLatencyModel:
                 0.7 * smallest,  # weight read
                 1e-3,  # row read
                 1e-6 if context_aware else 0.0,  # kv read per token
-                float(measured.max() / verified.max()),  # flop per token
+                float(measured.max() / num_decode.max()),  # compute per row
+                1e-3,  # compute per row of a drafting step
+                float(measured.max() / verified.max()),  # compute per drafted token
             ]
         )
         upper = np.full(len(PARAM_NAMES), np.inf)

@@ -433,8 +433,8 @@ def test_parametric_fit_error_on_pr_profile_is_small_and_reported() -> None:
     ):
         print(f"  B={b:4d} K={k}  measured {measured:7.2f} ms  fit {predicted:7.2f} ms  {rel:+.2%}")
     assert len(report.relative_residuals) == 20
-    assert report.median_abs_pct < 5.0
-    assert report.max_abs_pct < 20.0
+    assert report.median_abs_pct < 1.0
+    assert report.max_abs_pct < 3.0  # the whole step one roofline (was 10.8% at B=64, K=1)
     assert report.median_abs_pct == pytest.approx(
         100 * float(np.median(np.abs(report.relative_residuals)))
     )
@@ -474,7 +474,7 @@ def test_parametric_fit_is_deterministic() -> None:
 def test_parametric_fit_recovers_a_known_context_aware_surface() -> None:
     """Points generated from known parameters (with context) are fitted back closely."""
     truth = ParametricLatencyModel(
-        params=(0.3, 0.2, 0.01, 0.6, 0.002, 6.0, 0.02, 2e-5, 0.03),
+        params=(0.3, 0.2, 0.01, 0.6, 0.002, 6.0, 0.02, 2e-5, 0.03, 0.01, 0.03),
         reference_context_len=0.0,
         prefill=PrefillCost((1.0,), (6.0,), "estimated-from-decode-slope", 0.03),
         fit_report=h100_fit().fit_report,
@@ -536,6 +536,16 @@ def test_leave_one_knot_out_reproduces_the_issues_table_errors() -> None:
         predicted = lerp(H100[16][k], H100[256][k], 48 / 240)
         assert knots[64].error_pct[k] == pytest.approx(100 * (predicted / H100[64][k] - 1))
     assert knots[64].worst == (5, knots[64].error_pct[5])
+
+
+def test_parametric_model_predicts_every_held_out_pr_knot_within_5_percent() -> None:
+    """The latency-model issue's goal on the PR profile: each interior B (4, 16, 64) dropped,
+    the parametric model fitted on the rest predicts it within 5% at every K (the form before,
+    draft passes outside the smooth max, missed B = 64 by up to +17.1%; docs/models.md 1.2)."""
+    knots = leave_one_knot_out(h100_profile(), "parametric")
+    assert [knot.batch_size for knot in knots] == [4, 16, 64]
+    for knot in knots:
+        assert max(abs(error) for error in knot.error_pct.values()) <= 5.0, knot
 
 
 def test_leave_one_knot_out_is_exact_where_the_truth_is_linear_and_empty_below_3_b() -> None:
