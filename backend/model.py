@@ -378,9 +378,12 @@ BLOCKED_ROWS = 4
 class CpuKernels:
     """Inference layouts of one float32 CPU weight [out, in] for `x @ weight.T`.
 
-    One row (B = T = 1 decoding) is a matrix-vector product, fastest when it reads the weight
-    contiguously along `out`: the weight's storage is switched in place to column-major (the
-    tensor keeps its shape and values; no second copy). Several rows (a verification of K + 1
+    One row (B = T = 1 decoding) on one thread is a matrix-vector product, fastest when it reads
+    the weight contiguously along `out`: the weight's storage is switched in place to
+    column-major (the tensor keeps its shape and values; no second copy). That product runs on
+    one thread whatever torch's thread count, so with more threads one row goes the multi-row
+    way (on 2 threads a 1-token SmolLM2-135M forward took 47 ms as a matrix-vector product, 40
+    ms padded to 4 rows). Several rows (a verification of K + 1
     tokens, a batch) go to oneDNN with the weight pre-blocked once: F.linear's small-M GEMM
     re-packs the weight on every call, which made a 5-token forward cost twice a 1-token one
     (docs/backend.md has the measurement). The blocked copy is the only extra memory (one
@@ -408,7 +411,7 @@ class CpuKernels:
             self._pack()
         features = x.shape[-1]
         rows = x.numel() // features
-        if rows == 1:
+        if rows == 1 and torch.get_num_threads() == 1:
             return F.linear(x, self.weight)
         if rows < BLOCKED_ROWS:
             flat = x.reshape(rows, features)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
 from dsd.backend.model import (
     MODEL_CONFIGS,
+    CpuKernels,
     ForwardGroup,
     ModelConfig,
     RopeScaling,
@@ -227,8 +231,20 @@ def test_forward_groups_equal_each_group_run_alone(cfg: ModelConfig, prepared: b
         model.forward_groups([])
 
 
+@pytest.fixture
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    """Set torch's intra-op threads inside a test; the count before is restored after it."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("tied", [False, True])
-def test_cpu_kernels_agree_with_plain_linear_for_any_row_count(tied: bool) -> None:
+def test_cpu_kernels_agree_with_plain_linear_for_any_row_count(
+    tied: bool, threads: int, torch_threads: Callable[[int], None]
+) -> None:
+    torch_threads(threads)
     cfg = small_config(tie_word_embeddings=tied)
     plain, prepared = build(cfg, seed=4), build(cfg, seed=4, prepared=True)
     for name, tensor in prepared.state_dict().items():  # values kept; storage may be transposed
@@ -241,6 +257,28 @@ def test_cpu_kernels_agree_with_plain_linear_for_any_row_count(tied: bool) -> No
             torch.testing.assert_close(
                 prepared(ids, positions), plain(ids, positions), atol=1e-5, rtol=1e-5
             )
+
+
+@pytest.mark.parametrize(("threads", "matrix_vector"), [(1, True), (2, False)])
+def test_one_row_is_a_matrix_vector_product_only_on_one_thread(
+    threads: int, matrix_vector: bool, torch_threads: Callable[[int], None]
+) -> None:
+    """torch runs a 1-row product on one thread whatever its thread count, so with more
+    threads one row takes oneDNN's multi-row kernel instead (docs/backend.md)."""
+    torch_threads(threads)
+    kernels = CpuKernels(torch.randn(96, 64, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(1))
+    calls: list[int] = []
+    real_linear = torch.nn.functional.linear
+
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        return real_linear(*args)
+
+    with mock.patch.object(torch.nn.functional, "linear", counted), torch.inference_mode():
+        out = kernels(x)
+    assert bool(calls) is matrix_vector
+    torch.testing.assert_close(out, x @ kernels.weight.T, atol=1e-5, rtol=1e-5)
 
 
 def test_cpu_kernels_follow_in_place_weight_changes() -> None:
