@@ -382,9 +382,9 @@ class CpuKernels:
     the weight contiguously along `out`: the weight's storage is switched in place to
     column-major (the tensor keeps its shape and values; no second copy). That product runs on
     one thread whatever torch's thread count, so with more threads one row goes the multi-row
-    way (on 2 threads a 1-token SmolLM2-135M forward took 47 ms as a matrix-vector product, 40
-    ms padded to 4 rows). Several rows (a verification of K + 1
-    tokens, a batch) go to oneDNN with the weight pre-blocked once: F.linear's small-M GEMM
+    way, padded to 4 rows (on 2 threads a 1-token SmolLM2-135M forward went from 1.15-1.20x
+    to 1.30-1.36x the speed of plain torch; docs/backend.md). Several rows (a verification of
+    K + 1 tokens, a batch) go to oneDNN with the weight pre-blocked once: F.linear's small-M GEMM
     re-packs the weight on every call, which made a 5-token forward cost twice a 1-token one
     (docs/backend.md has the measurement). The blocked copy is the only extra memory (one
     weight's worth). In-place changes to the weight are noticed and the blocked copy rebuilt.
