@@ -260,7 +260,12 @@ def cell_result(
         host_overhead_source=resolved.host_overhead_source,
         measured_trials=tuple(run.metrics for run in runs),
         replayed={} if replayed is None else dict(replayed.metrics),
-        trial_speeds=tuple(run.machine_speed for run in runs) if runs[0].timing_rounds else (),
+        # speeds only when every trial was timed between rounds (validation_cells times all)
+        trial_speeds=(
+            tuple(run.machine_speed for run in runs)
+            if all(run.timing_rounds for run in runs)
+            else ()
+        ),
     )
 
 
