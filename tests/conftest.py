@@ -1,8 +1,9 @@
-"""Shared pytest configuration: hypothesis profiles and the gpu marker's skip."""
+"""Shared pytest configuration: hypothesis profiles, the gpu marker's skip, torch's threads."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 
 # Torch CPU ops on tiny test models are dominated by thread spin-up when two pytest workers share
 # two cores; one thread per worker is much faster. Set before anything imports torch.
@@ -66,3 +67,13 @@ def load_benchmark(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-
         return module
 
     return load
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[Callable[[int], None]]:
+    """Set torch's intra-op threads inside a test; the count before is restored after it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,11 +26,8 @@ from dsd.common.errors import InputError
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(torch_threads: Callable[[int], None]) -> None:
+    torch_threads(1)
 
 
 def test_chat_template_renders_smollm2_chatml() -> None:

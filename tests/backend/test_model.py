@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
@@ -229,14 +229,6 @@ def test_forward_groups_equal_each_group_run_alone(cfg: ModelConfig, prepared: b
     )
     with pytest.raises(ValueError, match="at least one group"):
         model.forward_groups([])
-
-
-@pytest.fixture
-def torch_threads() -> Iterator[Callable[[int], None]]:
-    """Set torch's intra-op threads inside a test; the count before is restored after it."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

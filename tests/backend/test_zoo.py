@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,12 +38,9 @@ from dsd.common.errors import InputError
 
 
 @pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
+def _one_thread(torch_threads: Callable[[int], None]) -> None:
     # tiny models are slower with several threads on a shared 2-core machine
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+    torch_threads(1)
 
 
 @pytest.fixture(scope="module")
