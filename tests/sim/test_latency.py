@@ -23,6 +23,8 @@ from dsd.sim.latency import (
     ParametricLatencyModel,
     PrefillCost,
     TableLatencyModel,
+    _parametric_jacobian,
+    _parametric_ms,
     fit_latency_model,
     held_out_summary,
     leave_one_knot_out,
@@ -174,6 +176,55 @@ def test_prefill_estimated_from_decode_slope_when_profile_has_none() -> None:
     # A step with only prefill: one forward (ITL(1, 0)) plus the extra tokens.
     alone = model.step_ms(make_batch([], prefill_chunks=[512]))
     assert alone == pytest.approx(H100[1][0] + 511 * slope)
+
+
+def test_parametric_model_prices_prefill_with_its_own_one_row_step_when_profile_has_none() -> None:
+    model = ParametricLatencyModel.fit(h100_profile())
+    assert model.prefill_source == "estimated-from-physical-model"
+    cost = model.prefill
+    # At its knots (powers of two) the curve is the fitted step of one row of N tokens over N
+    # tokens of KV; between them linear; past the last along its last segment.
+    for tokens in (1.0, 64.0, 2048.0):
+        assert cost.curve_ms(tokens) == pytest.approx(model.forward_ms(1.0, 0.0, tokens, tokens))
+    halfway = 0.5 * (model.forward_ms(1.0, 0.0, 512.0, 512.0) + model.forward_ms(1, 0, 1024, 1024))
+    assert cost.curve_ms(768.0) == pytest.approx(halfway)
+    last, before = cost.num_tokens[-1], cost.num_tokens[-2]
+    tail = (cost.latency_ms[-1] - cost.latency_ms[-2]) / (last - before)
+    assert cost.curve_ms(2 * last) == pytest.approx(cost.latency_ms[-1] + tail * last)
+    assert list(cost.latency_ms) == sorted(cost.latency_ms)
+    # More tokens than one forward holds cost more than the one-token step, and the chunk in a
+    # decode step costs its marginal on the physical curve.
+    assert cost.curve_ms(4096.0) > 2 * cost.curve_ms(1.0)
+    mixed = model.step_ms(make_batch([3] * 8, prefill_chunks=[600, 400]))
+    assert mixed == pytest.approx(model.decode_itl_ms(8, 3) + cost.marginal_ms(1000.0))
+    with pytest.raises(ValueError, match="prefill points"):
+        PrefillCost.from_physical_model(
+            dataclasses.replace(h100_profile(), prefill=(PrefillPoint(128, median_ms=9.0),)),
+            lambda n: n,
+        )
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    params=st.lists(st.floats(0.0, 5.0), min_size=len(PARAM_NAMES), max_size=len(PARAM_NAMES)),
+    batch=st.integers(1, 300),
+    k=st.integers(0, 7),
+    context=st.floats(0.0, 4096.0),
+)
+def test_parametric_jacobian_matches_finite_differences(
+    params: list[float], batch: int, k: int, context: float
+) -> None:
+    values = np.array(params) + 0.01  # [p], away from the kinks at 0
+    steps = [np.array([float(v)]) for v in (batch, k, batch * (k + 1), batch * context)]
+    analytic = _parametric_jacobian(values, *steps)[0]  # [p]
+    rounding = 1e-8 * float(_parametric_ms(values, *steps)[0])  # central differences' own error
+    for index in range(len(PARAM_NAMES)):
+        delta = 1e-6 * max(values[index], 1.0)
+        up, down = values.copy(), values.copy()
+        up[index] += delta
+        down[index] -= delta
+        numeric = (_parametric_ms(up, *steps) - _parametric_ms(down, *steps))[0] / (2 * delta)
+        assert analytic[index] == pytest.approx(numeric, rel=1e-4, abs=rounding), PARAM_NAMES[index]
 
 
 def test_prefill_interpolated_from_profile_points() -> None:
