@@ -366,12 +366,14 @@ class SpecDecodeEngine:
                 draft_probs[rows_t] = probs  # [B, K, V]
 
         # Verify: the last token then the drafts, at positions L..L+K; pads go to the trash.
-        offsets = np.arange(k_step + 1)[None, :]  # [1, K+1]
-        positions = lengths[:, None] + offsets  # [B, K+1]
+        width = self._verify_width(num_rows, k_step, prefill is not None)  # W >= K + 1
+        offsets = np.arange(width)[None, :]  # [1, W]
+        positions = lengths[:, None] + offsets  # [B, W]
         positions = np.where(offsets <= spec[:, None], positions, self.trash_position)
+        pad_ids = torch.zeros((num_rows, width - k_step - 1), dtype=torch.int64, device=device)
         inputs = torch.cat(
-            (torch.from_numpy(last_tokens).to(device)[:, None], draft_ids), dim=1
-        )  # [B, K+1]
+            (torch.from_numpy(last_tokens).to(device)[:, None], draft_ids, pad_ids), dim=1
+        )  # [B, W]
         verify = ForwardGroup(
             inputs,
             torch.from_numpy(positions).to(device),
@@ -380,7 +382,7 @@ class SpecDecodeEngine:
         )
         groups = [verify] if prefill is None else [verify, prefill.group]
         logits = self.target.forward_groups(groups, self.target_cache)
-        target_logits = logits[0]  # [B, K+1, V]
+        target_logits = logits[0][:, : k_step + 1]  # [B, K+1, V]
         prefill_logits = None if prefill is None else logits[1][:, 0]  # [P, V]
         spec_t = torch.from_numpy(spec).to(device)  # [B]
         if self.config.temperature == 0.0:
@@ -402,6 +404,15 @@ class SpecDecodeEngine:
             slots, lengths, drafting_rows, k_step, num_accepted, output_ids, spec
         )
         return result, prefill_logits
+
+    def _verify_width(self, num_rows: int, k_step: int, with_prefill: bool) -> int:
+        """Tokens per row of the verify forward: K + 1, widened with trash tokens to what the
+        target's kernels would pad the forward to anyway (2 or 3 tokens on CPU: one padding
+        here is cheaper than one per linear layer). A step with prefill chunks has tokens
+        enough."""
+        tokens = num_rows * (k_step + 1)
+        worth = tokens if with_prefill else self.target.tokens_worth_computing(tokens)
+        return max(k_step + 1, -(-worth // num_rows))
 
     def _lookup_drafts(
         self, slots: IntArray, spec: IntArray, lengths: IntArray

@@ -103,10 +103,13 @@ class MockModel(nn.Module):
     tests can check what the engine fed and where. Accepts the `Transformer.forward` keywords.
     """
 
-    def __init__(self, rule: Callable[[int, int], int], config: ModelConfig = TINY) -> None:
+    def __init__(
+        self, rule: Callable[[int, int], int], config: ModelConfig = TINY, pads_to: int = 1
+    ) -> None:
         super().__init__()
         self.config = config
         self.rule = rule
+        self.pads_to = pads_to  # `tokens_worth_computing`: 2..pads_to-1 tokens cost pads_to
         self._anchor = nn.Parameter(torch.zeros(1))  # gives the engine a device and dtype
         self.calls: list[tuple[int, int]] = []  # (batch rows, tokens per row) of each forward
 
@@ -133,6 +136,10 @@ class MockModel(nn.Module):
             index = logit_indices[:, :, None].expand(-1, -1, self.config.vocab_size)
             logits = logits.gather(1, index)  # [B, N, V]
         return logits
+
+    def tokens_worth_computing(self, num_tokens: int) -> int:
+        """`Transformer.tokens_worth_computing`, as if its kernels padded to `pads_to`."""
+        return num_tokens if num_tokens == 1 else max(num_tokens, self.pads_to)
 
     def forward_groups(
         self, groups: Sequence[ForwardGroup], kv_cache: object = None, num_layers: int | None = None

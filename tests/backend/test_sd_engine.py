@@ -228,6 +228,48 @@ def test_draft_does_no_work_at_k0_and_catches_up_later() -> None:
     assert int(result.num_accepted[0]) == 2
 
 
+@pytest.mark.parametrize(
+    ("ks", "width"),
+    [([0], 1), ([1], 4), ([2], 4), ([3], 4), ([0, 0], 2), ([1, 0], 2), ([0] * 3, 2), ([1] * 3, 2)],
+)
+def test_verify_forward_is_widened_with_trash_to_what_the_kernels_pad_to(
+    ks: list[int], width: int
+) -> None:
+    """A target whose kernels pad 2 or 3 tokens to 4 gets the verify block padded once instead
+    (trash tokens): same accepted tokens, the same real (token, position) pairs fed."""
+    wrong = {9, 14}
+    results = []
+    for pads_to in (1, 4):
+        model_target = MockModel(target_rule, pads_to=pads_to)
+        engine = make_engine(model_target, Draft(MockModel(draft_rule_wrong_at(wrong))), k_max=3)
+        rng = np.random.default_rng(5)
+        slots = np.array([engine.alloc_slot(random_prompt(rng, 6)) for _ in ks])
+        engine.prefill(slots, np.full(len(ks), 6))
+        model_target.calls.clear()
+        step = engine.step(slots, np.array(ks))
+        results.append((step.num_accepted.tolist(), [engine.sequence(s).tolist() for s in slots]))
+        expected_width = width if pads_to == 4 else max(ks) + 1
+        assert model_target.calls == [(len(ks), expected_width)]
+    assert results[0] == results[1]
+
+
+def test_prepared_target_steps_equal_target_greedy_at_every_small_width(  # type: ignore[no-untyped-def]
+    target, close_draft
+) -> None:
+    """A real target on `CpuKernels` (verify blocks of 2 and 3 tokens widened to 4 with trash):
+    output token for token the plain target's greedy decode, at B = 1, 2, 3 and K = 0..3."""
+    prepared = tiny_target(seed=0)
+    assert prepared.prepare_cpu_kernels()
+    assert prepared.tokens_worth_computing(2) == 4
+    rng = np.random.default_rng(11)
+    prompts = [random_prompt(rng, n) for n in (5, 9, 4)]
+    for rows in (1, 2, 3):
+        engine = make_engine(prepared, Draft(close_draft), k_max=3, num_slots=rows)
+        outputs, _ = run_to_completion(engine, prompts[:rows], 16, lambda step, n: [step % 4] * n)
+        for prompt, output in zip(prompts, outputs, strict=False):
+            assert output == target_greedy_decode(target, prompt, 16)
+
+
 def test_step_rejects_bad_input(target, close_draft) -> None:
     engine = make_engine(target, Draft(close_draft), k_max=2)
     slot = engine.alloc_slot(np.array([3, 4, 5]))
