@@ -419,7 +419,7 @@ class CpuKernels:
             self._pack()
         features = x.shape[-1]
         rows = x.numel() // features
-        if padded_rows(rows) == rows == 1:
+        if padded_rows(rows) == 1:  # one row on one thread: the matrix-vector product
             return F.linear(x, self.weight)
         if rows < BLOCKED_ROWS:
             flat = x.reshape(rows, features)
