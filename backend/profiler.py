@@ -79,7 +79,7 @@ from dsd.policies.profile_quality import (
 from dsd.sim.build import build_engine
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, RunConfig
 from dsd.sim.engine import LoopConfig
-from dsd.sim.latency import leave_one_knot_out
+from dsd.sim.latency_choice import leave_one_knot_out
 from dsd.sim.resolve import ResolvedRun, resolve
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.registry import build_workload

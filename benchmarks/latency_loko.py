@@ -4,7 +4,7 @@ For every interior batch size B of a profile (neither the smallest nor the large
 points (every K, every context) are dropped, the model is fitted on the rest, and the dropped
 points are predicted: error % = predicted / measured - 1, per (B, K). The table model reads the
 remaining table with goodput's interpolation; the parametric model is refitted. The fit on all
-points is printed beside them (what the simulator uses today).
+points is printed beside them, and the model `--latency-model auto` picks from these figures.
 
     python benchmarks/latency_loko.py                      # the PR #32374 H100 profile
     python benchmarks/latency_loko.py --profile P.json --json out.json
@@ -16,17 +16,19 @@ the latency-model issue is max |error| <= 5% at every held-out interior knot.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
 
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import (
-    LatencyModelKind,
+from dsd.sim.latency import LatencyModelKind
+from dsd.sim.latency_choice import (
     fit_latency_model,
     knot_error_pct,
     leave_one_knot_out,
+    select_latency_model,
 )
 
 PROFILE = "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
@@ -68,9 +70,15 @@ def main(argv: list[str] | None = None) -> int:
             abs(v) for row in rows if row["model"] == kind for v in row["held_out_pct"].values()
         )
         print(f"{kind:<11} worst held-out |error| {worst:.1f}% (goal <= 5%)")
+    _model, choice = select_latency_model(profile)
+    print(f"--latency-model auto uses {choice.kind}: {choice.reason}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out_file:
-            json.dump({"profile": args.profile, "rows": rows}, out_file, indent=1)
+            json.dump(
+                {"profile": args.profile, "rows": rows, "auto": dataclasses.asdict(choice)},
+                out_file,
+                indent=1,
+            )
     return 0
 
 

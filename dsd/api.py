@@ -56,7 +56,7 @@ from dsd.reports.run_outputs import (
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
-from dsd.sim.latency import held_out_summary
+from dsd.sim.latency_choice import held_out_summary
 from dsd.sim.metrics import discard_steps
 from dsd.sim.resolve import ResolvedRun, resolve, resolved_config_dict
 from dsd.traces.registry import WorkloadOptions, build_workload

@@ -338,8 +338,12 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
     lines.append(_line("Preemptions:", result["num_preemptions"]))
     lines.append("=" * 50)
     if latency_info.get("kind") is not None:
+        asked = latency_info["requested"]
+        choice = latency_info.get("choice")
+        if asked == "auto" and choice is not None:
+            asked += f": {choice['reason']}"
         latency_line = (
-            f"latency model: {latency_info['kind']} (asked {latency_info['requested']}); "
+            f"latency model: {latency_info['kind']} (asked {asked}); "
             f"prefill cost: {latency_info['prefill_source']}"
         )
         if latency_info.get("prefill_forward") == "fused" and "prefill_in_decode" in latency_info:

@@ -37,8 +37,8 @@ from dsd.sim.latency import (
     ParametricLatencyModel,
     PrefillCost,
     TableLatencyModel,
-    fit_latency_model,
 )
+from dsd.sim.latency_choice import fit_latency_model
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig

@@ -40,6 +40,9 @@ has a context axis when the profile measured two or more contexts (the PR #32374
 none). dsd's torch engine pads every decode row's attention to the longest row's span
 (`PaddedAttention`, set by `resolve_real`).
 
+Which model a run gets (`--latency-model auto`) and how well each holds between the profiled
+batch sizes: `sim.latency_choice`.
+
 What this module does not do: sample anything (models are pure; latency noise is the
 executor's) or model TP/PP communication.
 """
@@ -253,7 +256,8 @@ class TableLatencyModel:
     and the goodput policy agree on ITL exactly: linear in B between profiled B and clamped at
     the ends, linear in K between the profiled K of each B and clamped at its ends. A K past the
     largest profiled K therefore reads the last profiled K: use the parametric model (or
-    `fit_latency_model(kind="auto", k_max=...)`) to run K beyond the profile.
+    `sim.latency_choice.fit_latency_model(kind="auto", k_max=...)`) to run K beyond the
+    profile.
 
     A profile measured at two or more context lengths, each a full table, gives the model a
     context axis: a step reads the table of every profiled context and interpolates linearly
@@ -480,6 +484,11 @@ def _parametric_jacobian(
     return np.stack(columns, axis=1)
 
 
+def _context_aware(profile: Profile) -> bool:
+    """Whether every latency point recorded its context (else the KV term is pinned at 0)."""
+    return all(p.context_len is not None for p in profile.latency)
+
+
 def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) -> dict[str, float]:
     """Standard errors of the fitted parameters (see FitReport.param_std)."""
     jac = np.asarray(jacobian, dtype=np.float64)  # [n, p]
@@ -529,13 +538,10 @@ class ParametricLatencyModel:
         num_decode = np.array([p.batch_size for p in points], dtype=np.float64)  # [n]
         ks = np.array([p.num_spec_tokens for p in points], dtype=np.float64)  # [n]
         measured = np.array([p.expected_ms for p in points], dtype=np.float64)  # [n]
-        context_aware = all(p.context_len is not None for p in points)
-        if context_aware:
-            per_row_ctx = np.array([float(p.context_len or 0) for p in points])  # [n]
-            reference_ctx = float(per_row_ctx.mean())
-        else:
-            per_row_ctx = np.zeros_like(num_decode)
-            reference_ctx = 0.0
+        context_aware = _context_aware(profile)
+        per_row_ctx = np.array(
+            [float(p.context_len or 0) if context_aware else 0.0 for p in points]
+        )  # [n]
         context = per_row_ctx * num_decode  # [n]
         verified = num_decode * (ks + 1.0)  # [n]
 
@@ -602,7 +608,18 @@ class ParametricLatencyModel:
             context_aware=context_aware,
             param_std=_parameter_std(result.jac, rel, pinned=not context_aware),
         )
-        params = tuple(float(v) for v in fitted)
+        return ParametricLatencyModel.from_fit(profile, tuple(float(v) for v in fitted), report)
+
+    @staticmethod
+    def from_fit(
+        profile: Profile, params: tuple[float, ...], fit_report: FitReport
+    ) -> ParametricLatencyModel:
+        """The model of `params` fitted to `profile` (by `fit`, or stored from an earlier fit):
+        its reference context and prefill cost come from the profile."""
+        if _context_aware(profile):
+            reference_ctx = float(np.mean([float(p.context_len or 0) for p in profile.latency]))
+        else:
+            reference_ctx = 0.0
         if profile.prefill:
             prefill = PrefillCost.from_profile(profile)
         else:  # a prompt of N tokens priced as the fitted step of one row verifying N tokens
@@ -613,8 +630,13 @@ class ParametricLatencyModel:
             params=params,
             reference_context_len=reference_ctx,
             prefill=prefill,
-            fit_report=report,
+            fit_report=fit_report,
         )
+
+    @property
+    def context_free(self) -> bool:
+        """step_ms never reads the contexts: the KV term is 0 (a profile without contexts)."""
+        return self.params[PARAM_NAMES.index("kv_read_ms_per_token")] == 0.0
 
     def decode_itl_ms(self, batch_size: int, num_spec_tokens: int) -> float:
         if batch_size < 1 or num_spec_tokens < 0:
@@ -650,7 +672,7 @@ class ParametricLatencyModel:
 
 
 # --------------------------------------------------------------------------------------------
-# Factory
+# Coverage and the context policy's view of a model
 # --------------------------------------------------------------------------------------------
 
 
@@ -664,30 +686,6 @@ def table_covers(profile: Profile, k_values: Sequence[int]) -> bool:
         if known.size == 0 or known[0] > 0 or known[-1] < max(k_values):
             return False
     return 0 in set(ks.tolist())
-
-
-def fit_latency_model(
-    profile: Profile,
-    kind: LatencyModelKind = "auto",
-    k_max: int | None = None,
-    mixed_k: MixedKCosting = "padded",
-) -> TableLatencyModel | ParametricLatencyModel:
-    """Build a latency model from a profile.
-
-    "table": the profile's table (needs K=0 and every K to be run inside the profiled range).
-    "parametric": the fitted model. "auto": the table when it covers K=0..k_max (k_max defaults
-    to the profile's k_max) at every profiled B, else the parametric model.
-    """
-    if kind == "table":
-        return TableLatencyModel(profile, mixed_k=mixed_k)
-    if kind == "parametric":
-        return ParametricLatencyModel.fit(profile)
-    if kind == "auto":
-        wanted = profile.k_max if k_max is None else k_max
-        if table_covers(profile, [wanted]):
-            return TableLatencyModel(profile, mixed_k=mixed_k)
-        return ParametricLatencyModel.fit(profile)
-    raise ValueError(f"unknown latency model kind {kind!r}: table, parametric or auto")
 
 
 def context_latency_fn(
@@ -804,63 +802,3 @@ class PaddedAttention(_StepCostWrapper):
         contexts = batch.num_computed_tokens.copy()  # [B]
         contexts[:num_decode] = contexts[:num_decode].max()
         return self.inner.step_ms(dataclasses.replace(batch, num_computed_tokens=contexts))
-
-
-@dataclass(frozen=True)
-class HeldOutKnot:
-    """A latency model's error at one batch size it was fitted without (leave one knot out)."""
-
-    kind: str  # "table" or "parametric"
-    batch_size: int  # the interior B whose points were dropped before fitting
-    error_pct: dict[int, float]  # K -> (predicted / measured - 1) x 100 at that B
-
-    @property
-    def worst(self) -> tuple[int, float]:
-        """(K, error %) of the largest |error| at this B."""
-        k = max(self.error_pct, key=lambda key: abs(self.error_pct[key]))
-        return k, self.error_pct[k]
-
-
-def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOutKnot]:
-    """For every interior profiled B (neither the smallest nor the largest), the `kind` model
-    fitted on the other B's points, and its error on the dropped ones (the measured side is
-    the mean median over contexts at each K). Empty with fewer than 3 batch sizes.
-
-    How well the model holds between the points a profile measured (docs/models.md 1.2).
-    """
-    knots: list[HeldOutKnot] = []
-    for batch_size in profile.batch_sizes()[1:-1]:
-        rest = dataclasses.replace(
-            profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
-        )
-        model = fit_latency_model(rest, kind=kind)
-        knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
-    return knots
-
-
-def knot_error_pct(
-    model: TableLatencyModel | ParametricLatencyModel, profile: Profile, batch_size: int
-) -> dict[int, float]:
-    """K -> (model ITL / measured - 1) x 100 at a profiled `batch_size` (measured: the mean
-    median over the profile's contexts at that (B, K))."""
-    measured: dict[int, list[float]] = {}
-    for point in profile.latency:
-        if point.batch_size == batch_size:
-            measured.setdefault(point.num_spec_tokens, []).append(point.expected_ms)
-    return {
-        k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
-        for k, ms in sorted(measured.items())
-    }
-
-
-def held_out_summary(profile: Profile) -> str:
-    """One line: each model's worst leave-one-knot-out error and where ("" below 3 B)."""
-    parts = []
-    for kind in ("table", "parametric"):
-        knots = leave_one_knot_out(profile, kind)
-        if not knots:
-            return ""
-        worst = max(knots, key=lambda knot: abs(knot.worst[1]))
-        k, error = worst.worst
-        parts.append(f"{kind} worst {error:+.1f}% (B={worst.batch_size}, K={k})")
-    return "latency between profiled B (each interior B left out, predicted): " + ", ".join(parts)

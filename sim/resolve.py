@@ -43,9 +43,9 @@ from dsd.sim.latency import (
     PrefillRows,
     TableLatencyModel,
     context_latency_fn,
-    fit_latency_model,
     table_covers,
 )
+from dsd.sim.latency_choice import LatencyChoice, select_latency_model
 from dsd.sim.replay import ReplayRecording, load_replay_recording
 from dsd.sim.scheduler import SchedulerConfig
 from dsd.traces.registry import build_workload
@@ -82,9 +82,9 @@ def _cached_profile(key: tuple[str, int, int]) -> Profile:
 @functools.lru_cache(maxsize=64)
 def _cached_latency_model(
     key: tuple[str, int, int], kind: LatencyModelKind, k_max: int, mixed_k: MixedKCosting
-) -> TableLatencyModel | ParametricLatencyModel:
+) -> tuple[TableLatencyModel | ParametricLatencyModel, LatencyChoice]:
     try:
-        return fit_latency_model(_cached_profile(key), kind=kind, k_max=k_max, mixed_k=mixed_k)
+        return select_latency_model(_cached_profile(key), kind, k_max, mixed_k)
     except ValueError as exc:
         raise InputError(f"{key[0]}: cannot build a {kind} latency model: {exc}") from None
 
@@ -138,7 +138,8 @@ class ResolvedRun:
     block_size: int  # tokens per KV block
     # The fitted decode + prefill model (None without a profile).
     latency: TableLatencyModel | ParametricLatencyModel | None
-    latency_kind: str | None  # "table" or "parametric": what "auto" chose (None: no model)
+    # Which model and why ("auto" chooses; None without a profile)
+    latency_choice: LatencyChoice | None
     # Where the per-step host overhead comes from: "flag" (config.host_overhead_ms, a
     # constant), "measured" (the profile's model), "none" (neither: 0).
     host_overhead_source: HostOverheadSource = "none"
@@ -162,6 +163,11 @@ class ResolvedRun:
     # vLLM's engine, and dsd's on CUDA; dsd's engine on a CPU runs async steps serially
     # (`resolve_real` sets False there)
     host_overlap: bool = True
+
+    @property
+    def latency_kind(self) -> str | None:
+        """ "table" or "parametric": the model the run uses (None without a profile)."""
+        return None if self.latency_choice is None else self.latency_choice.kind
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -260,9 +266,11 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
         num_kv_blocks = running * math.ceil(max_model_len / block_size)
     else:
         num_kv_blocks = int(config.num_kv_blocks)
-    latency = None
+    latency, choice = None, None
     if profile_key is not None:
-        latency = _cached_latency_model(profile_key, config.latency_model, k_max, config.mixed_k)
+        latency, choice = _cached_latency_model(
+            profile_key, config.latency_model, k_max, config.mixed_k
+        )
     host_source, host_ms, host_model = resolve_host_overhead(config, profile)
     recording = replay_recording_for(config, len(workload.requests))
     resolved = ResolvedRun(
@@ -275,7 +283,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
         num_kv_blocks=num_kv_blocks,
         block_size=block_size,
         latency=latency,
-        latency_kind=None if latency is None else _latency_kind(latency),
+        latency_choice=choice,
         host_overhead_source=host_source,
         host_overhead_ms=host_ms,
         host_overhead_model=host_model,
@@ -295,16 +303,12 @@ def with_latency_from(resolved: ResolvedRun, timing: Profile) -> ResolvedRun:
     overhead keep the run's own profile."""
     config = resolved.config
     try:
-        latency = fit_latency_model(
-            timing, kind=config.latency_model, k_max=resolved.k_max, mixed_k=config.mixed_k
+        latency, choice = select_latency_model(
+            timing, config.latency_model, resolved.k_max, config.mixed_k
         )
     except ValueError as exc:
         raise InputError(f"re-timed profile: cannot build a latency model: {exc}") from None
-    return dataclasses.replace(resolved, latency=latency, latency_kind=_latency_kind(latency))
-
-
-def _latency_kind(latency: TableLatencyModel | ParametricLatencyModel) -> str:
-    return "table" if isinstance(latency, TableLatencyModel) else "parametric"
+    return dataclasses.replace(resolved, latency=latency, latency_choice=choice)
 
 
 def resolve_host_overhead(
@@ -359,6 +363,7 @@ def latency_description(resolved: ResolvedRun) -> dict[str, Any]:
     info: dict[str, Any] = {
         "kind": resolved.latency_kind,
         "requested": resolved.config.latency_model,
+        "choice": None if resolved.latency_choice is None else resolved.latency_choice.describe(),
         "prefill_source": latency.prefill_source,
         "prefill_cost": resolved.config.prefill_cost,
         "prefill_forward": resolved.prefill_forward,

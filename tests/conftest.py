@@ -1,4 +1,5 @@
-"""Shared pytest configuration: hypothesis profiles, the gpu marker's skip, torch's threads."""
+"""Shared pytest configuration: hypothesis profiles, the gpu marker's skip, torch's threads,
+dsd's disk memo in a temporary folder."""
 
 from __future__ import annotations
 
@@ -47,6 +48,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _dsd_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """dsd's disk memo (dsd.common.disk_memo) in a fresh folder per session (and per xdist
+    worker): tests never read or fill the user's ~/.cache/dsd."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DSD_CACHE_DIR", str(tmp_path_factory.mktemp("dsd-cache")))
+        yield
 
 
 @pytest.fixture

@@ -113,7 +113,10 @@ def test_summary_has_the_vllm_layout_the_spec_block_and_the_model_line(
         "---------------Speculative Decoding---------------",
         "Acceptance length:",
         "K=3:",
-        "latency model: table (asked auto); prefill cost: estimated-from-decode-slope",
+        "latency model: parametric (asked auto: worst |error| at a profiled B, held out or "
+        "fitted: table 21.4%, parametric ",
+        "(the fit replaces the table below 0.5x its error)); prefill cost: "
+        "estimated-from-physical-model",
     ):
         assert text in out
 

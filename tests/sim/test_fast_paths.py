@@ -270,7 +270,9 @@ def test_a_closed_loop_runs_the_same_with_and_without_simpy(
     "fields",
     [
         {"policy": "static:0"},  # long stretches of plain decode
-        {"policy": "goodput", "max_concurrency": 256},  # K = 0 at large B, > 0 as B drains
+        # K = 0 at large B, > 0 as B drains; auto picks the parametric model on this profile
+        {"policy": "goodput", "max_concurrency": 256},
+        {"policy": "goodput", "max_concurrency": 256, "latency_model": "table"},
         {"policy": "static:0", "k_timing": "same-step"},  # plan reserves 1 + k_max per row
         {"policy": "static:0", "num_kv_blocks": 700},  # short pool: preemptions
         {"policy": "static:0", "max_model_len": 1400},  # rows near max_model_len

@@ -25,10 +25,8 @@ from dsd.sim.latency import (
     TableLatencyModel,
     _parametric_jacobian,
     _parametric_ms,
-    fit_latency_model,
-    held_out_summary,
-    leave_one_knot_out,
 )
+from dsd.sim.latency_choice import fit_latency_model
 from dsd.sim.types import ScheduledBatch
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
@@ -553,70 +551,6 @@ def test_parametric_mixed_k_charges_max_k_drafts_and_summed_verification() -> No
 
 
 # ----------------------------------------------------------------------------- factory
-
-FACTORY_CASES = [
-    # (kind, k_max, expected type, why)
-    ("table", None, TableLatencyModel, "asked for the table"),
-    ("parametric", None, ParametricLatencyModel, "asked for the fit"),
-    ("auto", None, TableLatencyModel, "the table covers K=0..5 at every B"),
-    ("auto", 5, TableLatencyModel, "the table covers K=5"),
-    ("auto", 8, ParametricLatencyModel, "K=8 is past the table: extrapolate"),
-]
-
-
-@pytest.mark.parametrize(("kind", "k_max", "expected", "why"), FACTORY_CASES)
-def test_fit_latency_model_picks_the_model(
-    kind: str, k_max: int | None, expected: type, why: str
-) -> None:
-    model = fit_latency_model(h100_profile(), kind=kind, k_max=k_max)  # type: ignore[arg-type]
-    assert isinstance(model, expected), why
-
-
-def test_fit_latency_model_rejects_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="unknown latency model kind"):
-        fit_latency_model(h100_profile(), kind="magic")  # type: ignore[arg-type]
-
-
-def test_leave_one_knot_out_reproduces_the_issues_table_errors() -> None:
-    """Every point of B = 64 dropped, the table read with goodput's interpolation between
-    B = 16 and 256: the errors the latency-model issue measured (+8.3, +21.3, +18.4, +21.4)."""
-    knots = {knot.batch_size: knot for knot in leave_one_knot_out(h100_profile(), "table")}
-    assert sorted(knots) == [4, 16, 64]  # the interior knots; 1 and 256 are the ends
-    for k, expected in {0: 8.3, 1: 21.3, 3: 18.4, 5: 21.4}.items():
-        assert knots[64].error_pct[k] == pytest.approx(expected, abs=0.05)
-        predicted = lerp(H100[16][k], H100[256][k], 48 / 240)
-        assert knots[64].error_pct[k] == pytest.approx(100 * (predicted / H100[64][k] - 1))
-    assert knots[64].worst == (5, knots[64].error_pct[5])
-
-
-def test_parametric_model_predicts_every_held_out_pr_knot_within_5_percent() -> None:
-    """The latency-model issue's goal on the PR profile: each interior B (4, 16, 64) dropped,
-    the parametric model fitted on the rest predicts it within 5% at every K (the form before,
-    draft passes outside the smooth max, missed B = 64 by up to +17.1%; docs/models.md 1.2)."""
-    knots = leave_one_knot_out(h100_profile(), "parametric")
-    assert [knot.batch_size for knot in knots] == [4, 16, 64]
-    for knot in knots:
-        assert max(abs(error) for error in knot.error_pct.values()) <= 5.0, knot
-
-
-def test_leave_one_knot_out_is_exact_where_the_truth_is_linear_and_empty_below_3_b() -> None:
-    linear = Profile(
-        k_max=1,
-        latency=tuple(
-            LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=5.0 + 0.1 * b + k)
-            for b in (1, 2, 4, 8)
-            for k in (0, 1)
-        ),
-        acceptance_rates=(0.5,),
-    )
-    for knot in leave_one_knot_out(linear, "table"):
-        assert all(error == pytest.approx(0.0, abs=1e-9) for error in knot.error_pct.values())
-    two = dataclasses.replace(
-        linear, latency=tuple(p for p in linear.latency if p.batch_size in (1, 8))
-    )
-    assert leave_one_knot_out(two, "parametric") == []
-    assert held_out_summary(two) == ""
-    assert "table worst +0.0% (B=2" in held_out_summary(linear)
 
 
 def test_fit_reports_each_parameters_standard_error() -> None:

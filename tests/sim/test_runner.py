@@ -194,7 +194,11 @@ def test_defaults_resolve_to_the_profile_and_a_pool_without_preemption() -> None
     assert resolved.k_max == 5  # the PR profile's k_max
     assert resolved.max_model_len == longest + 5 + 1
     assert resolved.num_kv_blocks == 8 * math.ceil(resolved.max_model_len / 16)
-    assert resolved.latency_kind == "table"  # the table covers K=0..5
+    # the table covers K=0..5, but the fit holds better between the profiled B
+    assert resolved.latency_kind == "parametric"
+    choice = resolved_config_dict(config, resolved)["resolved"]["latency_model"]["choice"]
+    assert choice["reason"].startswith("worst |error| at a profiled B, held out or fitted")
+    assert set(choice["scores"]) == {"table", "parametric"}
     assert run_simulation(config).num_preemptions == 0
 
 
@@ -203,6 +207,10 @@ def test_k_max_beyond_the_profile_picks_the_parametric_model() -> None:
     assert resolved.latency_kind == "parametric"
     info = resolved_config_dict(resolved.config, resolved)["resolved"]["latency_model"]
     assert info["kind"] == "parametric" and info["fit_max_abs_pct"] >= 0
+    assert info["choice"] == {
+        "reason": "the table does not cover K=0..7 at every profiled B",
+        "scores": {},
+    }
 
 
 def test_a_small_kv_pool_preempts_but_completes() -> None:
@@ -277,7 +285,7 @@ def test_resolved_config_dict_is_json_and_names_versions_and_seeds() -> None:
     assert json.loads(text)["config"]["request_rate"] == "inf"
     assert set(data["versions"]) == {"dsd", "python", "numpy", "simpy"}
     assert data["seeds"]["acceptance"]["spawn_key"] == [3, 0]
-    assert data["resolved"]["latency_model"]["prefill_source"] == "estimated-from-decode-slope"
+    assert data["resolved"]["latency_model"]["prefill_source"] == "estimated-from-physical-model"
     assert dataclasses.asdict(config)["policy"] == data["config"]["policy"]
 
 

@@ -59,12 +59,18 @@ def test_mixed_k_reaches_the_table_model(mixed_k: str, expected_type: type) -> N
 
 
 def test_token_equivalent_charges_per_request_k_less_than_padded() -> None:
-    padded = _tpot(_config(policy="per-request:mixed_k=token-equivalent", num_prompts=32))
+    """The table model's mixed-K costing (the parametric model has its own decomposition)."""
+    padded = _tpot(
+        _config(
+            policy="per-request:mixed_k=token-equivalent", num_prompts=32, latency_model="table"
+        )
+    )
     token_eq = _tpot(
         _config(
             policy="per-request:mixed_k=token-equivalent",
             num_prompts=32,
             mixed_k="token-equivalent",
+            latency_model="table",
         )
     )
     assert token_eq < padded

@@ -1,0 +1,75 @@
+"""A memo on disk for results that are pure functions of their inputs and of dsd's own code.
+
+`disk_memo(namespace, key, compute, encode, decode)` returns `decode(stored)` when an entry for
+`key` exists, else `compute()`, storing `encode(result)` for the next process. An entry is
+`<cache dir>/<namespace>/<sha256 of key>.json`; the key must be JSON (name every input, and the
+code: `source_fingerprint` of the modules that compute it, so an edited module never reads a
+result of the old code).
+
+Cache dir: `$DSD_CACHE_DIR`, else `$XDG_CACHE_HOME/dsd`, else `~/.cache/dsd`; `DSD_CACHE_DIR=off`
+turns the memo off. An entry that cannot be read or decoded is computed again and rewritten; a
+folder that cannot be written is skipped (the result is returned all the same). Entries are
+written whole (`atomic_write_json`), so concurrent processes at worst compute one twice.
+
+Not here: eviction (entries are a few kB, one per distinct input) or locking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+from dsd.common.atomic import atomic_write_json
+
+T = TypeVar("T")
+CACHE_DIR_ENV = "DSD_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """Where entries live; None when the memo is off (`DSD_CACHE_DIR=off`)."""
+    chosen = os.environ.get(CACHE_DIR_ENV)
+    if chosen is not None:
+        return None if chosen.strip().lower() in ("", "off") else Path(chosen).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "dsd"
+
+
+def source_fingerprint(*modules: ModuleType) -> str:
+    """sha256 of the modules' source files, in order: changes whenever one of them is edited."""
+    digest = hashlib.sha256()
+    for module in modules:
+        source = getattr(module, "__file__", None)
+        if source is None:
+            raise ValueError(f"module {module.__name__} has no source file to fingerprint")
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()
+
+
+def disk_memo(
+    namespace: str,
+    key: Any,
+    compute: Callable[[], T],
+    encode: Callable[[T], Any],
+    decode: Callable[[Any], T],
+) -> T:
+    """`compute()`, or its stored result for `key` (see the module docstring)."""
+    folder = cache_dir()
+    if folder is None:
+        return compute()
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
+    path = folder / namespace / f"{name}.json"
+    try:
+        return decode(json.loads(path.read_text(encoding="utf-8"))["value"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass  # no entry yet, or an unreadable one: compute it (again)
+    result = compute()
+    # a read-only or full disk costs a recomputation next time, nothing else
+    with contextlib.suppress(OSError):
+        atomic_write_json(path, {"value": encode(result)}, indent=None, fsync=False)
+    return result

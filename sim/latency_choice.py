@@ -1,0 +1,248 @@
+"""Which latency model a run gets (`--latency-model`), and how well each holds between the
+profiled batch sizes.
+
+- `leave_one_knot_out` / `knot_error_pct`: every interior B of a profile dropped, the model
+  fitted on the rest, its error at the dropped points (docs/models.md 1.2).
+- `select_latency_model` (and `fit_latency_model`, its model alone): "table", "parametric", or
+  "auto": of the models that can run the profile (the table only where it covers K = 0..k_max),
+  the one whose worst error at a profiled point, held out or fitted, is lowest, the fit only
+  when clearly (`FIT_MARGIN`). Its
+  `LatencyChoice` says which and why (a run's config.json).
+- A parametric fit is a pure function of the profile's latency points and of `sim.latency`'s
+  code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once per interior B plus
+  once on all points, seconds of scipy that every later run of the same profile skips.
+
+Not here: the models themselves (`sim.latency`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from importlib import metadata as importlib_metadata
+from typing import Any
+
+from dsd.common.disk_memo import disk_memo, source_fingerprint
+from dsd.policies.profile import Profile
+from dsd.sim import latency as latency_module
+from dsd.sim.latency import (
+    FitReport,
+    LatencyModelKind,
+    MixedKCosting,
+    ParametricLatencyModel,
+    TableLatencyModel,
+    table_covers,
+)
+
+LatencyModel = TableLatencyModel | ParametricLatencyModel
+KINDS: tuple[LatencyModelKind, ...] = ("table", "parametric")
+# "auto" takes the fit only where its worst error is under this share of the table's: the table
+# is the measurement at its points, and runs spend most steps at or near profiled B (on the CPU
+# reports a fit 12% worst vs the table's 13-15% still priced the validation cells worse:
+# docs/models.md 1.2).
+FIT_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class LatencyChoice:
+    """The latency model a run uses, what was asked for, and why."""
+
+    kind: str  # "table" or "parametric"
+    requested: str  # "table", "parametric" or "auto"
+    reason: str  # one line
+    # auto between two candidates: kind -> {"held_out_max_abs_pct", "fitted_max_abs_pct"}
+    scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-ready record for config.json."""
+        return {"reason": self.reason, "scores": self.scores}
+
+
+@dataclass(frozen=True)
+class HeldOutKnot:
+    """A latency model's error at one batch size it was fitted without (leave one knot out)."""
+
+    kind: str  # "table" or "parametric"
+    batch_size: int  # the interior B whose points were dropped before fitting
+    error_pct: dict[int, float]  # K -> (predicted / measured - 1) x 100 at that B
+
+    @property
+    def worst(self) -> tuple[int, float]:
+        """(K, error %) of the largest |error| at this B."""
+        k = max(self.error_pct, key=lambda key: abs(self.error_pct[key]))
+        return k, self.error_pct[k]
+
+
+# --------------------------------------------------------------------------------------------
+# The factory
+# --------------------------------------------------------------------------------------------
+
+
+def fit_latency_model(
+    profile: Profile,
+    kind: LatencyModelKind = "auto",
+    k_max: int | None = None,
+    mixed_k: MixedKCosting = "padded",
+) -> LatencyModel:
+    """The latency model `select_latency_model` picks."""
+    return select_latency_model(profile, kind, k_max, mixed_k)[0]
+
+
+def select_latency_model(
+    profile: Profile,
+    kind: LatencyModelKind = "auto",
+    k_max: int | None = None,
+    mixed_k: MixedKCosting = "padded",
+) -> tuple[LatencyModel, LatencyChoice]:
+    """A latency model for `profile` and the record of the choice.
+
+    "table": the profile's table (needs K=0 and every K to be run inside the profiled range).
+    "parametric": the fitted model. "auto": the parametric model when the table does not cover
+    K=0..k_max (k_max defaults to the profile's) at every profiled B; the table with fewer
+    than 3 profiled B (nothing to hold out, and the table is exact at its points); else the
+    parametric model where its worst |error| over the profiled B, each held out (leave one
+    knot out) or fitted, is under FIT_MARGIN times the table's, else the table. ValueError for
+    an unknown kind or a model that cannot be built.
+    """
+    if kind == "table":
+        return TableLatencyModel(profile, mixed_k=mixed_k), LatencyChoice(
+            "table", kind, "asked for"
+        )
+    if kind == "parametric":
+        return fit_parametric(profile), LatencyChoice("parametric", kind, "asked for")
+    if kind != "auto":
+        raise ValueError(f"unknown latency model kind {kind!r}: table, parametric or auto")
+    wanted = profile.k_max if k_max is None else k_max
+    if not table_covers(profile, [wanted]):
+        reason = f"the table does not cover K=0..{wanted} at every profiled B"
+        return fit_parametric(profile), LatencyChoice("parametric", kind, reason)
+    table = TableLatencyModel(profile, mixed_k=mixed_k)
+    if len(profile.batch_sizes()) < 3:
+        reason = "fewer than 3 profiled B: none to hold out, and the table is exact at its points"
+        return table, LatencyChoice("table", kind, reason)
+    try:
+        scores: dict[str, dict[str, float]] = {
+            str(name): model_scores(profile, name) for name in KINDS
+        }
+    except ValueError as exc:  # too few points left to fit the parametric model on
+        return table, LatencyChoice("table", kind, f"the parametric model cannot be scored: {exc}")
+    worst = {name: max(score.values()) for name, score in scores.items()}
+    chosen = "parametric" if worst["parametric"] < FIT_MARGIN * worst["table"] else "table"
+    reason = (
+        f"worst |error| at a profiled B, held out or fitted: table {worst['table']:.1f}%, "
+        f"parametric {worst['parametric']:.1f}% (the fit replaces the table below "
+        f"{FIT_MARGIN:g}x its error)"
+    )
+    model = table if chosen == "table" else fit_parametric(profile)
+    return model, LatencyChoice(chosen, kind, reason, scores)
+
+
+# --------------------------------------------------------------------------------------------
+# The parametric fit, kept on disk
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _fit_code() -> dict[str, str]:
+    """What a stored fit depends on besides the points: the fit's code and solver."""
+    return {
+        "latency.py": source_fingerprint(latency_module),
+        "scipy": importlib_metadata.version("scipy"),
+        "numpy": importlib_metadata.version("numpy"),
+    }
+
+
+def fit_parametric(profile: Profile) -> ParametricLatencyModel:
+    """`ParametricLatencyModel.fit(profile)`, or the same fit stored by an earlier process."""
+    key = {
+        "points": [list(dataclasses.astuple(point)) for point in profile.latency],
+        "code": _fit_code(),
+    }
+
+    def encode(model: ParametricLatencyModel) -> dict[str, Any]:
+        return {"params": list(model.params), "report": dataclasses.asdict(model.fit_report)}
+
+    def decode(stored: dict[str, Any]) -> ParametricLatencyModel:
+        report: dict[str, Any] = {
+            name: tuple(value) if isinstance(value, list) else value
+            for name, value in stored["report"].items()
+        }
+        params = tuple(float(v) for v in stored["params"])
+        return ParametricLatencyModel.from_fit(profile, params, FitReport(**report))
+
+    return disk_memo(
+        "parametric-fit", key, lambda: ParametricLatencyModel.fit(profile), encode, decode
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Leave one knot out
+# --------------------------------------------------------------------------------------------
+
+
+def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOutKnot]:
+    """For every interior profiled B (neither the smallest nor the largest), the `kind` model
+    fitted on the other B's points, and its error on the dropped ones (the measured side is
+    the mean median over contexts at each K). Empty with fewer than 3 batch sizes.
+
+    How well the model holds between the points a profile measured (docs/models.md 1.2).
+    """
+    knots: list[HeldOutKnot] = []
+    for batch_size in profile.batch_sizes()[1:-1]:
+        rest = dataclasses.replace(
+            profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
+        )
+        model = fit_latency_model(rest, kind=kind)
+        knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
+    return knots
+
+
+def knot_error_pct(model: LatencyModel, profile: Profile, batch_size: int) -> dict[int, float]:
+    """K -> (model ITL / measured - 1) x 100 at a profiled `batch_size` (measured: the mean
+    median over the profile's contexts at that (B, K))."""
+    measured: dict[int, list[float]] = {}
+    for point in profile.latency:
+        if point.batch_size == batch_size:
+            measured.setdefault(point.num_spec_tokens, []).append(point.expected_ms)
+    return {
+        k: 100.0 * (model.decode_itl_ms(batch_size, k) / (sum(ms) / len(ms)) - 1.0)
+        for k, ms in sorted(measured.items())
+    }
+
+
+def model_scores(profile: Profile, kind: LatencyModelKind) -> dict[str, float]:
+    """The `kind` model's worst |error| % at a held-out interior B (against the mean over
+    contexts) and at any profiled point when fitted on all points (the parametric model's fit
+    error, each context its own point; the table's is 0 but for contexts it averages)."""
+    held_out = max(
+        (abs(v) for knot in leave_one_knot_out(profile, kind) for v in knot.error_pct.values()),
+        default=0.0,
+    )
+    full = fit_latency_model(profile, kind=kind)
+    if isinstance(full, ParametricLatencyModel):
+        fitted = full.fit_report.max_abs_pct  # per point: each context its own
+    else:  # exact at its points, but for contexts averaged where it has no context axis
+        fitted = max(
+            abs(v) for b in profile.batch_sizes() for v in knot_error_pct(full, profile, b).values()
+        )
+    return {"held_out_max_abs_pct": held_out, "fitted_max_abs_pct": fitted}
+
+
+def held_out_summary(profile: Profile) -> str:
+    """One line: each model's worst leave-one-knot-out error and where, and the model "auto"
+    picks ("" below 3 B)."""
+    parts = []
+    for kind in KINDS:
+        knots = leave_one_knot_out(profile, kind)
+        if not knots:
+            return ""
+        worst = max(knots, key=lambda knot: abs(knot.worst[1]))
+        k, error = worst.worst
+        parts.append(f"{kind} worst {error:+.1f}% (B={worst.batch_size}, K={k})")
+    _model, choice = select_latency_model(profile)
+    return (
+        "latency between profiled B (each interior B left out, predicted): "
+        + ", ".join(parts)
+        + f"; auto uses {choice.kind} ({choice.reason})"
+    )

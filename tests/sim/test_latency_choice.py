@@ -1,0 +1,239 @@
+"""Tests of sim.latency_choice: which latency model a run gets and why, leave one knot out,
+the parametric fit kept on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from dsd.common.disk_memo import cache_dir
+from dsd.policies.profile import LatencyPoint, Profile
+from dsd.policies.profile_io import load_profile
+from dsd.sim import latency_choice
+from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel
+from dsd.sim.latency_choice import (
+    fit_latency_model,
+    fit_parametric,
+    held_out_summary,
+    leave_one_knot_out,
+    select_latency_model,
+)
+
+PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
+
+
+def h100_profile() -> Profile:
+    return load_profile(PROFILES / "pr32374_llama31_8b_eagle_h100.json")
+
+
+def cpu_profile() -> Profile:
+    """SmolLM2-135M + n-gram on the 2-core CPU, quiet, 40 steps a point: neither model holds
+    between its B within 12% (docs/models.md 1.2)."""
+    root = Path(__file__).resolve().parents[2]
+    return load_profile(root / "reports/engine/2026-11-26c-cpu-profile/profile.json")
+
+
+def h100_itl(batch_size: int, k: int) -> float:
+    """The PR profile's measured ITL at a profiled (B, K), ms."""
+    bs, ks, grid = h100_profile().itl_grid()
+    return float(grid[list(bs).index(batch_size), list(ks).index(k)])
+
+
+FACTORY_CASES = [
+    # (kind, k_max, expected type, why)
+    ("table", None, TableLatencyModel, "asked for the table"),
+    ("parametric", None, ParametricLatencyModel, "asked for the fit"),
+    ("auto", None, ParametricLatencyModel, "the fit holds between the PR knots, the table not"),
+    ("auto", 5, ParametricLatencyModel, "the same at the profile's own k_max"),
+    ("auto", 8, ParametricLatencyModel, "K=8 is past the table: extrapolate"),
+]
+
+
+@pytest.mark.parametrize(("kind", "k_max", "expected", "why"), FACTORY_CASES)
+def test_fit_latency_model_picks_the_model(
+    kind: str, k_max: int | None, expected: type, why: str
+) -> None:
+    model = fit_latency_model(h100_profile(), kind=kind, k_max=k_max)  # type: ignore[arg-type]
+    assert isinstance(model, expected), why
+
+
+def test_fit_latency_model_rejects_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="unknown latency model kind"):
+        fit_latency_model(h100_profile(), kind="magic")  # type: ignore[arg-type]
+
+
+def test_leave_one_knot_out_reproduces_the_issues_table_errors() -> None:
+    """Every point of B = 64 dropped, the table read with goodput's interpolation between
+    B = 16 and 256: the errors the latency-model issue measured (+8.3, +21.3, +18.4, +21.4)."""
+    knots = {knot.batch_size: knot for knot in leave_one_knot_out(h100_profile(), "table")}
+    assert sorted(knots) == [4, 16, 64]  # the interior knots; 1 and 256 are the ends
+    for k, expected in {0: 8.3, 1: 21.3, 3: 18.4, 5: 21.4}.items():
+        assert knots[64].error_pct[k] == pytest.approx(expected, abs=0.05)
+        low, high = h100_itl(16, k), h100_itl(256, k)
+        predicted = low + (high - low) * 48 / 240
+        assert knots[64].error_pct[k] == pytest.approx(100 * (predicted / h100_itl(64, k) - 1))
+    assert knots[64].worst == (5, knots[64].error_pct[5])
+
+
+def test_parametric_model_predicts_every_held_out_pr_knot_within_5_percent() -> None:
+    """The latency-model issue's goal on the PR profile: each interior B (4, 16, 64) dropped,
+    the parametric model fitted on the rest predicts it within 5% at every K (the form before,
+    draft passes outside the smooth max, missed B = 64 by up to +17.1%; docs/models.md 1.2)."""
+    knots = leave_one_knot_out(h100_profile(), "parametric")
+    assert [knot.batch_size for knot in knots] == [4, 16, 64]
+    for knot in knots:
+        assert max(abs(error) for error in knot.error_pct.values()) <= 5.0, knot
+
+
+def test_leave_one_knot_out_is_exact_where_the_truth_is_linear_and_empty_below_3_b() -> None:
+    linear = Profile(
+        k_max=1,
+        latency=tuple(
+            LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=5.0 + 0.1 * b + k)
+            for b in (1, 2, 4, 8)
+            for k in (0, 1)
+        ),
+        acceptance_rates=(0.5,),
+    )
+    for knot in leave_one_knot_out(linear, "table"):
+        assert all(error == pytest.approx(0.0, abs=1e-9) for error in knot.error_pct.values())
+    two = dataclasses.replace(
+        linear, latency=tuple(p for p in linear.latency if p.batch_size in (1, 8))
+    )
+    assert leave_one_knot_out(two, "parametric") == []
+    assert held_out_summary(two) == ""
+
+
+def linear_profile(batch_sizes: tuple[int, ...] = (1, 2, 4, 8)) -> Profile:
+    """ITL = 5 + 0.1 B + K: the table interpolates it exactly."""
+    return Profile(
+        k_max=1,
+        latency=tuple(
+            LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=5.0 + 0.1 * b + k)
+            for b in batch_sizes
+            for k in (0, 1)
+        ),
+        acceptance_rates=(0.5,),
+    )
+
+
+def bent_profile() -> Profile:
+    """A step that turns compute-bound at B = 16 (ITL = max(8, 0.5 B (K + 1)) + K): the table's
+    straight line from B = 4 to 64 misses B = 16 by far; the fitted smooth max does not."""
+    return Profile(
+        k_max=2,
+        latency=tuple(
+            LatencyPoint(batch_size=b, num_spec_tokens=k, median_ms=max(8.0, 0.5 * b * (k + 1)) + k)
+            for b in (1, 4, 16, 64, 256)
+            for k in (0, 1, 2)
+        ),
+        acceptance_rates=(0.7, 0.5),
+    )
+
+
+def test_auto_picks_the_lower_worst_error_held_out_or_fitted_and_says_why() -> None:
+    model, choice = select_latency_model(h100_profile())
+    assert isinstance(model, ParametricLatencyModel) and choice.kind == "parametric"
+    table, fit = choice.scores["table"], choice.scores["parametric"]
+    assert table["held_out_max_abs_pct"] == pytest.approx(21.4, abs=0.05)  # B = 64, K = 5
+    assert table["fitted_max_abs_pct"] == pytest.approx(0.0, abs=1e-9)  # exact at its points
+    assert fit["held_out_max_abs_pct"] <= 5.0
+    assert fit["fitted_max_abs_pct"] == pytest.approx(model.fit_report.max_abs_pct)
+    worst = max(fit.values())
+    assert choice.reason == (
+        f"worst |error| at a profiled B, held out or fitted: table 21.4%, parametric {worst:.1f}% "
+        "(the fit replaces the table below 0.5x its error)"
+    )
+    assert choice.describe() == {"reason": choice.reason, "scores": choice.scores}
+
+
+@pytest.mark.parametrize(
+    ("profile", "k_max", "expected", "reason"),
+    [
+        (cpu_profile(), None, "table", "table 12.2%, parametric 14.5%"),
+        (bent_profile(), None, "parametric", "held out or fitted: table 6"),
+        (linear_profile((1, 8)), None, "table", "fewer than 3 profiled B"),
+        (linear_profile(), 3, "parametric", "the table does not cover K=0..3"),
+    ],
+    ids=["cpu", "bent-truth", "two-b", "k-past-the-table"],
+)
+def test_auto_choice(profile: Profile, k_max: int | None, expected: str, reason: str) -> None:
+    model, choice = select_latency_model(profile, "auto", k_max)
+    assert choice.kind == expected and choice.requested == "auto"
+    assert reason in choice.reason
+    assert isinstance(model, TableLatencyModel if expected == "table" else ParametricLatencyModel)
+
+
+def test_auto_keeps_the_table_when_too_few_points_are_left_to_fit() -> None:
+    """Three B with one K each: held out, two points remain, too few to fit."""
+    profile = dataclasses.replace(
+        linear_profile((1, 2, 4)),
+        k_max=0,
+        acceptance_rates=(),
+        latency=tuple(p for p in linear_profile((1, 2, 4)).latency if p.num_spec_tokens == 0),
+    )
+    model, choice = select_latency_model(profile, "auto")
+    assert isinstance(model, TableLatencyModel)
+    assert choice.reason.startswith("the parametric model cannot be scored: need >= 3")
+
+
+def test_held_out_summary_names_the_model_auto_uses() -> None:
+    summary = held_out_summary(h100_profile())
+    assert summary.startswith("latency between profiled B (each interior B left out, predicted)")
+    assert "table worst +21.4% (B=64, K=5)" in summary
+    reason = select_latency_model(h100_profile())[1].reason
+    assert summary.endswith(f"; auto uses parametric ({reason})")
+
+
+def test_a_stored_fit_is_the_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second process reads the first one's fit from disk: the same model, no solver."""
+    first = fit_parametric(h100_profile())
+    folder = cache_dir()
+    assert folder is not None and list((folder / "parametric-fit").glob("*.json"))
+
+    def no_solver(profile: Profile) -> ParametricLatencyModel:
+        raise AssertionError("refitted a stored fit")
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(no_solver))
+    assert fit_parametric(h100_profile()) == first
+
+
+def test_a_fit_is_stored_per_points_and_per_code(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Other points, or an edited sim/latency.py, never read a stored fit."""
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path))  # empty: the session's may hold these
+    fits: list[int] = []
+    real_fit = ParametricLatencyModel.fit
+
+    def counting_fit(profile: Profile) -> ParametricLatencyModel:
+        fits.append(len(profile.latency))
+        return real_fit(profile)
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(counting_fit))
+    profile = bent_profile()
+    fewer = dataclasses.replace(profile, latency=profile.latency[:-1])
+    for _ in range(2):
+        fit_parametric(profile)
+        fit_parametric(fewer)
+    assert fits == [15, 14]
+    monkeypatch.setattr(latency_choice, "_fit_code", lambda: {"latency.py": "edited"})
+    fit_parametric(profile)
+    assert fits == [15, 14, 15]
+
+
+def test_without_the_memo_every_call_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DSD_CACHE_DIR", "off")
+    assert cache_dir() is None
+    fits: list[int] = []
+    real_fit = ParametricLatencyModel.fit
+
+    def counting_fit(profile: Profile) -> ParametricLatencyModel:
+        fits.append(1)
+        return real_fit(profile)
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(counting_fit))
+    assert fit_parametric(bent_profile()) == fit_parametric(bent_profile())
+    assert len(fits) == 2
