@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dsd.common.disk_memo import cache_dir
 from dsd.policies.profile import LatencyPoint, Profile
-from dsd.policies.profile_io import load_profile
+from dsd.policies.profile_io import load_profile, save_pr32374
 from dsd.sim import latency_choice
 from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel
 from dsd.sim.latency_choice import (
@@ -237,3 +238,41 @@ def test_without_the_memo_every_call_fits(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(counting_fit))
     assert fit_parametric(bent_profile()) == fit_parametric(bent_profile())
     assert len(fits) == 2
+
+
+def test_tokens_form_benchmark_holds_out_a_token_count_truth_exactly(
+    load_benchmark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """benchmarks/latency_forms.py: where a step's cost is a function of its verified tokens
+    (flat to T = 8, then linear) plus a per-row cost, the tokens form predicts every held-out B
+    exactly, while the table's straight lines in B miss; a profile with fewer than 3 B, or no
+    profile file, is a one-line error with exit 2."""
+    module = load_benchmark("latency_forms")
+    profile = Profile(
+        k_max=4,
+        latency=tuple(
+            LatencyPoint(
+                batch_size=b,
+                num_spec_tokens=k,
+                median_ms=50.0 + 5.0 * max(0, b * (k + 1) - 8) + 1.0 * b,
+            )
+            for b in (1, 2, 4, 8)
+            for k in (0, 1, 2, 4)
+        ),
+        acceptance_rates=(0.6, 0.4, 0.3, 0.2),
+    )
+    scores = module.tokens_form_scores(profile)
+    assert scores["held_out_max_abs_pct"] == pytest.approx(0.0, abs=0.01)  # % (lsq tolerance)
+    assert scores["fitted_max_abs_pct"] == pytest.approx(0.0, abs=0.01)
+    assert latency_choice.model_scores(profile, "table")["held_out_max_abs_pct"] > 10.0
+    two = tmp_path / "two.json"
+    two_b = dataclasses.replace(
+        profile, latency=tuple(p for p in profile.latency if p.batch_size <= 2)
+    )
+    save_pr32374(two_b, two)
+    assert module.main(["--profile", str(PROFILES / "pr32374_llama31_8b_eagle_h100.json")]) == 0
+    assert "tokens" in capsys.readouterr().out
+    for bad in (two, tmp_path / "missing.json"):
+        assert module.main(["--profile", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
