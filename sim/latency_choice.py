@@ -6,8 +6,8 @@ profiled batch sizes.
 - `select_latency_model` (and `fit_latency_model`, its model alone): "table", "parametric", or
   "auto": of the models that can run the profile (the table only where it covers K = 0..k_max),
   the one whose worst error at a profiled point, held out or fitted, is lowest, the fit only
-  when clearly (`FIT_MARGIN`). Its
-  `LatencyChoice` says which and why (a run's config.json).
+  when clearly (`FIT_MARGIN`); the table where the run prices mixed K token-equivalent (a
+  pricing of the table). Its `LatencyChoice` says which and why (a run's config.json).
 - A parametric fit is a pure function of the profile's latency points and of `sim.latency`'s
   code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once per interior B plus
   once on all points, seconds of scipy that every later run of the same profile skips.
@@ -102,22 +102,34 @@ def select_latency_model(
     K=0..k_max (k_max defaults to the profile's) at every profiled B; the table with fewer
     than 3 profiled B (nothing to hold out, and the table is exact at its points); else the
     parametric model where its worst |error| over the profiled B, each held out (leave one
-    knot out) or fitted, is under FIT_MARGIN times the table's, else the table. ValueError for
-    an unknown kind or a model that cannot be built.
+    knot out) or fitted, is under FIT_MARGIN times the table's, else the table.
+    `mixed_k="token-equivalent"` is a pricing of the table (the parametric model has its own):
+    "auto" then takes the table. ValueError for an unknown kind, a model that cannot be built,
+    or token-equivalent pricing without the table.
     """
     if kind == "table":
         return TableLatencyModel(profile, mixed_k=mixed_k), LatencyChoice(
             "table", kind, "asked for"
         )
-    if kind == "parametric":
-        return fit_parametric(profile), LatencyChoice("parametric", kind, "asked for")
-    if kind != "auto":
+    if kind not in ("parametric", "auto"):
         raise ValueError(f"unknown latency model kind {kind!r}: table, parametric or auto")
     wanted = profile.k_max if k_max is None else k_max
-    if not table_covers(profile, [wanted]):
+    covered = table_covers(profile, [wanted])
+    if mixed_k == "token-equivalent" and (kind == "parametric" or not covered):
+        why = "asked for" if kind == "parametric" else f"its table does not cover K=0..{wanted}"
+        raise ValueError(
+            f"mixed_k=token-equivalent prices mixed K on the profile's table, and the parametric "
+            f"model ({why}) has its own pricing: use mixed_k=padded or a table that covers K"
+        )
+    if kind == "parametric":
+        return fit_parametric(profile), LatencyChoice("parametric", kind, "asked for")
+    if not covered:
         reason = f"the table does not cover K=0..{wanted} at every profiled B"
         return fit_parametric(profile), LatencyChoice("parametric", kind, reason)
     table = TableLatencyModel(profile, mixed_k=mixed_k)
+    if mixed_k == "token-equivalent":
+        reason = "mixed_k=token-equivalent is a pricing of the table"
+        return table, LatencyChoice("table", kind, reason)
     if len(profile.batch_sizes()) < 3:
         reason = "fewer than 3 profiled B: none to hold out, and the table is exact at its points"
         return table, LatencyChoice("table", kind, reason)

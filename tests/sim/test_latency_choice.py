@@ -276,3 +276,15 @@ def test_tokens_form_benchmark_holds_out_a_token_count_truth_exactly(
         assert module.main(["--profile", str(bad)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_token_equivalent_pricing_needs_a_table_that_covers_k() -> None:
+    """mixed_k=token-equivalent prices mixed K on the table: auto takes the table for it where
+    the table covers K = 0..k_max, and refuses it where it does not (the fit has its own)."""
+    model, choice = select_latency_model(h100_profile(), mixed_k="token-equivalent")
+    assert isinstance(model, TableLatencyModel) and model.mixed_k == "token-equivalent"
+    assert choice.kind == "table" and "token-equivalent" in choice.reason
+    with pytest.raises(ValueError, match=r"does not cover K=0\.\.7"):
+        select_latency_model(h100_profile(), k_max=7, mixed_k="token-equivalent")
+    with pytest.raises(ValueError, match="asked for"):
+        select_latency_model(h100_profile(), "parametric", mixed_k="token-equivalent")

@@ -77,7 +77,23 @@ def test_token_equivalent_charges_per_request_k_less_than_padded() -> None:
 
 
 def test_uniform_k_runs_are_the_same_under_both_costings() -> None:
-    assert _tpot(_config(mixed_k="padded")) == _tpot(_config(mixed_k="token-equivalent"))
+    table = {"latency_model": "table"}
+    assert _tpot(_config(mixed_k="padded", **table)) == _tpot(
+        _config(mixed_k="token-equivalent", **table)
+    )
+
+
+def test_token_equivalent_pricing_runs_on_the_table_or_is_refused() -> None:
+    """A pricing of the table: auto takes the table for it (the PR profile's auto is otherwise
+    parametric), and asking the parametric model for it is one line naming both."""
+    assert isinstance(resolve(_config()).latency, ParametricLatencyModel)
+    resolved = resolve(_config(mixed_k="token-equivalent"))
+    assert isinstance(resolved.latency, TableLatencyModel)
+    assert resolved.latency_choice is not None
+    assert "token-equivalent" in resolved.latency_choice.reason
+    with pytest.raises(InputError, match="mixed_k=token-equivalent prices mixed K") as error:
+        resolve(_config(mixed_k="token-equivalent", latency_model="parametric"))
+    assert "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize(
