@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from policy_factories import h100_profile
+from policy_factories import H100_PROFILE, h100_profile
 
 from dsd.common.errors import InputError
 from dsd.policies.bandit import (
@@ -582,6 +582,44 @@ def test_exploration_check_keeps_draws_that_are_often_best() -> None:
     chosen = _drive(policy, 8, 300, seed=6)
     assert len(set(chosen[:30])) >= 3
     assert np.mean(np.isin(chosen[-100:], [2, 3])) > 0.95
+
+
+def test_exploration_check_explores_when_the_means_best_is_in_doubt(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A posterior that doubts its mean's best K = 5 while spreading the doubt: each other K is
+    # the best in at most 3 of the 32 check draws (under min_best_probability's 8), K = 5 in
+    # 18. The draw is played (a K-slope the data do not pin down is how a cold bandit held
+    # K = 5 for a whole MT-Bench C = 256 run). A confident mean still overrides a seldom-best K.
+    policy = BanditPolicy(5, 256, seed=0)
+    spread = [5] * 18 + [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4]
+    confident = [5] * 29 + [0, 0, 0]
+    for winners, explores in ((spread, True), (confident, False)):
+        one_hot = iter(np.eye(6)[winners])  # [32, 6]: goodput of each check draw
+        monkeypatch.setattr(policy, "expected_goodput", lambda *_, draws=one_hot: next(draws))
+        assert policy._worth_exploring(0, 5, 256, 5) is explores
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1000, 1003])
+def test_cold_bandit_does_not_lock_into_k5_at_mt_bench_c256(seed: int) -> None:
+    """The runs that held K = 5 throughout (mean TPOT +50% over static:0) before the check
+    looked at the mean's own doubt: PR profile, parametric model, 1,024 prompts."""
+    from dsd.sim.build import run_simulation
+    from dsd.sim.config import RunConfig
+
+    def tpot(policy: str) -> float:
+        config = RunConfig(
+            profile=str(H100_PROFILE),
+            policy=policy,
+            seed=seed,
+            dataset="mt-bench",
+            num_prompts=1024,
+            max_concurrency=256,
+        )
+        return float(run_simulation(config).metrics["mean_tpot_ms"])
+
+    assert tpot("bandit") < 1.03 * tpot("static:0")
 
 
 def test_learned_profile_is_none_before_a_timed_decode_step() -> None:
