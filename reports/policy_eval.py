@@ -1,9 +1,9 @@
 """Policy evaluation (issue 9): every K policy against the static-K envelope, four workloads.
 
 Workloads, all on the published PR #32374 H100 profile (sync scheduling with vLLM's next-step
-K timing: the K a policy picks at a step is verified at the next; latency model auto =
-the profile's table, mixed K charged padded: ITL(D, max K), what a real engine's max-K draft
-passes cost):
+K timing: the K a policy picks at a step is verified at the next; latency model auto = the
+fitted parametric model for this profile (docs/models.md 1.2), which prices a step of mixed K
+as max K draft passes plus the compute of every drafted token):
 
 - `mt-bench`: MT-Bench closed loop at C = 1..256, num_prompts = max(4C, 64), heterogeneous
   per-request acceptance;
@@ -30,7 +30,7 @@ interval. Seeds 0..n-1 per point, n chosen for the interval, not fixed: every po
 MIN_SEEDS; a point where some dynamic row's half-width exceeds CI_TARGET gets twice the seeds
 (every row, static ones too), until none does or MAX_SEEDS. A gap whose interval contains 0 is
 a tie. Extra rows investigate per-request's cost model (the policy
-assuming token-equivalent cost, under a padded and under a token-equivalent engine) and the
+assuming padded or token-equivalent cost of mixed K) and the
 bandit with and without the profile prior (`bandit:prior=profile`). The bandit is run cold (a
 fresh policy per run, the default) and warm: seeded with the profile the cold bandit learned on
 a previous run of the same point (seed + WARM_START_SEED_OFFSET, `bandit:prior=FILE`), as a
@@ -97,7 +97,6 @@ class PolicyRow:
 
     label: str  # row name in the report
     spec: str  # SPEC for parse_policy ({sweep} is the MT-Bench static sweep path)
-    engine_mixed_k: str = "padded"  # the engine's mixed-K costing for this row
     # Warm start: `{prior}` in the SPEC is the profile the cold bandit learned on the same point
     # at seed + WARM_START_SEED_OFFSET (a previous run of the same workload).
     warm_start: bool = False
@@ -109,11 +108,6 @@ DYNAMIC_ROWS = (
     PolicyRow("online", "online"),
     PolicyRow("per-request (padded cost)", "per-request"),
     PolicyRow("per-request (token-eq. cost)", "per-request:mixed_k=token-equivalent"),
-    PolicyRow(
-        "per-request (token-eq.), token-eq. engine",
-        "per-request:mixed_k=token-equivalent",
-        engine_mixed_k="token-equivalent",
-    ),
     PolicyRow("hysteresis:goodput", "hysteresis:goodput"),
     PolicyRow("context", "context"),
     PolicyRow("bandit", "bandit"),
@@ -121,8 +115,6 @@ DYNAMIC_ROWS = (
     PolicyRow("bandit, warm (learned profile)", "bandit:prior={prior}", warm_start=True),
     PolicyRow("envelope policy (MT-Bench sweep)", "envelope:{sweep}"),
 )
-# Rows that are not "dynamic policies" for the goals (investigation only).
-INVESTIGATION_ROWS = ("per-request (token-eq.), token-eq. engine",)
 
 
 @dataclass(frozen=True)
@@ -262,17 +254,18 @@ def write_phased_workload(path: Path) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-def point_engine(kwargs: dict[str, Any], spec: str, seed: int, mixed_k: str = "padded") -> Engine:
+def point_engine(kwargs: dict[str, Any], spec: str, seed: int) -> Engine:
     """The engine of one run at a workload point (its RunConfig kwargs) on PROFILE."""
-    config = RunConfig(
-        profile=PROFILE,
-        policy=spec,
-        seed=seed,
-        mixed_k=mixed_k,  # type: ignore[arg-type]
-        **kwargs,
-    )
+    config = RunConfig(profile=PROFILE, policy=spec, seed=seed, **kwargs)
     resolved = resolve(config)
     return build_engine(resolved, fitted_executor(resolved))
+
+
+def latency_model_note() -> str:
+    """The latency model the runs get on PROFILE, and why (one clause for the report)."""
+    choice = resolve(RunConfig(profile=PROFILE, policy="static:0", num_prompts=1)).latency_choice
+    assert choice is not None  # a run on a profile always records its choice
+    return f"latency model auto: {choice.kind} ({choice.reason})"
 
 
 def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
@@ -280,7 +273,7 @@ def run_cell(task: tuple[dict[str, Any], PolicyRow, int, str]) -> float:
     kwargs, row, seed, sweep_path = task
 
     def run(spec: str, run_seed: int) -> tuple[float, KPolicy]:
-        engine = point_engine(kwargs, spec, run_seed, row.engine_mixed_k)
+        engine = point_engine(kwargs, spec, run_seed)
         return float(engine.run().metrics["mean_tpot_ms"]), engine.policy
 
     if not row.warm_start:
@@ -379,8 +372,7 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         f"{100 * CI_TARGET:g}%, at most {MAX_SEEDS}; n in each column header; {num_workers} "
         f"worker processes, took {seconds:.0f} s). "
         "Engine: sync scheduling, vLLM's next-step K timing (the K picked at a step is "
-        "verified at the next), latency model auto (the profile's table), mixed K charged "
-        "padded ITL(D, max K) unless a row says otherwise.",
+        f"verified at the next), {latency_model_note()}.",
         "",
         "Cells: seed-mean TPOT ms, then the gap to the envelope as the mean of paired per-seed "
         "gaps (each seed against the envelope's K at the same seed: same requests, common random "
@@ -411,8 +403,6 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
         lines.append("")
         for row_def in DYNAMIC_ROWS:
             label = row_def.label
-            if label in INVESTIGATION_ROWS:
-                continue
             gaps = [gap(table, label, p) for p in points]
             within = all(g.mean <= 0.01 for g in gaps)
             better = [p for p, g in zip(points, gaps, strict=True) if verdict(g) == "better"]
