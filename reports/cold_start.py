@@ -68,7 +68,7 @@ class Case:
 
 
 CASES = (
-    Case("mt-bench", "C=256", 0, (1,), 1, "K=1 in the first ramp-up step (B=159, 82 decode rows)"),
+    Case("mt-bench", "C=256", 0, (1,), 1, "K=1 in the first ramp-up step (B=165, 82 decode rows)"),
     Case("mt-bench", "C=256", 0, (1, 2, 3), 1, "K=1 in the three ramp-up steps"),
     Case("mt-bench", "C=256", 0, (100,), 1, "one K=1 step in steady state (B=256)"),
     Case("mt-bench", "C=256", 0, (20, 21, 22), 1, "three K=1 steps in steady state"),
@@ -142,14 +142,14 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
         ]
         if len(means) == 1:
             return f"{means[0]:+.2f}%"
-        return f"{min(means):+.1f} to {max(means):+.1f}%" if means else "n/a"
+        return f"{min(means):+.2f} to {max(means):+.2f}%" if means else "n/a"
 
     lines += [
         "",
         "A cold bandit has seen no decode step when it picks K for step 1 and at most two "
         "when it picks K for step 3, and it must play a K other than the best at least once "
         f"to learn anything about it. At MT-Bench C=256 one such step costs "
-        f"{span('mt-bench', 1, 1)} of mean TPOT, most of the 1% budget, because any K>0 lets "
+        f"{span('mt-bench', 1, 1)} of mean TPOT (against a 1% budget), because any K>0 lets "
         "the requests that drafted finish early and breaks the lockstep waves (their "
         "replacements' prefill then lands in steps where ~250 rows decode); three cost "
         f"{span('mt-bench', 1, 3)}. At the RL rollout N=64, where K=2 is best, the cautious "
