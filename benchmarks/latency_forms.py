@@ -26,12 +26,11 @@ import sys
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from dsd.common.arrays import FloatArray
 from dsd.common.errors import InputError
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency_choice import model_scores
-
-FloatArray = np.ndarray
 
 
 def _features(points: tuple[LatencyPoint, ...], knots: list[int]) -> FloatArray:
@@ -80,7 +79,9 @@ def tokens_form_scores(profile: Profile) -> dict[str, float]:
         predicted = _features(dropped, knots) @ coef
         for k in sorted({p.num_spec_tokens for p in dropped}):
             at_k = [i for i, p in enumerate(dropped) if p.num_spec_tokens == k]
-            ratio = np.mean(predicted[at_k]) / np.mean([dropped[i].expected_ms for i in at_k])
+            ratio = float(
+                np.mean(predicted[at_k]) / np.mean([dropped[i].expected_ms for i in at_k])
+            )
             held_out = max(held_out, abs(ratio - 1.0) * 100.0)
     return {"held_out_max_abs_pct": held_out, "fitted_max_abs_pct": fitted}
 
