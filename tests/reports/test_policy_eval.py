@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +142,22 @@ def test_every_point_states_how_many_requests_a_run_sends(tmp_path: Path) -> Non
     for workload in policy_eval.workloads(tmp_path):
         assert len(workload.requests_per_run) == len(workload.points)
         assert all(n >= 1 for n in workload.requests_per_run)
+
+
+def test_the_committed_goal_table_is_what_the_committed_results_render_to() -> None:
+    """reports/policies/report.md's goal table comes from its results.json; a point where a
+    policy is strictly better shows by how much (an interval can exclude 0 by a hair)."""
+    folder = Path(__file__).resolve().parents[2] / "reports" / "policies"
+    results = json.loads((folder / "results.json").read_text())
+    rendered = policy_eval._markdown(results, folder, seconds=0.0, num_workers=2)
+    section = "## Goals per policy and workload"
+    committed = (folder / "report.md").read_text()
+    assert rendered[rendered.index(section) :] == committed[committed.index(section) :]
+    goal_rows = [line for line in rendered.splitlines() if line.startswith("| mt-bench | ")]
+    better = [row.split(" | ")[3] for row in goal_rows]
+    assert any(cell != "-" for cell in better)
+    assert all(
+        re.fullmatch(r"(?:[^,()]+ \([+-]\d+\.\d\d%\)(?:, )?)+", cell)
+        for cell in better
+        if cell != "-"
+    )
