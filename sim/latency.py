@@ -58,7 +58,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
-from dsd.common.arrays import FloatArray, IntArray
+from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.policies.context_aware import ContextLatencyFn
 from dsd.policies.goodput import ItlTable
 from dsd.policies.profile import Profile
@@ -380,7 +380,12 @@ PARAM_NAMES: tuple[str, ...] = (
     "compute_per_row_ms",  # compute-bound step: per decode row (its token, sampling, ...)
     "compute_spec_per_row_ms",  # compute-bound step: per row of a step that drafts at all
     "compute_per_draft_token_ms",  # compute-bound step: per drafted token (verify + draft row)
+    "matrix_product_ms",  # memory-bound floor of a forward of 2+ tokens over one token's (CPU)
 )
+# The one-token forward's own kernel: on the engine's CPU kernels one row on one thread is a
+# matrix-vector product and every other forward a matrix product, which a host may run slower
+# (docs/models.md 1.2). Fitted on CPU profiles only; elsewhere pinned at 0, out of the fit.
+MATRIX_PRODUCT = PARAM_NAMES.index("matrix_product_ms")
 # Sharpness of the smooth max between memory-bound and compute-bound time: a p-norm, so the
 # step is max(mem, compute) far from the ridge and a little above both near it.
 SMOOTH_MAX_POWER = 4.0
@@ -427,11 +432,12 @@ def _step_parts(
     context_tokens: Number,
 ) -> tuple[Number, Number, Number]:
     """(memory-bound ms, compute-bound ms, drafting 0/1) of steps, for floats or arrays [n]."""
-    _host, spec0, spec1, draft0, draft1, weights, row, kv, row_c, spec_c, token_c = params
+    _host, spec0, spec1, draft0, draft1, weights, row, kv, row_c, spec_c, token_c, matrix = params
     drafting: Number = 1.0 * (max_k > 0)  # type: ignore[assignment]
+    several: Number = 1.0 * (verified_tokens > 1)  # type: ignore[assignment]
     # The whole step (draft passes included) is either bandwidth- or compute-bound.
     draft_ms = drafting * (spec0 + spec1 * num_decode) + max_k * (draft0 + draft1 * num_decode)
-    memory_ms = weights + row * num_decode + kv * context_tokens + draft_ms
+    memory_ms = weights + row * num_decode + kv * context_tokens + draft_ms + matrix * several
     drafted_tokens = verified_tokens - num_decode  # each row verifies K_i + 1
     compute_ms = (row_c + spec_c * drafting) * num_decode + token_c * drafted_tokens
     return memory_ms, compute_ms, drafting
@@ -480,6 +486,7 @@ def _parametric_jacobian(
         d_compute * num_decode,  # compute per row
         d_compute * drafting * num_decode,  # compute per drafting row
         d_compute * (verified_tokens - num_decode),  # compute per drafted token
+        d_memory * (verified_tokens > 1),  # matrix product
     )
     return np.stack(columns, axis=1)
 
@@ -489,9 +496,12 @@ def _context_aware(profile: Profile) -> bool:
     return all(p.context_len is not None for p in profile.latency)
 
 
-def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) -> dict[str, float]:
-    """Standard errors of the fitted parameters (see FitReport.param_std)."""
-    jac = np.asarray(jacobian, dtype=np.float64)  # [n, p]
+def _parameter_std(
+    jacobian: FloatArray, residuals: FloatArray, free: BoolArray, kv_pinned: bool
+) -> dict[str, float]:
+    """Standard errors of the fitted parameters (see FitReport.param_std); `jacobian` has the
+    `free` parameters' columns, the others are pinned at 0 (standard error 0)."""
+    jac = np.asarray(jacobian, dtype=np.float64)  # [n, free p]
     dof = max(jac.shape[0] - jac.shape[1], 1)
     variance = float(np.sum(residuals**2)) / dof
     normal = jac.T @ jac  # [p, p]
@@ -499,8 +509,10 @@ def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) ->
     std = np.sqrt(np.clip(np.diag(covariance), 0.0, None))  # [p]
     # a direction the points do not move (a zero column of J) has no information at all
     std[np.abs(jac).max(axis=0) == 0] = np.inf
-    errors = {name: float(v) for name, v in zip(PARAM_NAMES, std, strict=True)}
-    if pinned:
+    all_std = np.zeros(len(PARAM_NAMES))
+    all_std[free] = std
+    errors = {name: float(v) for name, v in zip(PARAM_NAMES, all_std, strict=True)}
+    if kv_pinned:
         errors["kv_read_ms_per_token"] = 0.0
     return errors
 
@@ -509,9 +521,10 @@ def _parameter_std(jacobian: FloatArray, residuals: FloatArray, pinned: bool) ->
 class ParametricLatencyModel:
     """Fitted decode cost: host overhead + smooth-max(memory, compute) of the whole step.
 
-    ITL = h + smax(w + r D + kv sum(L) + [K>0](s0 + s1 D) + K (d0 + d1 D),
+    ITL = h + smax(w + r D + kv sum(L) + [K>0](s0 + s1 D) + K (d0 + d1 D) + [T>1] g,
                    (c + [K>0] c_s) D + c_t sum(K_i))
-    (K = max K_i) with all parameters >= 0, so ITL never decreases in B, K or context.
+    (K = max K_i, T = sum(K_i + 1); g only on CPU profiles) with all parameters >= 0, so ITL
+    never decreases in B, K or context.
     """
 
     params: tuple[float, ...]  # fitted values, in PARAM_NAMES order
@@ -559,6 +572,7 @@ class ParametricLatencyModel:
                 float(measured.max() / num_decode.max()),  # compute per row
                 1e-3,  # compute per row of a drafting step
                 float(measured.max() / verified.max()),  # compute per drafted token
+                0.05 * smallest,  # matrix product
             ]
         )
         upper = np.full(len(PARAM_NAMES), np.inf)
@@ -566,22 +580,31 @@ class ParametricLatencyModel:
             # No context recorded: the KV term is not identifiable; pin it at 0.
             upper[PARAM_NAMES.index("kv_read_ms_per_token")] = 1e-300
 
+        # the matrix-product term only where the engine's CPU kernels ran the profile
+        free = np.ones(len(PARAM_NAMES), dtype=bool)
+        free[MATRIX_PRODUCT] = profile.metadata.get("device_type") == "cpu"
+
+        def full(params: FloatArray) -> FloatArray:
+            values = np.zeros(len(PARAM_NAMES))
+            values[free] = params
+            return values
+
         def residuals(params: FloatArray) -> FloatArray:
-            predicted = _parametric_ms(params, num_decode, ks, verified, context)
+            predicted = _parametric_ms(full(params), num_decode, ks, verified, context)
             relative: FloatArray = (predicted - measured) / measured
             return relative
 
         def jacobian(params: FloatArray) -> FloatArray:
-            slopes = _parametric_jacobian(params, num_decode, ks, verified, context)  # [n, p]
-            return slopes / measured[:, None]
+            slopes = _parametric_jacobian(full(params), num_decode, ks, verified, context)
+            return slopes[:, free] / measured[:, None]  # [n, free p]
 
         from scipy.optimize import least_squares  # ~0.3 s to import: only when fitting
 
         result = least_squares(
             residuals,
-            initial,
+            initial[free],
             jac=jacobian,
-            bounds=(np.zeros(len(PARAM_NAMES)), upper),
+            bounds=(np.zeros(int(free.sum())), upper[free]),
             loss="soft_l1",  # robust: one outlier point must not bend the whole surface
             f_scale=0.05,
             x_scale="jac",
@@ -591,7 +614,7 @@ class ParametricLatencyModel:
             max_nfev=20000,
             method="trf",
         )
-        fitted = np.maximum(result.x, 0.0)
+        fitted = full(np.maximum(result.x, 0.0))
         if not context_aware:
             fitted[PARAM_NAMES.index("kv_read_ms_per_token")] = 0.0
         predicted = _parametric_ms(fitted, num_decode, ks, verified, context)
@@ -606,7 +629,7 @@ class ParametricLatencyModel:
             median_abs_pct=float(np.median(np.abs(rel)) * 100.0),
             params={name: float(v) for name, v in zip(PARAM_NAMES, fitted, strict=True)},
             context_aware=context_aware,
-            param_std=_parameter_std(result.jac, rel, pinned=not context_aware),
+            param_std=_parameter_std(result.jac, rel, free, kv_pinned=not context_aware),
         )
         return ParametricLatencyModel.from_fit(profile, tuple(float(v) for v in fitted), report)
 

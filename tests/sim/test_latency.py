@@ -520,10 +520,10 @@ def test_parametric_fit_is_deterministic() -> None:
     assert first.params == second.params
 
 
-def test_parametric_fit_recovers_a_known_context_aware_surface() -> None:
-    """Points generated from known parameters (with context) are fitted back closely."""
+def _known_surface_profile(matrix_product_ms: float, device_type: str | None) -> Profile:
+    """A profile whose points come from known parameters, with context."""
     truth = ParametricLatencyModel(
-        params=(0.3, 0.2, 0.01, 0.6, 0.002, 6.0, 0.02, 2e-5, 0.03, 0.01, 0.03),
+        params=(0.3, 0.2, 0.01, 0.6, 0.002, 6.0, 0.02, 2e-5, 0.03, 0.01, 0.03, matrix_product_ms),
         reference_context_len=0.0,
         prefill=PrefillCost((1.0,), (6.0,), "estimated-from-decode-slope", 0.03),
         fit_report=h100_fit().fit_report,
@@ -534,14 +534,41 @@ def test_parametric_fit_recovers_a_known_context_aware_surface() -> None:
             for ctx in (256, 2048):
                 batch = make_batch([k] * b, decode_contexts=[ctx] * b)
                 points.append(LatencyPoint(b, k, truth.step_ms(batch), context_len=ctx))
-    profile = Profile(k_max=5, latency=tuple(points), acceptance_rates=(0.7, 0.4, 0.2, 0.1, 0.05))
-    fitted = ParametricLatencyModel.fit(profile)
+    metadata = {} if device_type is None else {"device_type": device_type}
+    return Profile(
+        k_max=5,
+        latency=tuple(points),
+        acceptance_rates=(0.7, 0.4, 0.2, 0.1, 0.05),
+        metadata=metadata,
+    )
+
+
+def test_parametric_fit_recovers_a_known_context_aware_surface() -> None:
+    """Points generated from known parameters (with context) are fitted back closely."""
+    fitted = ParametricLatencyModel.fit(_known_surface_profile(0.0, None))
     assert fitted.fit_report.context_aware
     assert fitted.fit_report.max_abs_pct < 2.0
     # Context-aware: more context costs more at fixed B, K.
     short = fitted.step_ms(make_batch([3] * 64, decode_contexts=[256] * 64))
     long = fitted.step_ms(make_batch([3] * 64, decode_contexts=[4096] * 64))
     assert long > short
+
+
+def test_the_matrix_product_term_is_fitted_on_cpu_profiles_only() -> None:
+    """A CPU profile whose one-token step is cheaper than the matrix products' floor gets that
+    step back; a profile of another device keeps the term at 0, out of the fit."""
+    index = PARAM_NAMES.index("matrix_product_ms")
+    cpu = ParametricLatencyModel.fit(_known_surface_profile(3.0, "cpu"))
+    assert cpu.params[index] == pytest.approx(3.0, rel=0.05)
+    assert cpu.fit_report.max_abs_pct < 1.0
+    one_token = cpu.step_ms(make_batch([0], decode_contexts=[256]))
+    two_tokens = cpu.step_ms(make_batch([0, 0], decode_contexts=[256, 256]))
+    assert two_tokens - one_token > 2.5  # the jump, not a per-row slope
+    for device in ("cuda", None):
+        other = ParametricLatencyModel.fit(_known_surface_profile(3.0, device))
+        assert other.params[index] == 0.0
+        assert other.fit_report.param_std["matrix_product_ms"] == 0.0
+        assert other.fit_report.max_abs_pct > 5.0  # the B = 1, K = 0 points it cannot price
 
 
 def test_parametric_mixed_k_charges_max_k_drafts_and_summed_verification() -> None:
