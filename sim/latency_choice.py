@@ -169,6 +169,7 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
     """`ParametricLatencyModel.fit(profile)`, or the same fit stored by an earlier process."""
     key = {
         "points": [list(dataclasses.astuple(point)) for point in profile.latency],
+        "device_type": profile.metadata.get("device_type"),  # the fit frees a CPU-only term
         "code": _fit_code(),
     }
 

@@ -204,7 +204,8 @@ def test_a_stored_fit_is_the_fit(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_fit_is_stored_per_points_and_per_code(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Other points, or an edited sim/latency.py, never read a stored fit."""
+    """Other points, another device type (a CPU fit frees a term), or an edited
+    sim/latency.py, never read a stored fit."""
     monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path))  # empty: the session's may hold these
     fits: list[int] = []
     real_fit = ParametricLatencyModel.fit
@@ -220,9 +221,12 @@ def test_a_fit_is_stored_per_points_and_per_code(
         fit_parametric(profile)
         fit_parametric(fewer)
     assert fits == [15, 14]
+    on_cpu = dataclasses.replace(profile, metadata={**profile.metadata, "device_type": "cpu"})
+    fit_parametric(on_cpu)
+    assert fits == [15, 14, 15]
     monkeypatch.setattr(latency_choice, "_fit_code", lambda: {"latency.py": "edited"})
     fit_parametric(profile)
-    assert fits == [15, 14, 15]
+    assert fits == [15, 14, 15, 15]
 
 
 def test_without_the_memo_every_call_fits(monkeypatch: pytest.MonkeyPatch) -> None:
