@@ -70,7 +70,6 @@ from dsd.policies.profile import (
     lower_triangular_rows,
 )
 from dsd.policies.profile_quality import (
-    PointProblem,
     QualityLimits,
     check_latency,
     check_prefill,
@@ -315,23 +314,6 @@ def decode_prompt(
     return np.resize(block, context_len + 1).astype(np.int64)  # [context_len + 1]
 
 
-def _remeasure_keys(
-    problems: Sequence[PointProblem], keys: Sequence[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """The (B, K) points to measure again: a noisy point itself; for a fall in K (in B) every
-    point of its B row (K column), since either end of the fall may be the outlier."""
-    chosen: set[tuple[int, int]] = set()
-    for problem in problems:
-        b, k = problem.batch_size, problem.num_spec_tokens
-        if problem.kind == "noisy":
-            chosen.add((int(b or 0), int(k or 0)))
-        elif problem.kind == "falls-with-k":
-            chosen |= {key for key in keys if key[0] == b}
-        elif problem.kind == "falls-with-b":
-            chosen |= {key for key in keys if key[1] == k}
-    return [key for key in keys if key in chosen]
-
-
 class _DecodeSlots:
     """max(B) prefilled slots of one context length; B = b steps the first b of them, and every
     timed step is truncated back so each one sees the same context."""
@@ -489,9 +471,12 @@ def measure_decode(
 
     Per context length: after warm-up at the most expensive point, every round times each
     (B, K) once in a fresh random order, so drift on a shared machine spreads over all points
-    instead of biasing one K. Points that `check_latency` flags are measured again (interleaved)
-    up to `config.max_remeasure` times. `quality` (a dict) receives what was done: warm-up
-    steps and re-measured points.
+    instead of biasing one K. When `check_latency` flags any point, every point of that context
+    is timed again in fresh rounds (a pass), up to `config.max_remeasure` times, and the pass
+    with the fewest problems is kept (the later on ties): re-timing only the flagged points
+    would time them in another stretch of the machine's drift than the points they are compared
+    with. `quality` (a dict) receives what was done: warm-up steps and the points that failed a
+    pass that was then timed again.
     """
     record = quality if quality is not None else {}
     warmup_steps: list[int] = record.setdefault("warmup_steps", [])
@@ -506,26 +491,20 @@ def measure_decode(
             warm_up(functools.partial(slots.time_step, heaviest), config.num_warmup)
         )
         label = f"ITL ctx={context_len}"
-        progress = functools.partial(_round_done, on_progress, label)
-        samples = _timed_rounds(slots.time_step, keys, config, rng, progress)
+        kept: list[LatencyPoint] = []  # the pass with the fewest problems so far
+        kept_problems = math.inf
         for attempt in range(config.max_remeasure + 1):
+            pass_label = label if attempt == 0 else f"{label} re-measure {attempt}"
+            progress = functools.partial(_round_done, on_progress, pass_label)
+            samples = _timed_rounds(slots.time_step, keys, config, rng, progress)
             found = [_latency_point(b, k, slots.known, samples[(b, k)]) for b, k in keys]
-            todo = _remeasure_keys(check_latency(found, config.quality_limits), keys)
-            if not todo or attempt == config.max_remeasure:
+            problems = check_latency(found, config.quality_limits)
+            if len(problems) <= kept_problems:
+                kept, kept_problems = found, len(problems)
+            if not problems or attempt == config.max_remeasure:
                 break
-            remeasured += [f"B={b} K={k} ctx={slots.known}" for b, k in todo]
-            samples.update(
-                _timed_rounds(
-                    slots.time_step,
-                    todo,
-                    config,
-                    rng,
-                    functools.partial(
-                        _round_done, on_progress, f"{label} re-measure {attempt + 1}"
-                    ),
-                )
-            )
-        points += found
+            remeasured += dict.fromkeys(problem.point for problem in problems)
+        points += kept
         slots.free()
     return points
 

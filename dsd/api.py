@@ -830,9 +830,11 @@ class HardwarePlan:
 # 60-210 tokens plus 96 outputs), so the latency table has a context axis; prefill sizes cover
 # one prompt and the few padded together when requests finish in one step. Five trials per
 # cell: the median over trials spread through the hour (its measured TPOT) is what averages the
-# machine's minute-scale drift out. The profile is kept when points stay noisy after
-# re-measurement: its problems are listed in the report rather than losing the time (dsd
-# validate refuses them).
+# machine's minute-scale drift out. 20 profile rounds, not the profiler's default 10: one
+# point's ratio to its K = 0, what goodput's K reads, is then within 3.1% (p90) against 5.5% at
+# 10 rounds, for about two more minutes (`benchmarks/profile_precision.py`, docs/validation.md).
+# The profile is kept when points stay noisy after re-measurement: its problems are listed in
+# the report rather than losing the time (dsd validate refuses them).
 FULL_HARDWARE_PLAN = HardwarePlan(
     k_values=(0, 2, 4, 6),
     batch_sizes=(1, 2, 4, 8, 16),
@@ -841,7 +843,7 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     context_lens=(64, 320),
     prefill_tokens=(32, 64, 128, 256, 512),
     acceptance_prompts=40,
-    profile_iters=10,
+    profile_iters=20,
     profile_warmup=3,
     speedup_prompts=8,
     speedup_repeats=3,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -395,8 +397,8 @@ def test_points_are_timed_in_a_fresh_random_order_each_round(target, monkeypatch
 
 
 def test_a_disturbed_point_is_measured_again_and_then_kept(target, monkeypatch) -> None:
-    # The first pass's 4 samples of B=1 K=0 are disturbed (+50 ms: K=1 looks cheaper than
-    # K=0); the re-measure is clean, so the profile is accepted with the clean median.
+    # The first pass's 4 samples of B=1 K=0 are disturbed (+50 ms: K=1, K=3 and B=3 look
+    # cheaper than it); the re-measure is clean, so the profile is accepted with the clean median.
     seen = {"B=1 K=0": 0}
 
     def cost(point, index):  # type: ignore[no-untyped-def]
@@ -408,10 +410,55 @@ def test_a_disturbed_point_is_measured_again_and_then_kept(target, monkeypatch) 
     _fake_timing(monkeypatch, cost)
     profile = _profile(target, num_warmup=0, num_iters=4)
     remeasured = profile.metadata["quality"]["remeasured"]
-    assert any(label.startswith("B=1 K=0") for label in remeasured)
+    assert remeasured == ["B=1 K=1 ctx=9", "B=1 K=3 ctx=9", "B=3 K=0 ctx=9"]
     assert profile.metadata["quality"]["problems"] == []
     by_point = {(p.batch_size, p.num_spec_tokens): p.median_ms for p in profile.latency}
     assert by_point[(1, 0)] == pytest.approx(_physical((1, 0)))
+
+
+# Steps the warm-up runs at the heaviest point when its time is constant (2 windows of 5)
+STEADY_WARMUP = 10
+FIRST_PASS = 4 * 6  # timed rounds x points of small_config in `_profile`'s one context
+
+
+def _noisy_at(points_by_pass):  # type: ignore[no-untyped-def]
+    """A cost: `_physical`, times 1.4 at every other step of the points noisy in that pass
+    (`points_by_pass[0]` in the first pass, `[1]` after it), times `points_by_pass[2]` after
+    the first pass."""
+    first, later, slower = points_by_pass
+    steps: dict[tuple[int, int], int] = {}
+
+    def cost(point, index):  # type: ignore[no-untyped-def]
+        steps[point] = steps.get(point, 0) + 1
+        first_pass = index < STEADY_WARMUP + FIRST_PASS
+        noisy = point in (first if first_pass else later) and steps[point] % 2 == 0
+        # 1.4: a spread past the limit, a median still within tolerance of its neighbours
+        return _physical(point) * (1.4 if noisy else 1.0) * (1.0 if first_pass else slower)
+
+    return cost
+
+
+def test_a_re_measure_times_every_point_again_so_drift_cannot_skew_one(target, monkeypatch) -> None:
+    # B=1 K=1 is noisy in the first pass, so the context is timed again, and the machine is
+    # 1.5x slower from then on. Every point must come from the second pass: re-timing B=1 K=1
+    # alone would price it 1.5x against the rest of its row.
+    _fake_timing(monkeypatch, _noisy_at(({(1, 1)}, set(), 1.5)))
+    profile = _profile(target, num_warmup=0, num_iters=4, max_remeasure=1)
+    quality = profile.metadata["quality"]
+    assert quality["warmup_steps"] == [STEADY_WARMUP]
+    assert quality["remeasured"] == ["B=1 K=1 ctx=9"] and quality["problems"] == []
+    for point in profile.latency:
+        expected = 1.5 * _physical((point.batch_size, point.num_spec_tokens))
+        assert point.median_ms == pytest.approx(expected)
+
+
+def test_the_pass_with_fewer_problems_is_kept(target, monkeypatch) -> None:
+    # One noisy point in the first pass, two in the second (the last): the first pass stands.
+    _fake_timing(monkeypatch, _noisy_at(({(1, 1)}, {(1, 0), (3, 3)}, 1.0)))
+    profile = _profile(target, num_warmup=0, num_iters=4, max_remeasure=1, allow_noisy=True)
+    quality = profile.metadata["quality"]
+    assert quality["warmup_steps"] == [STEADY_WARMUP]
+    assert [problem.split(":")[0] for problem in quality["problems"]] == ["B=1 K=1 ctx=9"]
 
 
 def test_timing_that_stays_non_monotonic_is_refused_naming_the_point(target, monkeypatch) -> None:
@@ -651,3 +698,44 @@ def test_timing_probes_cycle_through_the_points_up_to_max_batch(target) -> None:
     assert {r for samples in timing._decode.values() for r, _ms in samples} == {window}
     assert math.isfinite(timing.speed([window]))
     timing.free()
+
+
+# --- benchmarks/profile_precision.py ----------------------------------------------------------
+
+
+def test_block_errors_separate_a_drifting_level_from_steady_ratios(load_benchmark) -> None:
+    # Every round scales all points by one machine speed: the points' means move from block to
+    # block, their ratios to K = 0 do not.
+    module = load_benchmark("profile_precision")
+    keys = [(b, k) for b in (1, 2) for k in (0, 1, 3)]
+    cost = np.array([10.0 + 2 * b + k for b, k in keys])  # [points]
+    speed = np.repeat([1.0, 1.2, 0.9, 1.1], 5)  # [rounds]: four 5-round blocks
+    errors = module.block_errors(speed[:, None] * cost[None, :], keys, 5)
+    assert errors["ratio_median_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert errors["ratio_p90_pct"] == pytest.approx(0.0, abs=1e-9)
+    # block means 1.0, 1.2, 0.9, 1.1: |a/b - 1| over the 6 pairs, / sqrt 2, as percentages
+    pairs = [abs(a / b - 1) for a, b in itertools.combinations((1.0, 1.2, 0.9, 1.1), 2)]
+    assert errors["point_median_pct"] == pytest.approx(100 * np.median(pairs) / math.sqrt(2))
+    noisy = speed[:, None] * cost[None, :]
+    noisy[::2, 1] *= 1.3  # B=1 K=1 disturbed in every other round: its ratio moves too
+    assert module.block_errors(noisy, keys, 5)["ratio_p90_pct"] > 0.0
+
+
+def test_profile_precision_benchmark_live_and_on_a_report(load_benchmark, capsys, tmp_path):  # type: ignore[no-untyped-def]
+    module = load_benchmark("profile_precision")
+    out = tmp_path / "precision.json"
+    argv = ["--target", "tiny", "--draft", "ngram", "--rounds", "10", "--context", "24"]
+    assert module.main([*argv, "--warmup", "0", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "n= 5:" in printed and "n=10" not in printed  # 10 rounds: two 5-round blocks only
+    assert set(json.loads(out.read_text())["blocks"]) == {"5"}
+    report = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27-cpu-smollm2"
+    assert module.main(["--reports", str(report)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # one per context
+    assert "ctx 321" in lines[1] and "re-measured 20 points, median 1.015" in lines[1]
+    assert "the rest  5 points, median 0.875" in lines[1]
+    assert module.main(["--rounds", "3"]) == 2
+    assert module.main(["--reports", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 2 and "Traceback" not in err
