@@ -254,9 +254,18 @@ def split_flags(
     )
 
 
+# Off a terminal (a log file, CI), a line at most this often instead of a bar
+LOG_PROGRESS_EVERY_S = 60.0
+
+
 @contextlib.contextmanager
 def progress_bar(total: int, title: str) -> Iterator[Advance]:
-    """A `ProgressFactory` drawing a rich progress bar on stderr (gone when done)."""
+    """A `ProgressFactory` drawing a rich progress bar on stderr (gone when done). When stderr
+    is not a terminal, where rich draws nothing, one line per `LOG_PROGRESS_EVERY_S` of work
+    instead (`title: done/total label, elapsed`): work shorter than that prints nothing."""
+    import sys
+    import time
+
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -267,6 +276,21 @@ def progress_bar(total: int, title: str) -> Iterator[Advance]:
         TimeRemainingColumn,
     )
 
+    if not Console(stderr=True).is_terminal:
+        started_s = last_s = time.monotonic()
+        done = 0
+
+        def log_line(label: str) -> None:
+            nonlocal done, last_s
+            done += 1
+            now_s = time.monotonic()
+            if now_s - last_s >= LOG_PROGRESS_EVERY_S:
+                last_s = now_s
+                elapsed = f"{now_s - started_s:.0f} s"
+                print(f"{title}: {done}/{total} {label}, {elapsed}", file=sys.stderr, flush=True)
+
+        yield log_line
+        return
     progress = Progress(
         TextColumn(title),
         BarColumn(),

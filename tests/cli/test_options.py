@@ -301,3 +301,23 @@ def test_bad_workload_flag_gives_the_same_error_in_every_command(
     assert code == 2
     assert err.startswith(message) and err.count("\n") == 1, err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_off_a_terminal_prints_a_line_a_minute_and_nothing_for_short_work(
+    monkeypatch, capsys
+) -> None:
+    """Where rich draws no bar (stderr is a file here), long work still shows in the log."""
+    import time
+
+    clock = iter([0.0, 10.0, 61.0, 70.0, 200.0])  # start, then one reading per unit
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    with flags.progress_bar(4, "profiling") as advance:
+        for label in ("round 1", "round 2", "round 3", "round 4"):
+            advance(label)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == ["profiling: 2/4 round 2, 61 s", "profiling: 4/4 round 4, 200 s"]
+    clock = iter([0.0, 1.0, 2.0])
+    with flags.progress_bar(2, "sweep") as advance:
+        advance("a")
+        advance("b")
+    assert capsys.readouterr().err == ""
