@@ -832,7 +832,9 @@ class HardwarePlan:
 # cell: the median over trials spread through the hour (its measured TPOT) is what averages the
 # machine's minute-scale drift out. 20 profile rounds, not the profiler's default 10: one
 # point's ratio to its K = 0, what goodput's K reads, is then within 3.1% (p90) against 5.5% at
-# 10 rounds, for about two more minutes (`benchmarks/profile_precision.py`, docs/validation.md).
+# 10 rounds (`benchmarks/profile_precision.py`, docs/validation.md). On the AVX2 host of
+# 2026-11-27, where every pass has noisy points and each context is timed three times, the
+# profile took 22 minutes, against 13 with 10 rounds and only the noisy points re-timed.
 # The profile is kept when points stay noisy after re-measurement: its problems are listed in
 # the report rather than losing the time (dsd validate refuses them).
 FULL_HARDWARE_PLAN = HardwarePlan(
