@@ -124,41 +124,35 @@ def live(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(values: list[float]) -> str:
+    if not values:
+        return "none"
+    spread = f"{min(values):.2f}-{max(values):.2f}"
+    return f"{len(values):>2} points, median {np.median(values):.3f} ({spread})"
+
+
 def retime_split(folders: list[str]) -> int:
+    from dsd.policies.profile_io import load_profile
+    from dsd.policies.profile_quality import point_label
+
     for folder in folders:
-        try:
-            profile = json.loads((Path(folder) / "profile.json").read_text())
-            retimed = json.loads((Path(folder) / "profile_retimed.json").read_text())
+        try:  # a bad file's InputError names it
+            profile = load_profile(Path(folder) / "profile.json")
+            retimed = load_profile(Path(folder) / "profile_retimed.json")
         except (OSError, ValueError) as exc:
             raise InputError(f"--reports {folder}: {exc}") from None
-        remeasured = set(profile["metadata"].get("quality", {}).get("remeasured", []))
-
-        def expected(point: dict[str, float]) -> float:
-            return point.get("mean_ms") or point["median_ms"]
-
-        def key(point: dict[str, int]) -> tuple[int, int, int]:
-            return point["batch_size"], point["num_spec_tokens"], point["context_len"]
-
-        after = {key(point): expected(point) for point in retimed["latency"]}
-        ratio = {key(point): expected(point) / after[key(point)] for point in profile["latency"]}
-        for context in sorted({c for _b, _k, c in ratio}):
-            level = float(np.median([v for (_b, _k, c), v in ratio.items() if c == context]))
+        remeasured = set(profile.metadata.get("quality", {}).get("remeasured", []))
+        after = {point_label(point): point.expected_ms for point in retimed.latency}
+        for context in sorted({point.context_len or 0 for point in profile.latency}):
+            points = [point for point in profile.latency if (point.context_len or 0) == context]
+            ratio = {point_label(p): p.expected_ms / after[point_label(p)] for p in points}
+            level = float(np.median(list(ratio.values())))
             groups: dict[bool, list[float]] = {True: [], False: []}
-            for (b, k, c), value in ratio.items():
-                if c == context:
-                    groups[f"B={b} K={k} ctx={c}" in remeasured].append(value / level)
-
-            def describe(values: list[float]) -> str:
-                if not values:
-                    return "none"
-                return (
-                    f"{len(values):>2} points, median {np.median(values):.3f} "
-                    f"({min(values):.2f}-{max(values):.2f})"
-                )
-
+            for label, value in ratio.items():
+                groups[label in remeasured].append(value / level)
             print(
                 f"{folder} ctx {context}: profile / re-timed, over the context's median: "
-                f"re-measured {describe(groups[True])}; the rest {describe(groups[False])}"
+                f"re-measured {_describe(groups[True])}; the rest {_describe(groups[False])}"
             )
     return 0
 
