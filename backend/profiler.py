@@ -1231,6 +1231,20 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
     }
 
 
+# Token counts `forward_tokens` asks the target about (its CPU kernels pad up to 4)
+FORWARD_TOKENS_SCAN = 16
+
+
+def forward_tokens(target: Transformer) -> list[int]:
+    """What the target's forward of 1, 2, ... tokens computes, up to the last count its kernels
+    pad ([] where none is padded): the profile's `metadata["forward_tokens"]`, which the
+    parametric latency model prices (`sim.latency.forward_tokens_of`). Read on the thread
+    setting the profile is measured with (one row on one thread is not padded)."""
+    widths = [target.tokens_worth_computing(n) for n in range(1, FORWARD_TOKENS_SCAN + 1)]
+    padded = [n for n, width in enumerate(widths, start=1) if width != n]
+    return widths[: max(padded)] if padded else []
+
+
 def profile_pair(
     target: Transformer,
     draft: AnyDraft | None,
@@ -1322,6 +1336,7 @@ def profile_pair(
     rates = tuple(a / counts.num_steps_at_k_max for a in counts.accepted_at_pos)
     draft_rates = tuple(d / counts.num_steps_at_k_max for d in counts.drafted_at_pos)
     info = environment_metadata(engine.device, engine.dtype)
+    info["forward_tokens"] = forward_tokens(target)
     info["quality"] = quality
     del engine  # free its KV cache before the loop runs build their own
     host_overhead: HostOverhead | None = None

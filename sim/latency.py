@@ -386,6 +386,10 @@ PARAM_NAMES: tuple[str, ...] = (
 # matrix-vector product and every other forward a matrix product, which a host may run slower
 # (docs/models.md 1.2). Fitted on CPU profiles only; elsewhere pinned at 0, out of the fit.
 MATRIX_PRODUCT = PARAM_NAMES.index("matrix_product_ms")
+# What the engine's CPU kernels compute for a forward of 1, 2, 3 tokens (`backend.model.
+# padded_rows`: 2-3 rows padded to the 4 oneDNN's layout is blocked for; one row on one thread
+# unpadded, on several padded too), for CPU profiles that predate `metadata["forward_tokens"]`.
+CPU_FORWARD_TOKENS = {True: (1, 4, 4), False: (4, 4, 4)}  # by "ran on one thread"
 # Sharpness of the smooth max between memory-bound and compute-bound time: a p-norm, so the
 # step is max(mem, compute) far from the ridge and a little above both near it.
 SMOOTH_MAX_POWER = 4.0
@@ -424,21 +428,55 @@ def _smooth_max(memory_ms: Number, compute_ms: Number) -> Number:
     return blended
 
 
+def forward_tokens_of(profile: Profile) -> tuple[int, ...]:
+    """What the profiled engine's forward of 1, 2, ... tokens computes where it pads (the
+    profile's `metadata["forward_tokens"]`; CPU profiles without it ran the CPU kernels of
+    `CPU_FORWARD_TOKENS`); () where it computes what it is given."""
+    recorded = profile.metadata.get("forward_tokens")
+    if recorded is not None:
+        return tuple(int(tokens) for tokens in recorded)
+    if profile.metadata.get("device_type") != "cpu":
+        return ()
+    threads = profile.metadata.get("threads", {}).get("torch_intra_op_threads", 1)
+    return CPU_FORWARD_TOKENS[threads == 1]
+
+
+def padding_tokens(forward_tokens: Sequence[int], num_decode: float, max_k: float) -> float:
+    """Tokens the engine's verify forward of `num_decode` rows of `max_k` + 1 tokens computes
+    beyond them, where its kernels would pad the forward (`forward_tokens`, of
+    `forward_tokens_of`): the engine widens every row alike to what the kernels would compute
+    (`backend.engine.SpecDecodeEngine._verify_width`), so 3 rows at K = 0 compute 6 tokens on
+    the CPU kernels. 0 past the padded counts."""
+    tokens = num_decode * (max_k + 1.0)
+    count = int(tokens)
+    if not 0 < count <= len(forward_tokens):
+        return 0.0
+    width = max(max_k + 1.0, float(-(-forward_tokens[count - 1] // int(num_decode))))
+    return num_decode * width - tokens
+
+
 def _step_parts(
     params: Params,
     num_decode: Number,
     max_k: Number,
     verified_tokens: Number,
     context_tokens: Number,
+    pad_tokens: Number,
 ) -> tuple[Number, Number, Number]:
-    """(memory-bound ms, compute-bound ms, drafting 0/1) of steps, for floats or arrays [n]."""
+    """(memory-bound ms, compute-bound ms, drafting 0/1) of steps, for floats or arrays [n].
+    `pad_tokens`: what the forward computes beyond the D (max K + 1) tokens of its rows (the
+    CPU kernels' padding), each priced as a drafted token."""
     _host, spec0, spec1, draft0, draft1, weights, row, kv, row_c, spec_c, token_c, matrix = params
     drafting: Number = 1.0 * (max_k > 0)  # type: ignore[assignment]
     several: Number = 1.0 * (verified_tokens > 1)  # type: ignore[assignment]
     # The whole step (draft passes included) is either bandwidth- or compute-bound.
-    draft_ms = drafting * (spec0 + spec1 * num_decode) + max_k * (draft0 + draft1 * num_decode)
+    draft_ms = (
+        drafting * (spec0 + spec1 * num_decode)
+        + max_k * draft0
+        + (max_k * num_decode + pad_tokens) * draft1
+    )
     memory_ms = weights + row * num_decode + kv * context_tokens + draft_ms + matrix * several
-    drafted_tokens = verified_tokens - num_decode  # each row verifies K_i + 1
+    drafted_tokens = verified_tokens - num_decode + pad_tokens  # each row verifies K_i + 1
     compute_ms = (row_c + spec_c * drafting) * num_decode + token_c * drafted_tokens
     return memory_ms, compute_ms, drafting
 
@@ -449,11 +487,12 @@ def _parametric_ms(
     max_k: Number,
     verified_tokens: Number,
     context_tokens: Number,
+    pad_tokens: Number,
 ) -> Number:
     """Decode step latency of one step (floats) or of arrays of steps [n]; docs/models.md.
     Plain float arithmetic for one step: the simulator prices every step so."""
     memory_ms, compute_ms, _ = _step_parts(
-        params, num_decode, max_k, verified_tokens, context_tokens
+        params, num_decode, max_k, verified_tokens, context_tokens, pad_tokens
     )
     return params[0] + _smooth_max(memory_ms, compute_ms)
 
@@ -464,12 +503,13 @@ def _parametric_jacobian(
     max_k: FloatArray,
     verified_tokens: FloatArray,
     context_tokens: FloatArray,
+    pad_tokens: FloatArray,
 ) -> FloatArray:
     """d(step ms)/d(params) [n, p] in PARAM_NAMES order: the smooth max's partials (m/s)^(p-1)
     and (c/s)^(p-1) times each term's coefficient (the fit converges in fewer steps than with
     finite differences)."""
     memory, compute, drafting = _step_parts(
-        params, num_decode, max_k, verified_tokens, context_tokens
+        params, num_decode, max_k, verified_tokens, context_tokens, pad_tokens
     )
     blended = np.maximum(_smooth_max(memory, compute), 1e-12)  # [n]
     d_memory = (memory / blended) ** (SMOOTH_MAX_POWER - 1.0)  # [n]
@@ -479,13 +519,13 @@ def _parametric_jacobian(
         d_memory * drafting,  # spec fixed
         d_memory * drafting * num_decode,  # spec per row
         d_memory * max_k,  # draft pass
-        d_memory * max_k * num_decode,  # draft pass per row
+        d_memory * (max_k * num_decode + pad_tokens),  # draft pass per row (and padding)
         d_memory,  # weights
         d_memory * num_decode,  # row read
         d_memory * context_tokens,  # kv read
         d_compute * num_decode,  # compute per row
         d_compute * drafting * num_decode,  # compute per drafting row
-        d_compute * (verified_tokens - num_decode),  # compute per drafted token
+        d_compute * (verified_tokens - num_decode + pad_tokens),  # per drafted token
         d_memory * (verified_tokens > 1),  # matrix product
     )
     return np.stack(columns, axis=1)
@@ -521,16 +561,20 @@ def _parameter_std(
 class ParametricLatencyModel:
     """Fitted decode cost: host overhead + smooth-max(memory, compute) of the whole step.
 
-    ITL = h + smax(w + r D + kv sum(L) + [K>0](s0 + s1 D) + K (d0 + d1 D) + [T>1] g,
-                   (c + [K>0] c_s) D + c_t sum(K_i))
-    (K = max K_i, T = sum(K_i + 1); g only on CPU profiles) with all parameters >= 0, so ITL
-    never decreases in B, K or context.
+    ITL = h + smax(w + r D + kv sum(L) + [K>0](s0 + s1 D) + K d0 + (K D + P) d1 + [T>1] g,
+                   (c + [K>0] c_s) D + c_t (sum(K_i) + P))
+    (K = max K_i, T = sum(K_i + 1); g and the padding P only on CPU profiles) with all
+    parameters >= 0, so ITL never decreases in K or context, nor in B but where the padding
+    makes fewer rows compute more tokens (`padding_tokens`: D = 3, K = 0 computes 6 on the CPU
+    kernels, D = 4 computes 4). P: what the verify forward computes beyond D (K + 1) tokens
+    (none in a step that runs prefill chunks, which have tokens enough).
     """
 
     params: tuple[float, ...]  # fitted values, in PARAM_NAMES order
     reference_context_len: float  # mean context per row used by decode_itl_ms, tokens
     prefill: PrefillCost  # cost of prompt tokens
     fit_report: FitReport  # fit error on the profile's points
+    forward_tokens: tuple[int, ...] = ()  # `forward_tokens_of` the profile: the padding
 
     def __post_init__(self) -> None:
         if len(self.params) != len(PARAM_NAMES):
@@ -557,6 +601,10 @@ class ParametricLatencyModel:
         )  # [n]
         context = per_row_ctx * num_decode  # [n]
         verified = num_decode * (ks + 1.0)  # [n]
+        forward_tokens = forward_tokens_of(profile)
+        pads = np.array(
+            [padding_tokens(forward_tokens, d, k) for d, k in zip(num_decode, ks, strict=True)]
+        )  # [n]
 
         smallest = float(measured.min())
         initial = np.array(
@@ -590,12 +638,12 @@ class ParametricLatencyModel:
             return values
 
         def residuals(params: FloatArray) -> FloatArray:
-            predicted = _parametric_ms(full(params), num_decode, ks, verified, context)
+            predicted = _parametric_ms(full(params), num_decode, ks, verified, context, pads)
             relative: FloatArray = (predicted - measured) / measured
             return relative
 
         def jacobian(params: FloatArray) -> FloatArray:
-            slopes = _parametric_jacobian(full(params), num_decode, ks, verified, context)
+            slopes = _parametric_jacobian(full(params), num_decode, ks, verified, context, pads)
             return slopes[:, free] / measured[:, None]  # [n, free p]
 
         from scipy.optimize import least_squares  # ~0.3 s to import: only when fitting
@@ -617,7 +665,7 @@ class ParametricLatencyModel:
         fitted = full(np.maximum(result.x, 0.0))
         if not context_aware:
             fitted[PARAM_NAMES.index("kv_read_ms_per_token")] = 0.0
-        predicted = _parametric_ms(fitted, num_decode, ks, verified, context)
+        predicted = _parametric_ms(fitted, num_decode, ks, verified, context, pads)
         rel = (predicted - measured) / measured  # [n]
         report = FitReport(
             batch_sizes=tuple(int(p.batch_size) for p in points),
@@ -647,13 +695,14 @@ class ParametricLatencyModel:
             prefill = PrefillCost.from_profile(profile)
         else:  # a prompt of N tokens priced as the fitted step of one row verifying N tokens
             prefill = PrefillCost.from_physical_model(
-                profile, lambda n: _parametric_ms(params, 1.0, 0.0, n, n)
+                profile, lambda n: _parametric_ms(params, 1.0, 0.0, n, n, 0.0)
             )
         return ParametricLatencyModel(
             params=params,
             reference_context_len=reference_ctx,
             prefill=prefill,
             fit_report=fit_report,
+            forward_tokens=forward_tokens_of(profile),
         )
 
     @property
@@ -672,11 +721,20 @@ class ParametricLatencyModel:
         )
 
     def forward_ms(
-        self, num_decode: float, max_k: float, verified_tokens: float, context_tokens: float
+        self,
+        num_decode: float,
+        max_k: float,
+        verified_tokens: float,
+        context_tokens: float,
+        with_prefill: bool = False,
     ) -> float:
         """One step of `num_decode` rows verifying `verified_tokens` tokens over
-        `context_tokens` of KV, drafting `max_k` per row, by the fitted form, ms."""
-        return _parametric_ms(self.params, num_decode, max_k, verified_tokens, context_tokens)
+        `context_tokens` of KV, drafting `max_k` per row, by the fitted form, ms (padded as
+        the engine pads its forward of D (max K + 1) tokens unless prefill chunks share it)."""
+        pad = 0.0
+        if self.forward_tokens and not with_prefill:
+            pad = padding_tokens(self.forward_tokens, num_decode, max_k)
+        return _parametric_ms(self.params, num_decode, max_k, verified_tokens, context_tokens, pad)
 
     def step_ms(self, batch: ScheduledBatch) -> float:
         ks, contexts, prefill_tokens = _split_batch(batch)
@@ -690,6 +748,7 @@ class ParametricLatencyModel:
             float(ks.max()),
             float(ks.sum() + num_decode),
             float(contexts.sum()),
+            with_prefill=prefill_tokens > 0,
         )
         return decode + self.prefill.in_decode_ms(prefill_tokens)
 

@@ -32,6 +32,7 @@ from dsd.sim.latency import (
     MixedKCosting,
     ParametricLatencyModel,
     TableLatencyModel,
+    forward_tokens_of,
     table_covers,
 )
 
@@ -170,6 +171,7 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
     key = {
         "points": [list(dataclasses.astuple(point)) for point in profile.latency],
         "device_type": profile.metadata.get("device_type"),  # the fit frees a CPU-only term
+        "forward_tokens": list(forward_tokens_of(profile)),  # and prices its padding
         "code": _fit_code(),
     }
 

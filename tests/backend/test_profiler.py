@@ -17,6 +17,7 @@ from dsd.backend.fast_path import FastSpecDecodeEngine, build_spec_decode_engine
 from dsd.backend.profiler import (
     ProfileConfig,
     TimingRounds,
+    forward_tokens,
     measure_acceptance,
     profile_pair,
 )
@@ -394,6 +395,28 @@ def test_points_are_timed_in_a_fresh_random_order_each_round(target, monkeypatch
     rounds = [tuple(calls[warmup + r * points : warmup + (r + 1) * points]) for r in range(4)]
     assert all(sorted(r) == sorted(rounds[0]) for r in rounds)  # every point once per round
     assert len(set(rounds)) > 1  # and not always in the same order
+
+
+def test_the_profile_records_what_the_cpu_kernels_pad(target, monkeypatch) -> None:
+    """`forward_tokens`: plain linears compute what they are given; the CPU kernels pad 2-3
+    rows to 4, and one row too on several threads. The profile records it."""
+    assert forward_tokens(target) == []
+    kernels = tiny_target(seed=0)
+    if not kernels.prepare_cpu_kernels():
+        pytest.skip("this torch has no oneDNN linear ops")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert forward_tokens(kernels) == [1, 4, 4]
+        torch.set_num_threads(2)
+        assert forward_tokens(kernels) == [4, 4, 4]
+    finally:
+        torch.set_num_threads(threads)
+    _fake_timing(monkeypatch, lambda point, index: _physical(point))
+    assert _profile(target, num_warmup=0, num_iters=1).metadata["forward_tokens"] == []
+    assert _profile(kernels, num_warmup=0, num_iters=1).metadata["forward_tokens"] == (
+        forward_tokens(kernels)
+    )
 
 
 def test_a_disturbed_point_is_measured_again_and_then_kept(target, monkeypatch) -> None:

@@ -26,6 +26,8 @@ from mock_models import (
 from dsd.backend.engine import Draft, NgramDraft, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.model import new_kv_cache
 from dsd.backend.ngram import NgramConfig
+from dsd.backend.profiler import forward_tokens
+from dsd.sim.latency import padding_tokens
 
 
 def run_to_completion(
@@ -250,6 +252,9 @@ def test_verify_forward_is_widened_with_trash_to_what_the_kernels_pad_to(
         results.append((step.num_accepted.tolist(), [engine.sequence(s).tolist() for s in slots]))
         expected_width = width if pads_to == 4 else max(ks) + 1
         assert model_target.calls == [(len(ks), expected_width)]
+        # what the profile records and the simulator prices (sim.latency.padding_tokens)
+        padding = padding_tokens(forward_tokens(model_target), len(ks), max(ks))
+        assert padding == len(ks) * (expected_width - max(ks) - 1)
     assert results[0] == results[1]
 
 

@@ -25,6 +25,8 @@ from dsd.sim.latency import (
     TableLatencyModel,
     _parametric_jacobian,
     _parametric_ms,
+    forward_tokens_of,
+    padding_tokens,
 )
 from dsd.sim.latency_choice import fit_latency_model
 from dsd.sim.types import ScheduledBatch
@@ -208,12 +210,13 @@ def test_parametric_model_prices_prefill_with_its_own_one_row_step_when_profile_
     batch=st.integers(1, 300),
     k=st.integers(0, 7),
     context=st.floats(0.0, 4096.0),
+    pad=st.integers(0, 3),
 )
 def test_parametric_jacobian_matches_finite_differences(
-    params: list[float], batch: int, k: int, context: float
+    params: list[float], batch: int, k: int, context: float, pad: int
 ) -> None:
     values = np.array(params) + 0.01  # [p], away from the kinks at 0
-    steps = [np.array([float(v)]) for v in (batch, k, batch * (k + 1), batch * context)]
+    steps = [np.array([float(v)]) for v in (batch, k, batch * (k + 1), batch * context, pad)]
     analytic = _parametric_jacobian(values, *steps)[0]  # [p]
     rounding = 1e-8 * float(_parametric_ms(values, *steps)[0])  # central differences' own error
     for index in range(len(PARAM_NAMES)):
@@ -569,6 +572,107 @@ def test_the_matrix_product_term_is_fitted_on_cpu_profiles_only() -> None:
         assert other.params[index] == 0.0
         assert other.fit_report.param_std["matrix_product_ms"] == 0.0
         assert other.fit_report.max_abs_pct > 5.0  # the B = 1, K = 0 points it cannot price
+
+
+# A CPU step's cost, roughly as fitted to the 2026-11-27b SmolLM2 + ngram profile: the verify
+# tokens are priced on the memory side (draft_pass_per_row_ms), a forward of 2+ tokens costs g
+CPU_TRUTH = (70.0, 0.5, 1.4, 0.1, 4.6, 2.0, 1.6, 0.04, 8.3, 2.8, 0.5, 44.0)
+
+
+def _cpu_surface(recorded: list[int] | None) -> Profile:
+    """Points of CPU_TRUTH on an engine whose forward of 2-3 tokens computes 4, in a CPU
+    profile's metadata that records `recorded` as its forward tokens (None: records none)."""
+    truth = ParametricLatencyModel(
+        params=CPU_TRUTH,
+        reference_context_len=0.0,
+        prefill=PrefillCost((1.0,), (80.0,), "estimated-from-decode-slope", 1.0),
+        fit_report=h100_fit().fit_report,
+        forward_tokens=(1, 4, 4),
+    )
+    points = [
+        LatencyPoint(b, k, truth.step_ms(make_batch([k] * b, decode_contexts=[ctx] * b)), ctx)
+        for b in (1, 2, 4, 8, 16)
+        for k in (0, 1, 2, 4, 6)
+        for ctx in (64, 320)
+    ]
+    metadata: dict[str, object] = {"device_type": "cpu", "threads": {"torch_intra_op_threads": 1}}
+    if recorded is not None:
+        metadata["forward_tokens"] = recorded
+    rates = (0.7, 0.5, 0.4, 0.3, 0.2, 0.1)
+    return Profile(k_max=6, latency=tuple(points), acceptance_rates=rates, metadata=metadata)
+
+
+def test_the_cpu_kernels_padding_is_priced() -> None:
+    """A forward of 2-3 tokens costs what 4 do on the CPU kernels: the fit that knows it
+    recovers the surface, one told that nothing is padded cannot (B = 2, K = 0 costs what
+    B = 1, K = 1..3 do, which no per-row or per-token price gives)."""
+    padded = ParametricLatencyModel.fit(_cpu_surface(None))  # CPU on one thread: (1, 4, 4)
+    assert padded.forward_tokens == (1, 4, 4)
+    assert padded.fit_report.max_abs_pct < 0.5
+    blind = ParametricLatencyModel.fit(_cpu_surface([]))
+    assert blind.forward_tokens == ()
+    assert blind.fit_report.max_abs_pct > 2.0
+    two_rows = make_batch([0, 0], decode_contexts=[64, 64])
+    assert padded.step_ms(two_rows) == pytest.approx(
+        padded.forward_ms(2.0, 0.0, 2.0, 128.0), rel=1e-12
+    )
+    # the padding's two tokens, priced as drafted ones (no padding beside prefill chunks)
+    pad_ms = padded.forward_ms(2.0, 0.0, 2.0, 128.0) - padded.forward_ms(
+        2.0, 0.0, 2.0, 128.0, with_prefill=True
+    )
+    draft_token_ms = CPU_TRUTH[PARAM_NAMES.index("draft_pass_per_row_ms")]
+    assert pad_ms == pytest.approx(2 * draft_token_ms, rel=0.05)
+    mixed = make_batch([0, 0], prefill_chunks=[64], decode_contexts=[64, 64])
+    assert padded.step_ms(mixed) == pytest.approx(
+        padded.forward_ms(2.0, 0.0, 2.0, 128.0, with_prefill=True)
+        + padded.prefill.in_decode_ms(64.0),
+        rel=1e-12,
+    )
+
+
+def test_forward_tokens_come_from_the_profile_or_its_cpu_threads() -> None:
+    base = h100_profile()
+    for metadata, expected in [
+        ({"forward_tokens": [1, 4, 4], "device_type": "cuda"}, (1, 4, 4)),
+        ({"device_type": "cpu", "threads": {"torch_intra_op_threads": 1}}, (1, 4, 4)),
+        ({"device_type": "cpu", "threads": {"torch_intra_op_threads": 2}}, (4, 4, 4)),
+        ({"device_type": "cpu", "forward_tokens": []}, ()),
+        ({"device_type": "cuda"}, ()),
+        ({}, ()),
+    ]:
+        profile = dataclasses.replace(base, metadata=metadata)
+        assert forward_tokens_of(profile) == expected, metadata
+
+
+@pytest.mark.parametrize(
+    ("forward_tokens", "rows", "k", "pad"),
+    [
+        ((1, 4, 4), 1, 0, 0),
+        ((1, 4, 4), 1, 1, 2),  # widened to 4 tokens
+        ((1, 4, 4), 1, 2, 1),
+        ((1, 4, 4), 2, 0, 2),  # 2 rows of 2
+        ((1, 4, 4), 3, 0, 3),  # 3 rows of 2: the engine widens every row alike
+        ((1, 4, 4), 1, 3, 0),
+        ((1, 4, 4), 2, 1, 0),
+        ((1, 4, 4), 32, 5, 0),
+        ((4, 4, 4), 1, 0, 3),  # several threads: one row is padded too
+        ((), 2, 0, 0),
+    ],
+)
+def test_padding_tokens_are_what_the_engine_widens_to(
+    forward_tokens: tuple[int, ...], rows: int, k: int, pad: int
+) -> None:
+    assert padding_tokens(forward_tokens, float(rows), float(k)) == pad
+
+
+def test_a_stored_fit_is_not_reused_for_another_padding() -> None:
+    """The fit's memo is keyed by the padding it priced (the points alone are the same)."""
+    padded = fit_latency_model(_cpu_surface(None), kind="parametric")
+    blind = fit_latency_model(_cpu_surface([]), kind="parametric")
+    assert isinstance(padded, ParametricLatencyModel)
+    assert isinstance(blind, ParametricLatencyModel)
+    assert padded.params != blind.params
+    assert (padded.forward_tokens, blind.forward_tokens) == ((1, 4, 4), ())
 
 
 def test_parametric_mixed_k_charges_max_k_drafts_and_summed_verification() -> None:
