@@ -286,6 +286,12 @@ def _parse_native(reader: _Reader, data: Mapping[str, Any]) -> Profile:
     if not math.isfinite(temperature) or temperature < 0:
         raise reader.fail("temperature", f"must be finite and >= 0, got {temperature!r}")
     metadata = dict(reader.obj(data.get("metadata", {}), "metadata"))
+    if "forward_tokens" in metadata:  # priced by the parametric latency model: checked here
+        path = "metadata.forward_tokens"
+        metadata["forward_tokens"] = [
+            reader.integer(value, f"{path}[{index}]", index + 1)  # n tokens compute >= n
+            for index, value in enumerate(reader.seq(metadata["forward_tokens"], path))
+        ]
 
     points: list[LatencyPoint] = []
     for index, raw in enumerate(reader.seq(reader.require(data, "latency", ""), "latency")):

@@ -316,6 +316,12 @@ NATIVE_CASES = [
     ({"temperature": -0.5}, "temperature: must be finite and >= 0"),
     # unknown format string
     ({"format": "something-else"}, "format: unknown profile format 'something-else'"),
+    # what the forward of n tokens computes is at least n, and a list
+    (
+        {"metadata": {"forward_tokens": [1, 1, 4]}},
+        "metadata.forward_tokens[1]: must be an integer >= 2",
+    ),
+    ({"metadata": {"forward_tokens": "1,4,4"}}, "metadata.forward_tokens: expected a list"),
 ]
 
 
