@@ -58,6 +58,7 @@ from dsd.backend.sampling import (
     sample_tokens,
 )
 from dsd.common.arrays import BoolArray, IntArray
+from dsd.sim.latency import verify_width
 
 
 @dataclass(frozen=True)
@@ -412,7 +413,7 @@ class SpecDecodeEngine:
         enough."""
         tokens = num_rows * (k_step + 1)
         worth = tokens if with_prefill else self.target.tokens_worth_computing(tokens)
-        return max(k_step + 1, -(-worth // num_rows))
+        return verify_width(num_rows, k_step, worth)
 
     def _lookup_drafts(
         self, slots: IntArray, spec: IntArray, lengths: IntArray

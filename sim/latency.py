@@ -441,17 +441,23 @@ def forward_tokens_of(profile: Profile) -> tuple[int, ...]:
     return CPU_FORWARD_TOKENS[threads == 1]
 
 
+def verify_width(num_rows: int, k: int, worth_tokens: int) -> int:
+    """Tokens per row of the engine's verify forward of `num_rows` rows of `k` + 1 tokens whose
+    kernels compute `worth_tokens` for them: every row widened alike (trash tokens) until the
+    forward holds that many, so 3 rows at K = 0 compute 6 on the CPU kernels (which compute 4
+    for 3). `backend.engine.SpecDecodeEngine` runs it; `padding_tokens` prices it."""
+    return max(k + 1, -(-worth_tokens // num_rows))
+
+
 def padding_tokens(forward_tokens: Sequence[int], num_decode: float, max_k: float) -> float:
     """Tokens the engine's verify forward of `num_decode` rows of `max_k` + 1 tokens computes
-    beyond them, where its kernels would pad the forward (`forward_tokens`, of
-    `forward_tokens_of`): the engine widens every row alike to what the kernels would compute
-    (`backend.engine.SpecDecodeEngine._verify_width`), so 3 rows at K = 0 compute 6 tokens on
-    the CPU kernels. 0 past the padded counts."""
+    beyond them (`verify_width`), where its kernels would pad the forward (`forward_tokens`,
+    of `forward_tokens_of`). 0 past the padded counts."""
     tokens = num_decode * (max_k + 1.0)
     count = int(tokens)
     if not 0 < count <= len(forward_tokens):
         return 0.0
-    width = max(max_k + 1.0, float(-(-forward_tokens[count - 1] // int(num_decode))))
+    width = verify_width(int(num_decode), int(max_k), forward_tokens[count - 1])
     return num_decode * width - tokens
 
 
