@@ -5,7 +5,9 @@ Measurements, all on the real SD engine (`backend.engine` or its fast path):
   timed step is one `engine.step` at K for every row, after warm-up steps, with
   `torch.cuda.synchronize()` before reading the clock on CUDA. After every step the slots are
   truncated back to `context_len` tokens, so every timed step sees the same context (and the
-  draft's catch-up is the steady-state one token at most). Median, p10, p90 and n per point.
+  draft's catch-up is the steady-state one token at most). Every round times each (B, K) of a
+  context once; each sample is divided by its round's speed, the drift all of the round's
+  points share (`divide_round_drift`). Median, p10, p90, mean and n per point.
 - **prefill cost**: one request's prompt of N tokens in one chunk (target and draft), for a few N.
 - **prefill in decode steps** (reference step only: the engine runs a chunk in the decode
   rows' forward): per N, what a chunk adds to a K = 0 decode step of the smallest and largest
@@ -60,6 +62,7 @@ from dsd.backend.threads import thread_settings
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
+from dsd.common.progress import Advance
 from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
@@ -84,7 +87,6 @@ from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import RequestSpec, Workload
 
-ProgressCallback = Callable[[str], None]  # called once per finished unit of work, with a label
 Point = TypeVar("Point", bound=Hashable)  # what one timed measurement is of: (B, K), a size
 _Result = TypeVar("_Result")  # what a timed engine method returns
 
@@ -193,11 +195,16 @@ class ProfileConfig:
 
     def num_units(self, num_prompts: int) -> int:
         """Progress units of `profile_pair` over `num_prompts` acceptance prompts: one per
-        round of decode timing per context length, one for the prefill points, one per prompt
-        and host-overhead loop run (re-measuring adds units past the total)."""
+        round of decode timing per context length, one for the prefill points, one per round
+        of mixed steps (where prefill shares decode's forward), one per prompt and
+        host-overhead loop run. Re-measure passes and adaptive refinement add theirs to the
+        total when they start."""
+        rounds = self.num_warmup + self.num_iters
+        fused = engine_prefill_forward(self.fast_path) == "fused"
         return (
-            (self.num_warmup + self.num_iters) * len(self.context_lens)
+            rounds * len(self.context_lens)
             + 1
+            + (rounds if fused else 0)
             + num_prompts
             + (2 * len(self.batch_sizes) if self.host_overhead_output_len > 0 else 0)
         )
@@ -406,7 +413,7 @@ def time_mixed_steps(
     config: ProfileConfig,
     items: Sequence[MixedItem],
     context_len: int,
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
     rng: np.random.Generator | None = None,
 ) -> dict[MixedItem, list[float]]:
     """Timed samples of every item, `config.num_warmup` untimed then `config.num_iters` timed
@@ -425,7 +432,7 @@ def time_mixed_steps(
             rng,
             on_round=None
             if on_progress is None
-            else functools.partial(_round_done, on_progress, "mixed steps"),
+            else functools.partial(_round_done, on_progress, "mixed steps", 0),
         )
     finally:
         decode.free()
@@ -452,9 +459,35 @@ def _timed_rounds(
     return samples
 
 
-def _round_done(on_progress: ProgressCallback | None, label: str, round_index: int) -> None:
+# Fewest points per round whose median can stand for the round's speed (`divide_round_drift`)
+MIN_POINTS_FOR_ROUND_SPEED = 4
+
+
+def divide_round_drift(
+    samples: dict[Point, list[float]],
+) -> tuple[dict[Point, list[float]], list[float]]:
+    """(the samples of `_timed_rounds` each divided by its round's speed, the round speeds).
+
+    A round's speed is the median over its points of sample / that point's median over all
+    rounds (> 1: slower). A shared machine drifts by more within a context's rounds than one
+    point's steps scatter (10-second means of a fixed step moved by 10% within two minutes:
+    benchmarks/machine_drift.py); every point of a round shares that drift, so dividing it out
+    leaves each point's own noise, which is what the spread check is for, and steadier medians.
+    With fewer than MIN_POINTS_FOR_ROUND_SPEED points the samples stay as they are (speeds 1)."""
+    keys = list(samples)
+    table = np.array([samples[key] for key in keys], dtype=np.float64)  # [points, rounds]
+    if len(keys) < MIN_POINTS_FOR_ROUND_SPEED:
+        return samples, [1.0] * table.shape[1]
+    speeds = np.median(table / np.median(table, axis=1, keepdims=True), axis=0)  # [rounds]
+    steady = table / speeds[None, :]  # [points, rounds]
+    return {key: steady[i].tolist() for i, key in enumerate(keys)}, speeds.tolist()
+
+
+def _round_done(on_progress: Advance | None, label: str, uncounted: int, round_index: int) -> None:
+    """Progress of one timing round; the first round of a pass that `num_units` did not count
+    adds that pass's `uncounted` rounds to the total."""
     if on_progress is not None:
-        on_progress(f"{label} round {round_index + 1}")
+        on_progress(f"{label} round {round_index + 1}", uncounted if round_index == 0 else 0)
 
 
 def measure_decode(
@@ -462,25 +495,29 @@ def measure_decode(
     config: ProfileConfig,
     rng: np.random.Generator,
     avoid_ids: Sequence[int],
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
     quality: dict[str, Any] | None = None,
     batch_sizes: Sequence[int] | None = None,
 ) -> list[LatencyPoint]:
     """ITL points for every (context, B, K) of the config (see the module docstring); at
-    `batch_sizes` instead of the config's when given (adaptive refinement).
+    `batch_sizes` instead of the config's when given (adaptive refinement, whose rounds
+    `ProfileConfig.num_units` does not count, nor those of re-measure passes).
 
     Per context length: after warm-up at the most expensive point, every round times each
     (B, K) once in a fresh random order, so drift on a shared machine spreads over all points
-    instead of biasing one K. When `check_latency` flags any point, every point of that context
-    is timed again in fresh rounds (a pass), up to `config.max_remeasure` times, and the pass
-    with the fewest problems is kept (the later on ties): re-timing only the flagged points
-    would time them in another stretch of the machine's drift than the points they are compared
-    with. `quality` (a dict) receives what was done: warm-up steps and the points that failed a
-    pass that was then timed again.
+    instead of biasing one K, and each sample is divided by its round's speed
+    (`divide_round_drift`): a point's figures are at the pass's median speed. When
+    `check_latency` flags any point, every point of that context is timed again in fresh rounds
+    (a pass), up to `config.max_remeasure` times, and the pass with the fewest problems is kept
+    (the later on ties): re-timing only the flagged points would time them in another stretch
+    of the machine's drift than the points they are compared with. `quality` (a dict) receives
+    what was done: warm-up steps, the points that failed a pass that was then timed again, and
+    the range of the kept passes' round speeds.
     """
     record = quality if quality is not None else {}
     warmup_steps: list[int] = record.setdefault("warmup_steps", [])
     remeasured: list[str] = record.setdefault("remeasured", [])
+    round_speeds: list[str] = record.setdefault("round_speeds", [])
     measured_bs = sorted(config.batch_sizes if batch_sizes is None else batch_sizes)
     keys = [(b, k) for b in measured_bs for k in sorted(config.spec_tokens)]
     points: list[LatencyPoint] = []
@@ -493,18 +530,26 @@ def measure_decode(
         label = f"ITL ctx={context_len}"
         kept: list[LatencyPoint] = []  # the pass with the fewest problems so far
         kept_problems = math.inf
+        kept_speeds: list[float] = []
         for attempt in range(config.max_remeasure + 1):
             pass_label = label if attempt == 0 else f"{label} re-measure {attempt}"
-            progress = functools.partial(_round_done, on_progress, pass_label)
+            counted = attempt == 0 and batch_sizes is None
+            uncounted = 0 if counted else config.num_warmup + config.num_iters
+            progress = functools.partial(_round_done, on_progress, pass_label, uncounted)
             samples = _timed_rounds(slots.time_step, keys, config, rng, progress)
-            found = [_latency_point(b, k, slots.known, samples[(b, k)]) for b, k in keys]
+            steady, speeds = divide_round_drift(samples)
+            found = [_latency_point(b, k, slots.known, steady[(b, k)]) for b, k in keys]
             problems = check_latency(found, config.quality_limits)
             if len(problems) <= kept_problems:
-                kept, kept_problems = found, len(problems)
+                kept, kept_problems, kept_speeds = found, len(problems), speeds
             if not problems or attempt == config.max_remeasure:
                 break
             remeasured += dict.fromkeys(problem.point for problem in problems)
         points += kept
+        round_speeds.append(
+            f"ctx={slots.known} B={','.join(map(str, measured_bs))}: "
+            f"{min(kept_speeds):.2f}-{max(kept_speeds):.2f}"
+        )
         slots.free()
     return points
 
@@ -544,7 +589,7 @@ def refine_batch_sizes(
     latency: list[LatencyPoint],
     rng: np.random.Generator,
     avoid_ids: Sequence[int],
-    on_progress: ProgressCallback | None,
+    on_progress: Advance | None,
     quality: dict[str, Any],
 ) -> list[LatencyPoint]:
     """`latency` plus the points adaptive profiling adds (`next_batch_sizes` each round) until
@@ -830,7 +875,7 @@ def measure_prefill_in_decode(
     engine: SpecDecodeEngine,
     config: ProfileConfig,
     rng: np.random.Generator,
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
 ) -> list[PrefillInDecodePoint]:
     """What a prefill chunk of each `config.prefill_token_counts` size adds to a decode step
     (K = 0) of the smallest and the largest profiled B, when both run in one forward
@@ -868,7 +913,7 @@ def measure_prefill(
     config: ProfileConfig,
     rng: np.random.Generator,
     avoid_ids: Sequence[int],
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
 ) -> list[PrefillPoint]:
     """One prefill point per prompt size: a whole prompt in one chunk, batch size 1. Sizes are
     timed in a fresh random order each round; a prefill that falls as the prompt grows is
@@ -880,7 +925,7 @@ def measure_prefill(
         samples = _timed_rounds(time_prefill, sizes, config, rng)
         points = [_prefill_point(size, samples[size]) for size in sizes]
         if on_progress is not None:
-            on_progress(f"prefill, pass {attempt + 1}")
+            on_progress(f"prefill, pass {attempt + 1}", 0 if attempt == 0 else 1)
         if not check_prefill(points, config.quality_limits):
             break
     return points
@@ -892,7 +937,7 @@ def measure_acceptance(
     output_lens: Sequence[int],
     k_max: int,
     eos_token_ids: Sequence[int] = (),
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
 ) -> AcceptanceCounts:
     """Run every prompt at K = k_max (continuous batching over the engine's slots).
 
@@ -1174,7 +1219,7 @@ def measure_host_overhead(
     target: Transformer,
     draft: AnyDraft | None,
     config: ProfileConfig,
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
 ) -> tuple[HostOverhead, list[HostOverheadSample]]:
     """The loop runs of the module docstring -> (fitted model, raw samples).
 
@@ -1252,7 +1297,7 @@ def profile_pair(
     prompts: Sequence[IntArray],
     output_lens: Sequence[int],
     metadata: dict[str, Any] | None = None,
-    on_progress: ProgressCallback | None = None,
+    on_progress: Advance | None = None,
     prompt_keys: Sequence[str] | None = None,
 ) -> Profile:
     """Measure decode ITL, prefill and acceptance of one pair -> a Profile.

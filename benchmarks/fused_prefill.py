@@ -30,6 +30,7 @@ from dsd.backend.profiler import MixedItem, ProfileConfig, time_mixed_steps
 from dsd.backend.threads import thread_settings
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
+from dsd.common.progress import print_label
 
 
 def _ints(text: str, name: str, minimum: int) -> list[int]:
@@ -91,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         (kind, d, k, n) for kind in ("separate", "fused") for d in rows for k in ks for n in tokens
     ]
     load_before = load_average()
-    samples = time_mixed_steps(
-        engine, config, items, args.context, on_progress=lambda label: print(label, file=sys.stderr)
-    )
+    samples = time_mixed_steps(engine, config, items, args.context, on_progress=print_label)
     load_after = load_average()
 
     def median(item: MixedItem) -> float:

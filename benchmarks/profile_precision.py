@@ -66,9 +66,15 @@ def live(args: argparse.Namespace) -> int:
     from dsd import api
     from dsd.backend.engine import SpecDecodeConfig
     from dsd.backend.fast_path import build_spec_decode_engine
-    from dsd.backend.profiler import MixedItem, ProfileConfig, time_mixed_steps
+    from dsd.backend.profiler import (
+        MixedItem,
+        ProfileConfig,
+        divide_round_drift,
+        time_mixed_steps,
+    )
     from dsd.backend.threads import thread_settings
     from dsd.common.machine import cpu_model, load_average
+    from dsd.common.progress import print_label
 
     if args.rounds < 2 * BLOCKS[0]:
         raise InputError(f"--rounds: at least {2 * BLOCKS[0]} (two blocks), got {args.rounds}")
@@ -88,15 +94,14 @@ def live(args: argparse.Namespace) -> int:
     keys = [(b, k) for b in GRID_B for k in GRID_K]
     items: list[MixedItem] = [("decode", b, k, 0) for b, k in keys]
     load_before = load_average()
-    timed = time_mixed_steps(
-        engine, config, items, args.context, on_progress=lambda label: print(label, file=sys.stderr)
-    )
+    timed = time_mixed_steps(engine, config, items, args.context, on_progress=print_label)
     load_after = load_average()
+    steady_by_item, speeds = divide_round_drift(timed)  # the profiler's division
     samples = np.array([timed[item] for item in items]).T  # [rounds, points]
-    means = samples.mean(axis=0)  # [points]
-    speed = np.median(samples / means, axis=1)  # [rounds] each round's machine speed
-    cv = samples.std(axis=0, ddof=1) / means
-    cv_steady = (samples / speed[:, None]).std(axis=0, ddof=1) / means
+    steady = np.array([steady_by_item[item] for item in items]).T  # [rounds, points]
+    speed = np.array(speeds)  # [rounds] each round's machine speed
+    cv = samples.std(axis=0, ddof=1) / samples.mean(axis=0)
+    cv_steady = steady.std(axis=0, ddof=1) / steady.mean(axis=0)
     print(
         f"{args.target} + {args.draft}, context {args.context}, {args.rounds} rounds "
         f"({args.warmup} warm-up) of {len(keys)} points; CPU {cpu_model()}; threads "

@@ -280,9 +280,10 @@ def progress_bar(total: int, title: str) -> Iterator[Advance]:
         started_s = last_s = time.monotonic()
         done = 0
 
-        def log_line(label: str) -> None:
-            nonlocal done, last_s
+        def log_line(label: str, more: int = 0) -> None:
+            nonlocal done, last_s, total
             done += 1
+            total += more
             now_s = time.monotonic()
             if now_s - last_s >= LOG_PROGRESS_EVERY_S:
                 last_s = now_s
@@ -303,4 +304,10 @@ def progress_bar(total: int, title: str) -> Iterator[Advance]:
     )
     with progress:
         task = progress.add_task("", total=total)
-        yield lambda label: progress.update(task, advance=1, description=label)
+
+        def advance(label: str, more: int = 0) -> None:
+            nonlocal total
+            total += more
+            progress.update(task, total=total, advance=1, description=label)
+
+        yield advance

@@ -8,10 +8,19 @@ A `ProgressFactory(total, title)` is a context manager yielding `advance`. The A
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from typing import Protocol
 
-Advance = Callable[[str], None]  # called once per finished unit, with a label for it
+
+class Advance(Protocol):
+    """Called once per finished unit of work, with a label for it. `more`: units the work
+    found it must add to the total (a re-measure pass), not counted up front."""
+
+    def __call__(self, label: str, more: int = 0) -> None: ...
+
+
 ProgressFactory = Callable[[int, str], AbstractContextManager[Advance]]
 
 
@@ -19,4 +28,14 @@ ProgressFactory = Callable[[int, str], AbstractContextManager[Advance]]
 def no_progress(total: int, title: str) -> Iterator[Advance]:
     """Report nothing."""
     del total, title
-    yield lambda label: None
+
+    def advance(label: str, more: int = 0) -> None:
+        del label, more
+
+    yield advance
+
+
+def print_label(label: str, more: int = 0) -> None:
+    """An `Advance` that prints each unit's label on stderr (the benchmarks' progress)."""
+    del more
+    print(label, file=sys.stderr)

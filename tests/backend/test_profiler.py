@@ -10,13 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.fast_path import FastSpecDecodeEngine, build_spec_decode_engine
 from dsd.backend.profiler import (
+    MIN_POINTS_FOR_ROUND_SPEED,
     ProfileConfig,
     TimingRounds,
+    divide_round_drift,
     forward_tokens,
     measure_acceptance,
     profile_pair,
@@ -371,14 +375,27 @@ def _fake_timing(monkeypatch, cost_ms) -> list[tuple[int, int]]:
     return calls
 
 
-def _profile(target, **overrides):  # type: ignore[no-untyped-def]
+def _profile(target, on_progress=None, **overrides):  # type: ignore[no-untyped-def]
     draft = Draft(perturbed_copy(target, noise_std=0.01, seed=1))
     # One prefill size: its real (unfaked) timing cannot fall with the prompt size.
     config = small_config(
         **{"context_lens": (8,), "prefill_token_counts": (4,), "allow_noisy": False, **overrides}
     )
     rng = np.random.default_rng(0)
-    return profile_pair(target, draft, config, [random_prompt(rng, 6) for _ in range(2)], [6, 6])
+    prompt_set = [random_prompt(rng, 6) for _ in range(2)]
+    return profile_pair(target, draft, config, prompt_set, [6, 6], on_progress=on_progress)
+
+
+class CountingProgress:
+    """An `Advance` that counts units done and the total as the work grows it."""
+
+    def __init__(self, total: int) -> None:
+        self.done, self.total, self.past_total = 0, total, False
+
+    def __call__(self, label: str, more: int = 0) -> None:
+        self.done += 1
+        self.total += more
+        self.past_total |= self.done > self.total
 
 
 def _physical(point: tuple[int, int]) -> float:
@@ -466,7 +483,11 @@ def test_a_re_measure_times_every_point_again_so_drift_cannot_skew_one(target, m
     # 1.5x slower from then on. Every point must come from the second pass: re-timing B=1 K=1
     # alone would price it 1.5x against the rest of its row.
     _fake_timing(monkeypatch, _noisy_at(({(1, 1)}, set(), 1.5)))
-    profile = _profile(target, num_warmup=0, num_iters=4, max_remeasure=1)
+    # 4 decode rounds of one context, the prefill points, 4 rounds of mixed steps, 2 prompts,
+    # 4 host-overhead runs; the re-measure pass adds its 4 rounds as it starts.
+    progress = CountingProgress(4 + 1 + 4 + 2 + 4)
+    profile = _profile(target, progress, num_warmup=0, num_iters=4, max_remeasure=1)
+    assert (progress.done, progress.total, progress.past_total) == (19, 19, False)
     quality = profile.metadata["quality"]
     assert quality["warmup_steps"] == [STEADY_WARMUP]
     assert quality["remeasured"] == ["B=1 K=1 ctx=9"] and quality["problems"] == []
@@ -496,6 +517,54 @@ def test_timing_that_stays_non_monotonic_is_refused_naming_the_point(target, mon
     kept = _profile(target, num_warmup=0, num_iters=3, max_remeasure=1, allow_noisy=True)
     problems = kept.metadata["quality"]["problems"]
     assert problems and all(p.startswith("B=3 K=3") for p in problems)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base=st.lists(st.floats(1.0, 500.0), min_size=MIN_POINTS_FOR_ROUND_SPEED, max_size=12),
+    factors=st.lists(st.floats(0.5, 2.0), min_size=1, max_size=9),
+)
+def test_dividing_round_drift_leaves_steady_points_steady(base, factors) -> None:  # type: ignore[no-untyped-def]
+    """Every point of a round slowed by the same factor: divided, each point's samples are
+    one value again, and the round speeds are the factors over their median."""
+    samples = {index: [value * f for f in factors] for index, value in enumerate(base)}
+    steady, speeds = divide_round_drift(samples)
+    for index, value in enumerate(base):
+        assert steady[index] == pytest.approx([value * np.median(factors)] * len(factors))
+    assert speeds == pytest.approx(list(np.array(factors) / np.median(factors)))
+
+
+def test_dividing_round_drift_keeps_one_points_own_noise() -> None:
+    # Four steady points and one that alternates 1x / 2x: the rounds' speeds stay 1, so the
+    # noisy point keeps its spread for the check to see.
+    samples = {b: [10.0 * b] * 6 for b in range(1, 5)}
+    samples[5] = [50.0, 100.0] * 3
+    steady, speeds = divide_round_drift(samples)
+    assert speeds == [1.0] * 6 and steady == samples
+    # Too few points for a round's median to stand for the machine: nothing divided.
+    few = {b: samples[b] for b in range(1, MIN_POINTS_FOR_ROUND_SPEED)}
+    assert divide_round_drift(few) == (few, [1.0] * 6)
+
+
+def test_drift_shared_by_a_rounds_points_is_no_noise(target, monkeypatch) -> None:
+    # The machine runs each round at its own speed (1.0, 1.6, 0.8, 1.3x): every point's raw
+    # p10-p90 spans ~55% of its median, yet the ratios between points never move. Divided by
+    # the rounds' speeds the points are steady at the median round's speed (1.15x): no re-measure.
+    factors = (1.0, 1.6, 0.8, 1.3)
+
+    def cost(point, index):  # type: ignore[no-untyped-def]
+        if index < STEADY_WARMUP:
+            return _physical(point)
+        return _physical(point) * factors[(index - STEADY_WARMUP) // 6 % 4]
+
+    _fake_timing(monkeypatch, cost)
+    profile = _profile(target, num_warmup=0, num_iters=4, max_remeasure=1)
+    quality = profile.metadata["quality"]
+    assert quality["remeasured"] == [] and quality["problems"] == []
+    assert quality["round_speeds"] == ["ctx=9 B=1,3: 0.70-1.39"]
+    for point in profile.latency:
+        expected = 1.15 * _physical((point.batch_size, point.num_spec_tokens))
+        assert (point.p10_ms, point.median_ms, point.p90_ms) == pytest.approx((expected,) * 3)
 
 
 def test_noisy_point_is_refused(target, monkeypatch) -> None:
@@ -687,7 +756,9 @@ def test_adaptive_profile_adds_batch_sizes_and_records_the_rounds(target) -> Non
         adaptive_budget_s=120.0,
         host_overhead_output_len=0,
     )
-    profile = profile_pair(target, draft, config, prompts(2), [6] * 2)
+    progress = CountingProgress(config.num_units(2))
+    profile = profile_pair(target, draft, config, prompts(2), [6] * 2, on_progress=progress)
+    assert progress.done == progress.total > config.num_units(2) and not progress.past_total
     measured = set(profile.batch_sizes())
     assert {1, 4, 16} < measured and measured <= set(range(1, 17))
     adaptive = profile.metadata["quality"]["adaptive"]

@@ -321,3 +321,21 @@ def test_progress_off_a_terminal_prints_a_line_a_minute_and_nothing_for_short_wo
         advance("a")
         advance("b")
     assert capsys.readouterr().err == ""
+
+
+def test_progress_grows_its_total_when_the_work_adds_units(monkeypatch, capsys) -> None:
+    """A re-measure pass adds its rounds to the total as it starts: never `5/3`."""
+    import time
+
+    clock = iter([0.0, 61.0, 122.0, 183.0])
+    monkeypatch.setattr(time, "monotonic", lambda: next(clock))
+    with flags.progress_bar(2, "profiling") as advance:
+        advance("round 1")
+        advance("re-measure round 1", 1)
+        advance("re-measure round 2")
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "profiling: 1/2 round 1",
+        "profiling: 2/3 re-measure round 1",
+        "profiling: 3/3 re-measure round 2",
+    ]
