@@ -72,7 +72,7 @@ def rescore(
     from dsd.backend.threads import set_threads
     from dsd.backend.validate import CellResult, simulated_run
     from dsd.policies.spec import parse_policy
-    from dsd.reports.validation import tpot_error_summary
+    from dsd.reports.validation import level_lines, tpot_error_summary
     from dsd.sim.config import RunConfig
     from dsd.sim.resolve import with_latency_from
     from dsd.traces.registry import WorkloadOptions
@@ -81,6 +81,8 @@ def rescore(
     # each cell's limits as the report resolved them, by (policy, C)
     limits = {(cell["policy"], int(cell["max_concurrency"])): cell for cell in config["cells"]}
     rows = list(csv.DictReader((folder / "cells.csv").open()))
+    trials_path = folder / "trials.csv"
+    trials = list(csv.DictReader(trials_path.open())) if trials_path.is_file() else []
     profile, how = keyed_profile(load_profile(folder / "profile.json"))
     retimed_path = folder / "profile_retimed.json"
     retimed = load_profile(retimed_path) if retimed_path.is_file() else None
@@ -168,6 +170,7 @@ def rescore(
             f"max {summary['max_abs_acceptance_error_pct']:.1f}%; |mean-TTFT error| median "
             f"{np.median(ttft_errors):.1f}%, max {np.max(ttft_errors):.1f}%"
         )
+        lines += [f"  {line}" for line in level_lines(cells, trials) if line]
         concurrencies = sorted({int(row["max_concurrency"]) for row in rows})
         for concurrency in concurrencies if policies else []:
             recorded = next(c for (_, c_), c in limits.items() if c_ == concurrency)

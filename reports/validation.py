@@ -271,6 +271,7 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
             f"{format_number(summary['max_abs_acceptance_error_pct'], 1)} %.",
             "",
         ]
+    lines += level_lines(cells)
     lines += speed_adjusted_lines(cells, summary)
     lines += step_split_lines(cells)
     lines += [
@@ -290,6 +291,43 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def level_lines(cells: Sequence[Cell], trials: Sequence[dict[str, Any]] | None = None) -> list[str]:
+    """The simulator's level: per measured trial, its cell's simulated mean TPOT over the
+    trial's own, over every trial. `trials`: rows of trials.csv (policy, max_concurrency and
+    the metrics) instead of the cells' `measured_trials`. Nothing with fewer than 2 trials."""
+    key = "mean_tpot_ms"
+    if trials is None:
+        trials = [
+            {"policy": cell.policy, "max_concurrency": cell.max_concurrency, **trial}
+            for cell in cells
+            for trial in cell.measured_trials
+        ]
+    simulated = {
+        (cell.policy, str(cell.max_concurrency)): as_number(cell.simulated.get(key))
+        for cell in cells
+    }
+    sims = np.array(
+        [
+            simulated.get((str(trial["policy"]), str(trial["max_concurrency"])), math.nan)
+            for trial in trials
+        ]
+    )  # [trials]
+    reals = np.array([as_number(trial.get(key)) for trial in trials])  # [trials]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = sims / reals
+    ratios = ratios[np.isfinite(ratios) & (ratios > 0)]
+    if ratios.size < 2:
+        return []
+    p10, median, p90 = np.percentile(ratios, [10, 50, 90])
+    return [
+        f"Level: over all {ratios.size} trials, simulated / measured mean TPOT of each trial "
+        f"(its cell's simulation over the trial's own) has median {median:.3f}, p10-p90 "
+        f"{p10:.2f}-{p90:.2f}. The machine's drift moves single trials, and so the cells; a "
+        "simulator that priced every step too high or too low would move the median.",
+        "",
+    ]
 
 
 def step_split_lines(cells: Sequence[Cell]) -> list[str]:

@@ -92,3 +92,27 @@ def test_the_speed_adjusted_crossover_divides_every_trial_by_its_machine_speed()
     text = hardware_markdown({}, None, crossover(plain), plain)
     assert "each trial divided by its machine speed" not in text
     assert "speed-adjusted: worst" not in text
+
+
+def test_the_level_is_the_median_over_every_trial_of_simulated_over_measured() -> None:
+    """Trials of one cell spread by drift (0.8-1.25x); the median over all trials says where
+    the simulator sits, from the cells' trials or from trials.csv rows alike."""
+    from dsd.reports.validation import level_lines
+
+    def cell(policy: str, tpots: list[float], simulated: float) -> CellResult:
+        trials = tuple({"mean_tpot_ms": tpot} for tpot in tpots)
+        return CellResult(policy, 2, trials[0], {"mean_tpot_ms": simulated}, measured_trials=trials)
+
+    cells = [cell("static:0", [80.0, 100.0, 125.0], 100.0), cell("goodput", [50.0, 40.0], 50.0)]
+    line = level_lines(cells)[0]  # ratios 1.25, 1.0, 0.8, 1.0, 1.25
+    assert "over all 5 trials" in line and "median 1.000, p10-p90 0.88-1.25" in line
+    rows = [
+        {"policy": "static:0", "max_concurrency": "2", "mean_tpot_ms": "80.0"},
+        {"policy": "goodput", "max_concurrency": "2", "mean_tpot_ms": "40.0"},
+        {"policy": "goodput", "max_concurrency": "2", "mean_tpot_ms": "0"},  # no ratio
+        {"policy": "online", "max_concurrency": "2", "mean_tpot_ms": "40.0"},  # no such cell
+    ]
+    assert "over all 2 trials" in level_lines(cells, rows)[0]
+    assert level_lines(cells, rows[:1]) == []  # one trial says nothing of a level
+    text = hardware_markdown({"command": "x"}, None, crossover(cells), cells)
+    assert line in text
