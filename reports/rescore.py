@@ -8,7 +8,9 @@ prints each one's mean-TPOT (and mean-TTFT) error against the same measurements 
 SPEC`, repeatable: also each SPEC's simulated gap to the best static K on each concurrency's
 workload, every K = 0..k_max simulated; once on mean TPOT and once on the TPOT of the decode
 steps alone, without the steps that also ran other requests' prefills; `--prompts-per-
-concurrency N` runs those on N x C prompts instead of the cell's own):
+concurrency N` runs those on N x C prompts instead of the cell's own). With the report's
+trials.csv it also prints the Level line (`reports.validation.level_lines`) of the simulated side
+as committed and as re-run:
 
     python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
@@ -53,6 +55,25 @@ def keyed_profile(profile: Profile) -> tuple[Profile, str]:
         return profile, "none (some acceptance prompts left no sample)"
     keys = tuple(request.prompt_key or "" for request in workload.requests)
     return dataclasses.replace(profile, draft_outcome_keys=keys), "from the profile's workload"
+
+
+def committed_level_lines(rows: list[dict[str, str]], trials: list[dict[str, str]]) -> list[str]:
+    """The Level line of a report's simulated side as it wrote it: cells.csv `rows`, trials.csv
+    `trials` (nothing without trials)."""
+    from dsd.backend.validate import CellResult
+    from dsd.reports.validation import level_lines
+
+    tpot = "mean_tpot_ms"
+    cells = [
+        CellResult(
+            row["policy"],
+            int(row["max_concurrency"]),
+            measured={tpot: float(row[f"measured_{tpot}"])},
+            simulated={tpot: float(row[f"simulated_{tpot}"])},
+        )
+        for row in rows
+    ]
+    return [f"as committed: {line}" for line in level_lines(cells, trials) if line]
 
 
 def rescore(
@@ -108,6 +129,8 @@ def rescore(
         + ("profile_retimed.json" if retimed is not None else "profile.json")
         + f"; as run: {', '.join(as_run.values())}"
     ]
+    lines += committed_level_lines(rows, trials)
+    tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
 
     def simulate(
         policy: str, recorded: dict[str, Any], model: AcceptanceKind, num_prompts: int | None = None
@@ -140,7 +163,6 @@ def rescore(
             resolved = with_latency_from(resolved, retimed)
         return simulated_run(resolved).metrics
 
-    tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
     in_prefill_steps = "mean_tpot_in_prefill_steps_ms"
     for model in models:
         cells = []

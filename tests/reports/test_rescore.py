@@ -93,3 +93,20 @@ def test_a_bad_policy_spec_is_refused_before_any_simulation(capsys) -> None:
     captured = capsys.readouterr()
     assert captured.out == ""  # refused before the first line of results
     assert captured.err == "error: goodput: acceptance must be sequences or rates, got 'x'\n"
+
+
+def test_the_committed_level_reads_cells_and_trials() -> None:
+    """2026-11-27c, the noisiest hour: cells up to 27% off, yet over its 84 trials the
+    simulated side sat at the measured one's median."""
+    import csv
+    from pathlib import Path
+
+    from dsd.reports.rescore import committed_level_lines
+
+    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27c-cpu-smollm2"
+    rows = list(csv.DictReader((folder / "cells.csv").open()))
+    trials = list(csv.DictReader((folder / "trials.csv").open()))
+    (line,) = committed_level_lines(rows, trials)
+    assert line.startswith("as committed: Level: over all 84 trials")
+    assert "median 1.003, p10-p90 0.84-1.27" in line
+    assert committed_level_lines(rows, []) == []
