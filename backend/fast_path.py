@@ -414,10 +414,22 @@ class EnginePool:
     every timed run. So a pooled fast-path engine is reused by every later run of the same
     config, and a CUDA-graph one runs every shape once when it is built. The reference path
     ("off") has no shapes to keep: it gets a fresh engine each time, as without a pool.
+
+    Runs that step at the same time (interleaved, `sim.engine.run_interleaved`) each take
+    their engines from a lane of their own (`lane(i)`): the same pool, but engines of lane i
+    serve only lane i.
     """
 
     def __init__(self) -> None:
         self._engines: dict[tuple[Any, ...], _Pooled] = {}
+        self._lane = 0
+
+    def lane(self, index: int) -> EnginePool:
+        """This pool as lane `index` sees it (lane 0 is the pool itself)."""
+        view = EnginePool()
+        view._engines = self._engines  # shared: one pool, engines keyed by lane too
+        view._lane = index
+        return view
 
     def engine(
         self,
@@ -433,7 +445,7 @@ class EnginePool:
         again."""
         if fast_path == "off":
             return build_spec_decode_engine(target, draft, config, fast_path)
-        key = (id(target), draft, config, fast_path)
+        key = (id(target), draft, config, fast_path, self._lane)
         entry = self._engines.get(key)
         if entry is None:
             engine = build_spec_decode_engine(target, draft, config, fast_path)

@@ -808,7 +808,7 @@ class TimingRounds:
 
     def counts(self) -> dict[str, Any]:
         """What was timed so far: timing rounds (windows not counted), their share of the
-        points, and the probed runs (one window each)."""
+        points, and the probed runs (one window each; runs interleaved share one)."""
         return {
             "rounds": self.num_rounds - self.num_windows,
             "share": self.share,

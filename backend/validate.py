@@ -194,33 +194,45 @@ def simulated_run(resolved: ResolvedRun) -> RunResult:
     return build_engine(resolved, fitted_executor(resolved)).run()
 
 
-def measured_run(
-    resolved: ResolvedRun,
+def measured_runs(
+    resolved_cells: Sequence[ResolvedRun],
     pair: ModelPair,
     *,
     temperature: float = 0.0,
     fast_path: str = "off",
     between_steps: Callable[[], object] | None = None,
     engines: EnginePool | None = None,
-) -> MeasuredRun:
-    """The real engine's run of a resolved cell, EOS ignored (output lengths as simulated);
-    `between_steps` (closed-loop cells only) runs after every step, outside the steps' time;
-    `engines`: the pool of the measurement (a fast path's shapes kept across its runs)."""
-    engine = real_engine(
-        resolved,
-        pair,
-        temperature=temperature,
-        ignore_eos=True,
-        fast_path=fast_path,
-        engines=engines,
-    )
-    result = engine.run() if between_steps is None else run_interleaved([engine], between_steps)[0]
-    return MeasuredRun(
-        metrics=dict(result.metrics),
-        steps=run_step_table(engine, result),
-        prompt_ids=run_prompt_ids(engine),
-        output_ids=run_output_ids(engine, result),
-    )
+) -> list[MeasuredRun]:
+    """The real engine's runs of resolved cells, EOS ignored (output lengths as simulated), in
+    their order. Several cells (closed loop only) run interleaved a step at a time
+    (`sim.engine.run_interleaved`): each run's clock holds only its own steps, and the drift of
+    a shared machine over seconds lands on all of them alike. `between_steps` (closed-loop
+    cells only) runs after every step, outside the steps' time; `engines`: the pool of the
+    measurement (a fast path's shapes kept across its runs), the i-th cell on its lane i."""
+    built = [
+        real_engine(
+            resolved,
+            pair,
+            temperature=temperature,
+            ignore_eos=True,
+            fast_path=fast_path,
+            engines=None if engines is None else engines.lane(lane),
+        )
+        for lane, resolved in enumerate(resolved_cells)
+    ]
+    if len(built) == 1 and between_steps is None:
+        results = [built[0].run()]
+    else:
+        results = run_interleaved(built, between_steps)
+    return [
+        MeasuredRun(
+            metrics=dict(result.metrics),
+            steps=run_step_table(engine, result),
+            prompt_ids=run_prompt_ids(engine),
+            output_ids=run_output_ids(engine, result),
+        )
+        for engine, result in zip(built, results, strict=True)
+    ]
 
 
 def replayed_run(resolved: ResolvedRun, pair: ModelPair, run: MeasuredRun) -> RunResult | None:
@@ -281,10 +293,24 @@ def compare_cell(
     with EOS ignored, then the simulator."""
     engines = EnginePool()
     runs = [
-        measured_run(resolved, pair, temperature=temperature, fast_path=fast_path, engines=engines)
+        measured_runs(
+            [resolved], pair, temperature=temperature, fast_path=fast_path, engines=engines
+        )[0]
         for _ in range(trials)
     ]
     return cell_result(resolved, runs, pair if temperature == 0 else None)
+
+
+def interleaved_groups(resolved_cells: Sequence[ResolvedRun]) -> list[list[int]]:
+    """The indices of the cells that run together, a step at a time: the closed-loop cells of
+    one max concurrency, in the cells' order; an open-loop cell alone (its arrivals keep their
+    own wall clock). Groups in the order of their first cell."""
+    groups: dict[tuple[str, int | None], list[int]] = {}
+    for index, resolved in enumerate(resolved_cells):
+        workload = resolved.workload
+        key = ("closed", workload.max_concurrency) if workload.closed_loop else ("open", index)
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
 
 
 def validation_cells(
@@ -298,19 +324,21 @@ def validation_cells(
     deadline_s: float | None = None,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
-    bad cell fails before any runs). The real runs go in `trials` rounds over all cells, each
-    round in a rotated order, so drift on a shared machine spreads over the cells instead of
-    biasing the ones that ran last. With `timing`, a timing round runs before the first real
-    run and after every one, and every cell's simulated side is priced by the re-timed profile
-    (`TimingRounds.profile`) instead of the cells' own; a closed-loop trial is probed between
-    its steps (`SpeedProbes`), and every trial's machine speed recorded. `deadline_s` (a
-    `time.monotonic()` instant): no round starts that the mean round so far says would end
-    after it, so every cell has the same number of trials (at least one: the first round always
-    runs)."""
+    bad cell fails before any runs). The real runs go in `trials` rounds over the cells'
+    `interleaved_groups`: the closed-loop cells of one C run together, a step at a time, so the
+    machine's drift over seconds lands on every policy of a C alike (docs/validation.md). Each
+    round takes the groups, and each group its cells, in an order rotated by one, so drift over
+    minutes spreads over the cells instead of biasing the ones that ran last. With `timing`, a
+    timing round runs before the first group and after every one, and every cell's simulated
+    side is priced by the re-timed profile (`TimingRounds.profile`) instead of the cells' own;
+    a closed-loop group is probed between its steps (`SpeedProbes`), and every trial's machine
+    speed recorded (a group's trials share it). `deadline_s` (a `time.monotonic()` instant): no
+    round starts that the mean round so far says would end after it, so every cell has the
+    same number of trials (at least one: the first round always runs)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
-    count = len(resolved_cells)
+    groups = interleaved_groups(resolved_cells)
     engines = EnginePool()  # a fast path's engine (its CUDA graphs) serves every run of its config
     before = timing.round() if timing is not None else -1
     round_start_s = time.monotonic()
@@ -319,26 +347,33 @@ def validation_cells(
             now_s = time.monotonic()
             if now_s + (now_s - round_start_s) / trial > deadline_s:
                 break
-        for offset in range(count):
-            index = (trial + offset) % count
-            resolved = resolved_cells[index]
+        for offset in range(len(groups)):
+            group = groups[(trial + offset) % len(groups)]
+            order = [group[(trial + lane) % len(group)] for lane in range(len(group))]
+            cells = [resolved_cells[index] for index in order]
+            workload = cells[0].workload
             probes = None
-            if timing is not None and resolved.workload.closed_loop:
-                probes = SpeedProbes(timing, resolved.workload.max_concurrency)
-            run = measured_run(
-                resolved, pair, fast_path=fast_path, between_steps=probes, engines=engines
+            if timing is not None and workload.closed_loop:
+                probes = SpeedProbes(timing, workload.max_concurrency)
+            measured = measured_runs(
+                cells, pair, fast_path=fast_path, between_steps=probes, engines=engines
             )
             if timing is not None:
                 after = timing.round()
                 speed = timing.speed((before, after) if probes is None else (probes.window,))
-                run = replace(run, timing_rounds=(before, after), machine_speed=speed)
+                measured = [
+                    replace(run, timing_rounds=(before, after), machine_speed=speed)
+                    for run in measured
+                ]
                 before = after
-            runs[index].append(run)
-            if on_progress is not None:
-                on_progress(
-                    f"{resolved.config.policy} C={resolved.workload.max_concurrency} "
-                    f"trial {trial + 1}"
-                )
+            for index, run in zip(order, measured, strict=True):
+                runs[index].append(run)
+                if on_progress is not None:
+                    resolved = resolved_cells[index]
+                    on_progress(
+                        f"{resolved.config.policy} C={resolved.workload.max_concurrency} "
+                        f"trial {trial + 1}"
+                    )
     if timing is not None:
         retimed = timing.profile()
         resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]

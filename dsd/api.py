@@ -619,8 +619,9 @@ def validate(
     """Every (policy, C) cell on the simulator fitted from `profile` and on the real pair, with
     num_prompts = per_concurrency x C and max_num_seqs = C (unless given); a report folder in
     `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...).
-    Each cell's real side runs `trials` times (rounds over all cells, `validation_cells`).
-    `retime`: the profile's points are timed again around every real run and the simulated
+    Each cell's real side runs `trials` times (rounds in which the cells of one C run
+    interleaved, `validation_cells`). `retime`: the profile's points are timed again around
+    every group of real runs and the simulated
     side is priced by them (`backend.profiler.TimingRounds`; `profile_retimed.json` in `out`).
     A profile that fails the timing checks (`policies.profile_quality`) is refused before
     anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
@@ -678,7 +679,7 @@ def _validation(
     allow_noisy_profile: bool,
     retime: bool,
     progress: ProgressFactory,
-    retime_share: float = 0.25,
+    retime_share: float = 1.0,
     deadline_s: float | None = None,
     **fields: Any,
 ) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
@@ -822,21 +823,21 @@ class HardwarePlan:
     allow_noisy_profile: bool
 
 
-# 65-90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (2026-11-25: 65 minutes, of
-# which the profile 6). The validation's timing rounds re-time a quarter of the profile's
-# points after every real run (each point ~35 samples spread over the run), and probes between
-# a trial's steps add a quarter to its time (`backend.validate.SpeedProbes`). 96 output tokens per
-# request, as in the issue's reference timings. Two contexts bracket the cells' (prompts of
-# 60-210 tokens plus 96 outputs), so the latency table has a context axis; prefill sizes cover
-# one prompt and the few padded together when requests finish in one step. Five trials per
-# cell: the median over trials spread through the hour (its measured TPOT) is what averages the
-# machine's minute-scale drift out. 20 profile rounds, not the profiler's default 10: one
-# point's ratio to its K = 0, what goodput's K reads, is then within 3.1% (p90) against 5.5% at
-# 10 rounds (`benchmarks/profile_precision.py`, docs/validation.md). On the AVX2 host of
-# 2026-11-27, where every pass has noisy points and each context is timed three times, the
-# profile took 22 minutes, against 13 with 10 rounds and only the noisy points re-timed.
-# The profile is kept when points stay noisy after re-measurement: its problems are listed in
-# the report rather than losing the time (dsd validate refuses them).
+# 65-90 minutes on the 2-core CPU with SmolLM2-135M at 1 thread (2026-11-25: 65 minutes, of which
+# the profile 6). The validation's timing rounds re-time every profile point after each group of
+# real runs (the cells of one C, run together: `backend.validate.validation_cells`), and probes
+# between the group's steps add a quarter to its time (`SpeedProbes`). 96 output tokens per request,
+# as in the issue's reference timings. Two contexts bracket the cells' (prompts of 60-210 tokens
+# plus 96 outputs), so the latency table has a context axis; prefill sizes cover one prompt and the
+# few padded together when requests finish in one step. Five trials per cell: the median over trials
+# spread through the hour (its measured TPOT) is what averages the machine's minute-scale drift out.
+# 20 profile rounds, not the profiler's default 10: one point's ratio to its K = 0, what goodput's K
+# reads, is then within 3.1% (p90) against 5.5% at 10 rounds (`benchmarks/profile_precision.py`,
+# docs/validation.md). On the AVX2 host of 2026-11-27, where every pass has noisy points and each
+# context is timed three times, the profile took 22 minutes, against 13 with 10 rounds and only the
+# noisy points re-timed.
+# The profile is kept when points stay noisy after re-measurement: its problems are listed in the
+# report rather than losing the time (dsd validate refuses them).
 FULL_HARDWARE_PLAN = HardwarePlan(
     k_values=(0, 2, 4, 6),
     batch_sizes=(1, 2, 4, 8, 16),
@@ -852,7 +853,7 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     speedup_k=(4, 6),
     prompts_per_concurrency=2,
     trials=5,
-    retime_share=0.25,
+    retime_share=1.0,
     output_len=96,
     allow_noisy_profile=True,
 )

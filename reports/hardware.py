@@ -520,7 +520,7 @@ def _pricing_lines(config: dict[str, Any]) -> list[str]:
         timing = (
             f"by the profile re-timed around the real runs ({retime.get('rounds')} timing "
             f"rounds, {retime.get('share')} of the points each"
-            + (f", and probes between the steps of {probed} runs" if probed else "")
+            + (f", and probes between the steps in {probed} windows" if probed else "")
             + f"; {retime.get('profile')})"
         )
     else:

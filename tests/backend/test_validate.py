@@ -16,13 +16,16 @@ import torch
 from mock_models import mock_pair, perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft
+from dsd.backend.fast_path import EnginePool
 from dsd.backend.profiler import ProfileConfig, TimingRounds, profile_pair
 from dsd.backend.real import resolve_real
 from dsd.backend.validate import (
     CellResult,
     SpeedProbes,
     compare_cell,
+    interleaved_groups,
     load_vllm_result,
+    measured_runs,
     median_metrics,
     parse_vllm_result,
     simulated_run,
@@ -279,31 +282,42 @@ def test_speed_adjusted_error_divides_every_trial_by_its_machine_speed(tmp_path)
     assert "outside the executor" not in probed_report
 
 
-def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:
-    """A timing round before the first run and after each; the simulated side is priced by
-    the re-timed profile, the policy keeps the cell's own."""
+def _tiny_cells(profile_path, pair, cells, fast_path="off"):
+    """Resolved closed-loop cells of 2 random prompts: (policy, C) each."""
+    return [
+        resolve_real(
+            RunConfig(
+                profile=str(profile_path),
+                policy=policy,
+                dataset="random",
+                num_prompts=2,
+                max_concurrency=concurrency,
+                random_lengths=RandomLengths(input_len=8, output_len=6),
+            ),
+            pair,
+            fast_path,
+        )
+        for policy, concurrency in cells
+    ]
+
+
+def test_every_group_of_real_trials_is_bracketed_by_timing_rounds(tiny_pair_profile) -> None:
+    """A timing round before the first group and after each; the cells of one C run as one
+    group and share its probe window's speed; the simulated side is priced by the re-timed
+    profile, the policy keeps the cell's own."""
     target, draft, profile_path = tiny_pair_profile
     pair = mock_pair(target, draft)
-    configs = [
-        RunConfig(
-            profile=str(profile_path),
-            policy=policy,
-            dataset="random",
-            num_prompts=2,
-            max_concurrency=1,
-            random_lengths=RandomLengths(input_len=8, output_len=6),
-        )
-        for policy in ("static:0", "static:1")
-    ]
-    resolved = [resolve_real(config, pair) for config in configs]
+    resolved = _tiny_cells(profile_path, pair, [("static:0", 1), ("static:1", 1), ("static:1", 2)])
     timing = TimingRounds(target, draft, resolved[0].profile, share=1.0)
     cells = validation_cells(resolved, pair, trials=2, timing=timing)
-    # before the first, after each of 2 trials x 2 cells, and each trial's probe window
-    assert timing.num_rounds == 1 + 2 * 2 + 2 * 2
+    # before the first, then per trial and group (C = 1: 2 cells; C = 2) a window and a round
+    assert timing.num_rounds == 1 + 2 * 2 * 2
     assert all(len(cell.trial_speeds) == 2 for cell in cells)
     assert all(math.isfinite(speed) for cell in cells for speed in cell.trial_speeds)
-    # the closed-loop trials were probed between their steps: rounds 1, 3, 5, 7 are windows
-    windows = {1 + 2 * trial for trial in range(4)}
+    assert cells[0].trial_speeds == cells[1].trial_speeds  # one group, one window per trial
+    assert cells[0].trial_speeds != cells[2].trial_speeds
+    # every group was probed between its steps: rounds 1, 3, 5, 7 are windows
+    windows = {1 + 2 * group for group in range(4)}
     probed = [r for samples in timing._decode.values() for r, _ms in samples if r in windows]
     assert set(probed) == windows
     retimed = timing.profile()
@@ -311,6 +325,38 @@ def test_every_real_trial_is_bracketed_by_timing_rounds(tiny_pair_profile) -> No
         priced = simulated_run(with_latency_from(own, retimed)).metrics
         assert cell.simulated["mean_tpot_ms"] == priced["mean_tpot_ms"]
         assert cell.simulated["mean_tpot_ms"] != simulated_run(own).metrics["mean_tpot_ms"]
+
+
+@pytest.mark.parametrize("fast_path", ["off", "eager"])
+def test_interleaved_cells_do_the_work_they_do_alone(tiny_pair_profile, fast_path) -> None:
+    """Cells run a step at a time together take the same steps, drafts and tokens as each
+    alone; on a fast path each lane has its own pooled engine, kept for the next group."""
+    target, draft, profile_path = tiny_pair_profile
+    pair = mock_pair(target, draft)
+    resolved = _tiny_cells(profile_path, pair, [("static:0", 2), ("static:2", 2)], fast_path)
+    engines = EnginePool()
+    together = measured_runs(resolved, pair, fast_path=fast_path, engines=engines)
+    alone = [measured_runs([cell], pair, fast_path=fast_path)[0] for cell in resolved]
+    work = ["batch_size", "num_spec_tokens", "num_accepted_tokens"]
+    for a, b in zip(together, alone, strict=True):
+        assert a.output_ids == b.output_ids and a.prompt_ids == b.prompt_ids
+        assert a.steps[work].equals(b.steps[work])
+    assert together[0].steps["num_spec_tokens"].max() == 0
+    assert together[1].steps["num_spec_tokens"].max() > 0
+    assert len(engines) == (2 if fast_path == "eager" else 0)
+    again = measured_runs(resolved[::-1], pair, fast_path=fast_path, engines=engines)
+    assert [run.output_ids for run in again] == [run.output_ids for run in alone[::-1]]
+    assert len(engines) == (2 if fast_path == "eager" else 0)  # the lanes' engines served again
+
+
+def test_closed_loop_cells_of_one_concurrency_form_a_group() -> None:
+    def cell(concurrency, closed_loop=True):
+        return SimpleNamespace(
+            workload=SimpleNamespace(closed_loop=closed_loop, max_concurrency=concurrency)
+        )
+
+    cells = [cell(1), cell(2), cell(1), cell(4, closed_loop=False), cell(2), cell(4, False)]
+    assert interleaved_groups(cells) == [[0, 2], [1, 4], [3], [5]]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -326,13 +372,19 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
 
-    def fake_run(resolved, pair, fast_path, between_steps, engines):
-        clock["now"] += 10.0
-        return resolved.config.policy
+    def fake_runs(cells, pair, fast_path, between_steps, engines):
+        clock["now"] += 10.0 * len(cells)
+        return [resolved.config.policy for resolved in cells]
 
-    monkeypatch.setattr(validate_module, "measured_run", fake_run)
+    monkeypatch.setattr(validate_module, "measured_runs", fake_runs)
     monkeypatch.setattr(validate_module, "cell_result", lambda resolved, runs, pair: tuple(runs))
-    cells = [SimpleNamespace(config=SimpleNamespace(policy=p)) for p in ("a", "b")]
+    cells = [
+        SimpleNamespace(
+            config=SimpleNamespace(policy=p),
+            workload=SimpleNamespace(closed_loop=True, max_concurrency=c),
+        )
+        for p, c in (("a", 1), ("b", 2))
+    ]
     done = validation_cells(cells, None, trials=5, deadline_s=deadline_s)
     assert done == [("a",) * rounds, ("b",) * rounds]
 

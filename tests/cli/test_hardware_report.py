@@ -55,10 +55,12 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     assert config["quick"] is True and config["command"].startswith("dsd hardware-report")
     assert config["plan"]["trials"] == 2
     assert len(config["load_during"]["samples"]) == 4
-    # The simulated side is priced by the profile re-timed around the real runs
-    # (one round before the runs, one after each of the cells' 2 trials), and probed in them
-    assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + 2 * len(rows)
-    assert config["retime"]["probed_runs"] == 2 * len(rows)
+    # The simulated side is priced by the profile re-timed around the real runs (one round
+    # before the runs, one after each of the 2 trials of the 2 groups: the cells of each C run
+    # together), and probed in them, one window per group
+    groups = len({row["max_concurrency"] for row in rows})
+    assert config["retime"]["status"] == "on" and config["retime"]["rounds"] == 1 + 2 * groups
+    assert config["retime"]["probed_runs"] == 2 * groups
     retimed = json.loads((out / "profile_retimed.json").read_text())
     assert retimed["metadata"]["timing_rounds"]["rounds"] == config["retime"]["rounds"]
 
