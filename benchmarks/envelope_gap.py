@@ -104,11 +104,10 @@ class _Runs:
 
     def measured(self, arms: list[Arm]) -> list[dict[str, float]]:
         """The real runs of `arms`, interleaved a step at a time."""
-        from dsd.backend.real import real_engine
-        from dsd.sim.engine import run_interleaved
+        from dsd.backend.validate import measured_runs
 
-        engines = [real_engine(self.resolved(arm), self.pair, ignore_eos=True) for arm in arms]
-        return [_figures(dict(r.metrics), r.steps) for r in run_interleaved(engines)]
+        runs = measured_runs([self.resolved(arm) for arm in arms], self.pair)
+        return [_figures(run.metrics, run.steps) for run in runs]
 
     def simulated(self, arm: Arm) -> dict[str, float]:
         from dsd.backend.validate import simulated_run
