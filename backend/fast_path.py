@@ -41,7 +41,9 @@ attention kernel (the model's gather + SDPA is used as is).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -222,6 +224,24 @@ class EagerStepRunner:
         )
 
 
+@contextmanager
+def _no_automatic_gc() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block.
+
+    A dropped engine is a reference cycle (engine <-> runner) that holds its CUDA graphs. If the
+    collector frees it during another graph's capture, those graphs are reset, which CUDA
+    forbids while a stream captures: the capture fails. torch.cuda.graph no longer collects
+    before a capture (unless torch.compiler.config.force_cudagraph_gc), so we pause it here.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class CudaGraphStepRunner(EagerStepRunner):
     """Captures `fixed_shape_step` once per key as a CUDA graph, then replays it."""
 
@@ -261,7 +281,7 @@ class CudaGraphStepRunner(EagerStepRunner):
                 super()._execute(key, staged)
         torch.cuda.current_stream(self.engine.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with _no_automatic_gc(), torch.cuda.graph(graph, pool=self._pool):
             output = super()._execute(key, staged)  # [B, K+2], lives in the graph's pool
         self.num_captures += 1
         return graph, output

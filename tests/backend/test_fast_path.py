@@ -7,6 +7,7 @@ runner's own tests are marked gpu.
 from __future__ import annotations
 
 import dataclasses
+import gc
 from collections.abc import Callable
 
 import numpy as np
@@ -24,6 +25,7 @@ from mock_models import (
     tiny_target,
 )
 
+from dsd.backend import fast_path
 from dsd.backend.engine import (
     Draft,
     NgramDraft,
@@ -495,6 +497,40 @@ def test_cuda_graph_bf16_greedy_matches_eager_fast_path() -> None:
         [eager, graphs], prompts, 24, lambda step, rows: k_rng.integers(0, 4, size=rows)
     )
     assert graph_out == eager_out
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_survives_garbage_graphs_collected_during_it(monkeypatch) -> None:
+    # A dropped graph engine is a cycle (engine <-> runner) holding its graphs. Here the
+    # collector runs whenever a capture's forward finds it enabled, as an automatic collection
+    # would: freeing the old graphs mid-capture resets them, which fails the capture (seen in
+    # the profiler on an H100) unless the capture pauses the collector.
+    target = tiny_target(seed=0).to(torch.device("cuda"))
+    draft = NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    old = fast_engine(target, draft, runner="cuda-graphs", k_max=2, num_slots=2)
+    old.run_every_shape()
+    assert old.runner.num_captures > 0  # type: ignore[attr-defined]
+    collector_enabled_in_capture: list[bool] = []
+    real_step = fast_path.fixed_shape_step
+
+    def step_collecting_if_enabled(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if torch.cuda.is_current_stream_capturing():
+            collector_enabled_in_capture.append(gc.isenabled())
+            if gc.isenabled():
+                gc.collect()
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(fast_path, "fixed_shape_step", step_collecting_if_enabled)
+    thresholds = gc.get_threshold()
+    gc.set_threshold(10**9)  # no automatic collection before the captures: the cycle survives
+    try:
+        del old
+        new = fast_engine(target, draft, runner="cuda-graphs", k_max=2, num_slots=2)
+        count = new.run_every_shape()
+    finally:
+        gc.set_threshold(*thresholds)
+    assert count == new.runner.num_captures == len(new.all_graph_keys())  # type: ignore[attr-defined]
+    assert collector_enabled_in_capture and not any(collector_enabled_in_capture)
 
 
 # ------------------------------------------------------------------------- GPU benchmark script
