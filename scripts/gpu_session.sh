@@ -73,14 +73,17 @@ collect() {
     cd "$CALLER_DIR"
     "${PYTHON:-python3}" - "$@" <<'EOF'
 """Each archive's folder into DIR, in the order given. A .txt or .log file that an earlier archive
-also had: kept if the later one starts with it (the later call saw the earlier one's folder),
-else the two are joined (the later call ran on a fresh machine); other files: the later wins."""
+also had: where the later one starts with the text of the latest machine's last archive (a warm
+call saw its folder), that text is replaced by it; where it is already in the merged text (an
+archive given twice), nothing changes; else it is appended (a call on a fresh machine). Other
+files: the later archive wins."""
 import sys
 import tarfile
 from pathlib import Path, PurePosixPath
 
 root = Path(sys.argv[1])
 folders = set()
+latest = {}  # a text file -> the text of its latest machine's last archive
 for archive in sys.argv[2:]:
     with tarfile.open(archive) as tar:
         for member in tar.getmembers():
@@ -91,9 +94,18 @@ for archive in sys.argv[2:]:
             dest = root.joinpath(*name.parts)
             folders.add(root / name.parts[0])
             if dest.exists() and dest.suffix in (".txt", ".log"):
-                old = dest.read_bytes()
-                if not data.startswith(old):
-                    data = old if data in old else old + data
+                merged = dest.read_bytes()
+                machine = latest.get(dest, merged)  # merged ends with it
+                if data.startswith(machine):
+                    latest[dest] = data
+                    data = merged[: len(merged) - len(machine)] + data
+                elif data in merged:
+                    data = merged
+                else:
+                    latest[dest] = data
+                    data = merged + data
+            elif dest.suffix in (".txt", ".log"):
+                latest[dest] = data
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
 for folder in sorted(folders):

@@ -293,13 +293,16 @@ def test_collect_merges_the_archives_of_warm_and_fresh_calls(tmp_path: Path) -> 
     fresh = _archive(
         tmp_path / "a3.tar.gz", {"summary.txt": "report ok\n", "hardware/x.csv": "a\n"}
     )
+    # the fresh machine warm: its second call's folder holds its first call's only
+    fresh_warm = _archive(tmp_path / "a4.tar.gz", {"summary.txt": "report ok\nbench ok\n"})
     dest = tmp_path / "gpu"
     # paths relative to where the command is given (the script itself works in its repository)
-    names = [path.name for path in (first, warm, fresh, first)]
+    names = [path.name for path in (first, warm, fresh, fresh_warm, first)]
     result = run_script(SESSION, tmp_path, "--collect", "gpu", *names, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     folder = dest / "2026-01-01-h100"
-    assert (folder / "summary.txt").read_text() == "tests ok\nbench ok\nreport ok\n"
+    summary_text = (folder / "summary.txt").read_text()
+    assert summary_text == "tests ok\nbench ok\nreport ok\nbench ok\n"
     assert (folder / "d.json").read_text() == "1"  # the later archive wins (a1 came again last)
     assert (folder / "hardware" / "x.csv").read_text() == "a\n"
     assert "report ok" in result.stdout
