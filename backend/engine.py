@@ -59,6 +59,7 @@ from dsd.backend.sampling import (
 )
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.sim.latency import verify_width
+from dsd.sim.shapes import engine_cache_len
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class SpecDecodeConfig:
     @property
     def cache_len(self) -> int:
         """Positions per slot: room for max_model_len + one step's drafts, plus the trash one."""
-        return self.max_model_len + self.k_max + 2
+        return engine_cache_len(self.max_model_len, self.k_max)
 
 
 def empty_step_result() -> StepResult:

@@ -64,10 +64,16 @@ from dsd.backend.model import Transformer
 from dsd.backend.sampling import greedy_accept
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
+from dsd.sim.shapes import (  # the shapes, defined once for the engine and the simulator
+    DEFAULT_MIN_KV_LEN,
+    batch_buckets,
+    bucket_for,
+    kv_len_bucket,
+    kv_len_buckets,
+)
 
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
-DEFAULT_MIN_KV_LEN = 256  # smallest attention span bucket; smaller spans round up to it
 _NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs (then n-gram drafts)
 
 
@@ -77,50 +83,6 @@ def check_fast_path(kind: str, device: str) -> None:
         raise InputError(f"--fast-path: choose {', '.join(FAST_PATH_KINDS)}, got {kind!r}")
     if kind == "cuda-graphs" and not device.startswith("cuda"):
         raise InputError(f"--fast-path cuda-graphs: needs --device cuda, got {device!r}")
-
-
-def batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
-    """Padded batch sizes: powers of two below max_num_seqs, then max_num_seqs itself."""
-    if max_num_seqs < 1:
-        raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
-    buckets = []
-    size = 1
-    while size < max_num_seqs:
-        buckets.append(size)
-        size *= 2
-    buckets.append(max_num_seqs)
-    return tuple(buckets)
-
-
-def bucket_for(num_rows: int, buckets: tuple[int, ...]) -> int:
-    """The smallest bucket that holds num_rows rows."""
-    for size in buckets:
-        if size >= num_rows:
-            return size
-    raise ValueError(f"{num_rows} rows exceed the largest batch bucket {buckets[-1]}")
-
-
-def kv_len_buckets(cache_len: int, min_kv_len: int = DEFAULT_MIN_KV_LEN) -> tuple[int, ...]:
-    """Every attention span `kv_len_bucket` can return for this cache length, ascending."""
-    spans = []
-    span = max(1, min_kv_len)
-    while span < cache_len:
-        spans.append(span)
-        span *= 2
-    return (*spans, cache_len)
-
-
-def kv_len_bucket(needed: int, cache_len: int, min_kv_len: int = DEFAULT_MIN_KV_LEN) -> int:
-    """Attention span for a step whose largest real position is needed - 1.
-
-    min_kv_len * 2^j, the smallest that is >= needed, capped at cache_len (all of it).
-    """
-    if not 1 <= needed <= cache_len:
-        raise ValueError(f"kv span {needed} outside [1, {cache_len}]")
-    span = max(1, min_kv_len)
-    while span < needed:
-        span *= 2
-    return min(span, cache_len)
 
 
 @dataclass(frozen=True, slots=True)

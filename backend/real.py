@@ -26,14 +26,16 @@ from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.metrics import StepSink
 from dsd.sim.resolve import ResolvedRun, config_workload, resolve
+from dsd.sim.shapes import StepShapes
 
 
 def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> ResolvedRun:
     """`sim.resolve.resolve` on the workload the pair serves; no draft runs at k_max 0. Its
     simulated twin charges steps as the engine (with `fast_path`) runs them: prefill chunks in
     the verify forward or in one of their own (`engine_prefill_forward`), every decode row's
-    attention over the longest row's span, and async steps overlapped with the planning only
-    on CUDA (as the engine loop runs them)."""
+    attention over the longest row's span, on the fast path at its fixed shapes (batch and kv
+    buckets), and async steps overlapped with the planning only on CUDA (as the engine loop
+    runs them)."""
     if config.scheduler != "dsd":
         raise InputError("scheduler: real runs use dsd's scheduler (--scheduler vllm simulates)")
     if pair.draft is None:
@@ -44,6 +46,11 @@ def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> 
         prefill_forward=engine_prefill_forward(fast_path),
         prefill_rows="padded",
         attention_span="padded",
+        step_shapes=(
+            None
+            if fast_path == "off"
+            else StepShapes.of_engine(resolved.max_running, resolved.max_model_len, resolved.k_max)
+        ),
         host_overlap=pair.device.type == "cuda",
     )
 

@@ -155,7 +155,7 @@ def rescore(
             latency_model=latency_model,
         )
         resolved = dataclasses.replace(
-            resolve_real(run, pair),
+            resolve_real(run, pair, str(config.get("fast_path", "off"))),
             profile=profile,
             prefill_forward=config.get("prefill_forward", "separate"),
         )

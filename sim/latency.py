@@ -62,6 +62,7 @@ from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.policies.context_aware import ContextLatencyFn
 from dsd.policies.goodput import ItlTable
 from dsd.policies.profile import Profile
+from dsd.sim.shapes import StepShapes, kv_len_bucket
 from dsd.sim.types import ScheduledBatch
 
 PrefillSource = Literal["profile", "estimated-from-decode-slope", "estimated-from-physical-model"]
@@ -821,7 +822,7 @@ class _StepCostWrapper:
     """A model that changes how the wrapped model prices some steps: prefill pricing and the
     policy's ITL(B, K) are the wrapped model's."""
 
-    inner: TableLatencyModel | ParametricLatencyModel | PaddedAttention
+    inner: TableLatencyModel | ParametricLatencyModel | PaddedAttention | FixedShapeSteps
 
     @property
     def prefill(self) -> PrefillCost:
@@ -872,6 +873,91 @@ class PaddedPrefill(_StepCostWrapper):
             return own_forward
         block = rows * prefill.in_decode_ms(longest) if self.engine_fuses else own_forward
         return self.inner.step_ms(batch) - prefill.in_decode_ms(float(chunks.sum())) + block
+
+
+@dataclass(frozen=True)
+class FixedShapeSteps(_StepCostWrapper):
+    """A latency model for an engine that runs each decode step at a fixed shape.
+
+    dsd's fast path (`backend.fast_path`, the shapes in `sim.shapes`) pads a step's D decode rows
+    up to a batch bucket, runs every row at the step's largest K, and attends over the longest
+    row's span rounded up to a kv bucket. So a step costs what the inner model charges for
+    bucket(D) rows at that K whose attention reads that span: on an H100 with SmolLM2-135M a
+    step over 3 rows costs what 4 rows cost, which is not what the B = 2 and B = 4 points
+    interpolate to where the profile is not linear in B (reports/gpu/2026-11-27-h100).
+
+    The span is priced at the profiled context whose steps read it: a profile measured on the
+    same fixed shapes (`profile_fixed_shapes`) read the span of each of its contexts (contexts 65
+    and 321 read 256 and 512 positions), one measured on the reference path read the context
+    itself. Between and beyond those, the context is linear in the span. Prefill rows and a
+    step without decode rows are the inner model's.
+    """
+
+    # inner: the model of the step's own shape (a table or parametric model)
+    shapes: StepShapes
+    profile_contexts: tuple[int, ...] = ()  # the profile's recorded contexts, ascending
+    profile_fixed_shapes: bool = False  # the profile's steps ran on these kv buckets
+
+    def step_ms(self, batch: ScheduledBatch) -> float:
+        num_decode = batch.num_decode_reqs
+        if num_decode == 0:
+            return self.inner.step_ms(batch)
+        k = int(np.maximum.reduce(batch.num_spec_tokens[:num_decode]))
+        span = self.shapes.span(int(np.maximum.reduce(batch.num_computed_tokens[:num_decode])), k)
+        context = self.context_of_span(span, k)
+        cached = batch.num_computed_tokens[0] if context is None else max(round(context) - 1, 0)
+        return self.inner.step_ms(_as_fixed_shape(batch, self.shapes.rows(num_decode), k, cached))
+
+    def context_of_span(self, span: int, num_spec_tokens: int) -> float | None:
+        """The recorded context (tokens held) whose profiled steps read `span` positions; None
+        for a profile without contexts (the inner model then ignores them)."""
+        if not self.profile_contexts:
+            return None
+        reads: list[float] = []
+        levels: list[float] = []
+        for level in self.profile_contexts:
+            # A recorded context holds level - 1 cached tokens (see TableLatencyModel).
+            read = (
+                kv_len_bucket(level + num_spec_tokens, 1 << 40, self.shapes.min_kv_len)
+                if self.profile_fixed_shapes
+                else level
+            )
+            if not reads or read > reads[-1]:  # contexts that read one span cost the same
+                reads.append(float(read))
+                levels.append(float(level))
+        if len(reads) == 1:
+            return levels[0] + (span - reads[0])
+        upper = min(max(int(np.searchsorted(reads, span)), 1), len(reads) - 1)
+        slope = (levels[upper] - levels[upper - 1]) / (reads[upper] - reads[upper - 1])
+        return levels[upper] + slope * (span - reads[upper])
+
+
+def _as_fixed_shape(batch: ScheduledBatch, rows: int, k: int, cached: int) -> ScheduledBatch:
+    """`batch` with its decode rows replaced by `rows` rows of K = k holding `cached` tokens
+    each (the fixed shape the engine runs); prefill rows kept, after them."""
+    num_decode = batch.num_decode_reqs
+    padding = rows - num_decode
+
+    def decode_then_prefill(decode: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return np.concatenate((decode, values[num_decode:]))
+
+    num_scheduled = decode_then_prefill(np.full(rows, k + 1), batch.num_scheduled_tokens)
+    return dataclasses.replace(
+        batch,
+        req_ids=decode_then_prefill(
+            np.concatenate((batch.req_ids[:num_decode], np.full(padding, -1))), batch.req_ids
+        ),
+        num_decode_reqs=rows,
+        num_scheduled_tokens=num_scheduled,
+        num_spec_tokens=decode_then_prefill(np.full(rows, k), batch.num_spec_tokens),
+        num_computed_tokens=decode_then_prefill(np.full(rows, cached), batch.num_computed_tokens),
+        num_output_tokens=decode_then_prefill(
+            np.concatenate((batch.num_output_tokens[:num_decode], np.zeros(padding, np.int64))),
+            batch.num_output_tokens,
+        ),
+        completes_prompt=decode_then_prefill(np.zeros(rows, bool), batch.completes_prompt),
+        total_num_scheduled_tokens=int(num_scheduled.sum()),
+    )
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from dsd.sim.latency import (
 from dsd.sim.latency_choice import LatencyChoice, select_latency_model
 from dsd.sim.replay import ReplayRecording, load_replay_recording
 from dsd.sim.scheduler import SchedulerConfig
+from dsd.sim.shapes import StepShapes
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload
 
@@ -159,6 +160,9 @@ class ResolvedRun:
     # What a decode row's attention reads: its own context ("ragged", vLLM) or the step's
     # longest row's span ("padded", dsd's torch engine: `resolve_real`)
     attention_span: AttentionSpan = "ragged"
+    # The fixed shapes the engine runs its decode steps at (dsd's fast path: `resolve_real`);
+    # None: each step runs at its own shape
+    step_shapes: StepShapes | None = None
     # Whether async scheduling hides the planning part of the host time behind the device:
     # vLLM's engine, and dsd's on CUDA; dsd's engine on a CPU runs async steps serially
     # (`resolve_real` sets False there)

@@ -27,6 +27,7 @@ from mock_models import (
 
 from dsd.backend import fast_path
 from dsd.backend.engine import (
+    AnyDraft,
     Draft,
     NgramDraft,
     SpecDecodeConfig,
@@ -48,6 +49,8 @@ from dsd.backend.ngram import NgramConfig
 from dsd.sim.engine import Engine, LoopConfig
 from dsd.sim.fakes import ScriptedK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.shapes import StepShapes
+from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
 
 
@@ -340,6 +343,87 @@ def test_executor_fast_path_matches_reference_in_the_engine_loop(target, close_d
     assert fast == reference  # same outputs and the same accepted count at every step
     assert len(reference[0]) == 6
     assert sum(reference[1]) > 0
+
+
+class _RecordingExecutor:
+    """A TorchExecutor that keeps each step's batch and outcome (what the simulator sees)."""
+
+    def __init__(self, inner: TorchExecutor) -> None:
+        self.inner = inner
+        self.steps: list[tuple[ScheduledBatch, StepOutcome]] = []
+
+    def add_request(self, req_id: int, spec: RequestSpec) -> None:
+        self.inner.add_request(req_id, spec)
+
+    def execute(self, batch: ScheduledBatch) -> StepOutcome:
+        outcome = self.inner.execute(batch)
+        self.steps.append((batch, outcome))
+        return outcome
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "ngram"])
+def test_the_simulator_prices_the_shape_the_fast_path_runs_each_step_at(
+    target, close_draft, draft_kind: str
+) -> None:
+    # sim.shapes on each step's batch and drafted counts (all the simulator knows) names the
+    # GraphKey the engine ran: padded rows, the widest drafts found, the kv bucket
+    draft: AnyDraft = (
+        Draft(close_draft)
+        if draft_kind == "model"
+        else NgramDraft(NgramConfig(prompt_lookup_min=1, prompt_lookup_max=3))
+    )
+    max_model_len, k_max, max_num_seqs = 300, 4, 4
+    executor = TorchExecutor(
+        target,
+        draft,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        k_max=k_max,
+        ignore_eos=True,
+        fast_path="eager",
+    )
+    runner = executor.engine.runner  # type: ignore[attr-defined]
+    keys: list[GraphKey] = []
+    run_key = runner.run
+
+    def recording_run(key: GraphKey, host_inputs):  # type: ignore[no-untyped-def]
+        keys.append(key)
+        return run_key(key, host_inputs)
+
+    runner.run = recording_run
+    recording = _RecordingExecutor(executor)
+    scheduler = Scheduler(
+        SchedulerConfig(
+            max_model_len=max_model_len,
+            num_kv_blocks=400,
+            block_size=4,
+            k_max=k_max,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=64,
+        )
+    )
+    requests = tuple(RequestSpec(prompt_len=n, output_len=20) for n in (5, 246, 3, 14, 240))
+    Engine(
+        scheduler,
+        recording,
+        ScriptedK([3, 0, 4, 1, 2, 0, 4]),
+        Workload("t", requests, max_concurrency=4),
+        LoopConfig(clock="wall"),
+    ).run()
+    shapes = StepShapes.of_engine(max_num_seqs, max_model_len, k_max)
+    decode_steps = [(b, o) for b, o in recording.steps if b.num_decode_reqs > 0]
+    assert len(decode_steps) == len(keys)
+    for (batch, outcome), key in zip(decode_steps, keys, strict=True):
+        rows = batch.num_decode_reqs
+        drafted = (
+            batch.num_spec_tokens[:rows] if outcome.num_drafted is None else outcome.num_drafted
+        )
+        k = int(drafted.max())
+        longest = int(batch.num_computed_tokens[:rows].max())
+        assert key == GraphKey(shapes.rows(rows), k, shapes.span(longest, k))
+    assert {key.kv_len for key in keys} == {256, shapes.cache_len}
+    assert {key.num_rows for key in keys} >= {1, 4}
+    assert any(batch.num_decode_reqs == 3 for batch, _ in decode_steps)  # run as 4 rows
 
 
 def test_pooled_fast_engine_serves_every_run_of_its_config_with_the_same_results(

@@ -18,6 +18,7 @@ from dsd.policies.profile import LatencyPoint, PrefillInDecodePoint, PrefillPoin
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import (
     PARAM_NAMES,
+    FixedShapeSteps,
     PaddedAttention,
     PaddedPrefill,
     ParametricLatencyModel,
@@ -29,6 +30,7 @@ from dsd.sim.latency import (
     padding_tokens,
 )
 from dsd.sim.latency_choice import fit_latency_model
+from dsd.sim.shapes import StepShapes
 from dsd.sim.types import ScheduledBatch
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
@@ -443,6 +445,81 @@ def test_padded_attention_prices_every_decode_row_at_the_longest_context(kind: s
     assert padded.step_ms(one_row) == inner.step_ms(one_row)
     assert padded.decode_itl_ms(4, 2) == inner.decode_itl_ms(4, 2)
     assert padded.prefill is inner.prefill
+
+
+# An engine of 8 slots, max_model_len 300, k_max 5: batch buckets 1, 2, 4, 8; spans 256 and 307.
+FAST_SHAPES = StepShapes.of_engine(max_num_seqs=8, max_model_len=300, k_max=5)
+
+
+def fixed_shape_model(
+    kind: str = "table", profile_fixed_shapes: bool = True
+) -> tuple[FixedShapeSteps, TableLatencyModel | ParametricLatencyModel]:
+    """The H100 table at contexts 65 and 321 (+0.05 ms per token and row), on FAST_SHAPES."""
+    inner = fit_latency_model(two_context_profile(contexts=(65, 321)), kind=kind)  # type: ignore[arg-type]
+    model = FixedShapeSteps(inner, FAST_SHAPES, (65, 321), profile_fixed_shapes)
+    return model, inner
+
+
+def test_step_shapes_of_an_engine() -> None:
+    assert FAST_SHAPES.batch_buckets == (1, 2, 4, 8)
+    assert FAST_SHAPES.cache_len == 307  # max_model_len + k_max + the trash + one
+    assert FAST_SHAPES.rows(3) == 4
+    assert FAST_SHAPES.span(longest_cached=10, num_spec_tokens=0) == 256
+    assert FAST_SHAPES.span(longest_cached=252, num_spec_tokens=3) == 256  # reads up to 255
+    assert FAST_SHAPES.span(longest_cached=253, num_spec_tokens=3) == 307  # the whole cache
+    assert FAST_SHAPES.span(longest_cached=305, num_spec_tokens=5) == 307  # capped
+
+
+def test_fixed_shape_steps_price_the_bucket_the_largest_k_and_the_span_the_engine_runs() -> None:
+    model, inner = fixed_shape_model()
+    # 3 rows of K 0, 3, 1 holding at most 199 tokens: the engine runs 4 rows at K = 3 over 256
+    # positions, as the profile's context 65 did (its 64 + 3 + 1 round up to 256 too)
+    step = make_batch([0, 3, 1], decode_contexts=[120, 199, 60])
+    assert model.step_ms(step) == pytest.approx(H100[4][3])
+    # one row holding 300 tokens: the whole cache (307 positions), priced at the context that
+    # reads it, linear in the span between 65 (256) and 321 (512): 65 + 51
+    long = make_batch([3, 3, 3], decode_contexts=[300, 10, 10])
+    assert model.step_ms(long) == pytest.approx(H100[4][3] + 0.05 * (116 - 65) * 4)
+    # prefill rows are kept as they are; a step without decode rows is the inner model's
+    mixed = make_batch([0, 3, 1], prefill_chunks=[64], decode_contexts=[120, 199, 60])
+    as_run = make_batch([3] * 4, prefill_chunks=[64], decode_contexts=[64] * 4)
+    assert model.step_ms(mixed) == pytest.approx(inner.step_ms(as_run))
+    prefill_only = make_batch([], prefill_chunks=[64])
+    assert model.step_ms(prefill_only) == inner.step_ms(prefill_only)
+    assert model.decode_itl_ms(3, 2) == inner.decode_itl_ms(3, 2)  # the policy's table as is
+
+
+def test_fixed_shape_steps_on_a_reference_path_profile_price_the_span_as_its_context() -> None:
+    model, _inner = fixed_shape_model(profile_fixed_shapes=False)
+    assert model.context_of_span(256, 3) == 256  # the profile's contexts read themselves
+    step = make_batch([0, 3, 1], decode_contexts=[120, 199, 60])
+    assert model.step_ms(step) == pytest.approx(H100[4][3] + 0.05 * (256 - 65) * 4)
+
+
+def test_fixed_shape_steps_without_profiled_contexts_pad_the_rows_only() -> None:
+    inner = TableLatencyModel(h100_profile())
+    model = FixedShapeSteps(inner, FAST_SHAPES)
+    assert model.context_of_span(256, 0) is None
+    assert model.step_ms(make_batch([1, 1, 1])) == pytest.approx(H100[4][1])
+    assert model.step_ms(make_batch([1] * 5)) == pytest.approx(inner.step_ms(make_batch([1] * 8)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 300)), min_size=1, max_size=8),
+    kind=st.sampled_from(["table", "parametric"]),
+)
+def test_fixed_shape_price_depends_only_on_the_shape_the_engine_runs(
+    rows: list[tuple[int, int]], kind: str
+) -> None:
+    model, _inner = fixed_shape_model(kind)
+    ks, contexts = (list(column) for column in zip(*rows, strict=True))
+    step = make_batch(ks, decode_contexts=contexts)
+    # the same shape: bucket rows, every one at the largest K and the longest context
+    bucket = FAST_SHAPES.rows(len(ks))
+    same_shape = make_batch([max(ks)] * bucket, decode_contexts=[max(contexts)] * bucket)
+    assert model.step_ms(step) == pytest.approx(model.step_ms(same_shape))
+    assert model.step_ms(step) > 0
 
 
 def test_mean_is_what_the_table_charges_when_recorded() -> None:
