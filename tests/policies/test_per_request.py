@@ -271,3 +271,36 @@ def test_padded_choice_reads_the_table_at_b_with_prefill_chunks(
     assert set(ks.tolist()) == {goodput.choose_k(view)}
     if num_prefill:
         assert goodput.choose_k(synthetic_view(num_decode, 5)) != goodput.choose_k(view)
+
+
+@given(
+    mixed_k=st.sampled_from(["padded", "token-equivalent"]),
+    steps=st.lists(
+        st.tuples(st.integers(1, 8), st.integers(0, 250), st.integers(0, 5)),
+        min_size=1,
+        max_size=12,
+    ),
+)
+def test_memoized_step_costs_choose_as_a_fresh_policy_does(mixed_k: str, steps) -> None:  # type: ignore[no-untyped-def]
+    # One policy over steps of varying D, prefill rows and K cap answers each step as a new
+    # policy (nothing memoized) with the same posteriors would (up to B = 258, where the
+    # profile's K* falls).
+    config = PerRequestConfig(mixed_k=mixed_k)  # type: ignore[arg-type]
+    used = PerRequestPolicy(h100_profile(), max_num_seqs=512, config=config)
+    for step, (num_decode, num_prefill, k_cap) in enumerate(steps):
+        ids = np.arange(num_decode, dtype=np.int64) + step % 3
+        view = StepView(
+            step_index=step,
+            time_s=0.0,
+            batch_size=num_decode + num_prefill,
+            num_decode_reqs=num_decode,
+            req_ids=ids,
+            context_lens=np.zeros(num_decode, dtype=np.int64),
+            k_max=k_cap,
+        )
+        fresh = PerRequestPolicy(h100_profile(), max_num_seqs=512, config=config)
+        for name in ("tracked_ids", "alpha", "beta", "last_seen_step"):
+            setattr(fresh, name, getattr(used, name).copy())
+        ks = used.choose_k(view)
+        np.testing.assert_array_equal(ks, fresh.choose_k(view))
+        used.observe(_feedback(step, ids, ks, np.minimum(ks, (ids + step) % 3)))
