@@ -136,7 +136,7 @@ class PrefillCost:
             lat = [float(np.mean(by_tokens[n])) for n in tokens]
             if tokens[0] > 1:
                 tokens.insert(0, 1)
-                lat.insert(0, one_token_ms)
+                lat.insert(0, _one_token_prefill_ms(profile, tokens[1:], lat, one_token_ms))
             # A prefill of more tokens never costs less: enforce monotone knots.
             lat_mono = np.maximum.accumulate(np.asarray(lat))  # [nP]
             if len(tokens) >= 2:
@@ -217,6 +217,26 @@ class PrefillCost:
         if num_tokens <= knots[-1]:
             return float(np.interp(num_tokens, knots, added))
         return added[-1] + self.tail_ms_per_token * (num_tokens - knots[-1])
+
+
+def _one_token_prefill_ms(
+    profile: Profile, tokens: Sequence[int], latency_ms: Sequence[float], one_row_decode_ms: float
+) -> float:
+    """The prefill curve's value at 1 token, below the profile's smallest prefill point.
+
+    Where prefill and decode run the same forward (the reference engine, vLLM), a one-token
+    prefill is the B = 1, K = 0 decode step. On dsd's fast path (the profile's metadata
+    `fast_path`) decode steps replay fixed shapes while prefill runs eagerly: on an H100 the
+    decode step took 3.9 ms and every prefill of 32-512 tokens 25 ms, so anchoring there made
+    a prefill row cost 21 ms more than one token (a step of 8 prompts priced at 220 ms, measured
+    at 30). There the curve is extended along its own first segment instead (not below 0, not
+    above its first point)."""
+    if profile.metadata.get("fast_path", "off") == "off":
+        return one_row_decode_ms
+    if len(tokens) < 2:
+        return float(latency_ms[0])
+    slope = (latency_ms[1] - latency_ms[0]) / (tokens[1] - tokens[0])
+    return float(np.clip(latency_ms[0] - slope * (tokens[0] - 1), 0.0, latency_ms[0]))
 
 
 def _in_decode_knots(profile: Profile) -> dict[str, tuple[float, ...]]:

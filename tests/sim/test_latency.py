@@ -255,6 +255,37 @@ def test_prefill_interpolated_from_profile_points() -> None:
         assert model.step_ms(make_batch([], prefill_chunks=[1024])) == pytest.approx(40.0)
 
 
+@pytest.mark.parametrize(
+    ("points", "one_token_ms"),
+    [
+        (((32, 10.0), (64, 18.0)), 10.0 - 8.0 / 32 * 31),  # along the first segment
+        (((32, 25.05), (64, 24.66), (512, 24.46)), 25.05),  # flat (launch-bound): not above it
+        (((32, 1.0), (64, 30.0)), 0.0),  # never below 0
+        (((128, 12.0),), 12.0),  # one point: flat
+    ],
+)
+def test_a_fast_path_profile_anchors_its_prefill_curve_on_itself_not_on_decode(
+    points: tuple[tuple[int, float], ...], one_token_ms: float
+) -> None:
+    # On the fast path decode steps replay fixed shapes and prefill runs eagerly (an H100:
+    # 3.9 ms a decode step, 25 ms any prefill), so a one-token prefill is not the decode step.
+    base = h100_profile()
+    prefill = tuple(PrefillPoint(num_tokens=n, median_ms=ms) for n, ms in points)
+    reference = dataclasses.replace(base, prefill=prefill)
+    fast = dataclasses.replace(reference, metadata={**base.metadata, "fast_path": "cuda-graphs"})
+    for kind in ("table", "parametric"):
+        cost = fit_latency_model(fast, kind=kind).prefill  # type: ignore[arg-type]
+        assert cost.curve_ms(1) == pytest.approx(one_token_ms)
+        assert cost.curve_ms(points[0][0]) == pytest.approx(points[0][1])
+        on_decode = fit_latency_model(reference, kind=kind).prefill  # type: ignore[arg-type]
+        assert on_decode.curve_ms(1) == pytest.approx(H100[1][0])
+    # 8 rows of 160 tokens in a separate forward: one curve(160) plus 7 marginal rows
+    padded = PaddedPrefill(TableLatencyModel(fast))
+    step = padded.step_ms(make_batch([], prefill_chunks=[160] * 8))
+    curve = TableLatencyModel(fast).prefill
+    assert step == pytest.approx(curve.curve_ms(160) + 7 * (curve.curve_ms(161) - one_token_ms))
+
+
 @pytest.mark.parametrize("kind", ["table", "parametric"])
 def test_separate_prefill_charges_its_own_padded_forward(kind: str) -> None:
     # dsd's torch engine: the decode step, then one prefill forward of P rows x the longest chunk
