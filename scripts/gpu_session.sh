@@ -40,8 +40,9 @@
 #
 # Phases: install (wheels into TARGET, then every requirement of dsd checked), device (always:
 # nvidia-smi, Python, torch, package versions into device.txt/device.json), tests (pytest -m gpu
-# over every test file with a gpu mark), bench (benchmarks/engine_gpu.py), report (python3 -m
-# dsd hardware-report --device cuda). Each phase logs to RESULTS/<phase>.log (via tee); a failed
+# over every test file with a gpu mark), bench (benchmarks/engine_gpu.py, gemm_rows.py,
+# async_overlap.py), report (python3 -m dsd hardware-report --device cuda). Each phase logs to
+# RESULTS/<phase>.log (via tee); a failed
 # phase does not stop the next; the last lines are a summary, one per phase (also appended to
 # RESULTS/summary.txt). Exit status 1 if a phase failed. Python: $PYTHON, else python3.
 set -euo pipefail
@@ -537,6 +538,14 @@ if tax is not None:
 print("; ".join(parts))
 EOF
     )"
+    # The target's matrix products at 1..32 rows per dtype (why a float32 step of 7-16 tokens
+    # was slow on the H100, reports/gpu/2026-11-27-h100): about 30 s
+    args=(benchmarks/gemm_rows.py --device cuda --out "$RESULTS/gemm_rows.json")
+    if [[ $DRY_RUN == 1 ]]; then
+        args=(benchmarks/gemm_rows.py --device cpu --rows 1,2 --modes float32 --calls 1
+            --repeats 1 --out "$RESULTS/gemm_rows.json")
+    fi
+    run_timed "$PY" "${args[@]}" || rc=$?
     # Async scheduling with the step on a worker thread vs sync, measured and simulated
     # (issue: real async >= sync where host time is >= 5% of the step). The tiny pair: its
     # host time is a large share of a GPU step, and it needs no weights from a wheel.

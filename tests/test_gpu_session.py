@@ -205,7 +205,8 @@ def test_dry_run_runs_every_phase_and_a_failed_phase_does_not_stop_the_next(tmp_
     results = tmp_path / "results"
     for name in (
         "device.txt", "device.json", "install.log", "tests.log", "tests-junit.xml",
-        "bench.log", "engine_gpu.json", "async_overlap.json", "report.log", "summary.txt",
+        "bench.log", "engine_gpu.json", "gemm_rows.json", "async_overlap.json", "report.log",
+        "summary.txt",
     ):  # fmt: skip
         assert (results / name).is_file(), name
     assert "skipped" in (results / "tests.log").read_text()
