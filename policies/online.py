@@ -106,6 +106,13 @@ class OnlineAcceptancePolicy:
         # [k_max] s_i, or None when every step drafts its K (then rates need no conversion)
         self.draft_rates = partial_draft_rates(profile.draft_rates, self.k_max)
         self.prior_rates = np.asarray(profile.acceptance_rates, dtype=np.float64)  # [k_max]
+        # [k_max] the prior per drafted position, q_i = r_i / s_i (None where every step drafts
+        # its K): fixed by the profile, so computed once, not on every step
+        self.prior_given_drafted: FloatArray | None = None
+        if self.draft_rates is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                given = np.where(self.draft_rates > 0, self.prior_rates / self.draft_rates, 0.0)
+            self.prior_given_drafted = np.clip(given, 0.0, 1.0)
         self.drafted = np.zeros(self.k_max)  # [k_max] decayed runtime drafted_at_pos
         self.accepted = np.zeros(self.k_max)  # [k_max] decayed runtime accepted_at_pos
         self.num_observed_steps = 0
@@ -146,15 +153,11 @@ class OnlineAcceptancePolicy:
     def estimated_rates(self) -> FloatArray:
         """[k_max] posterior-mean rates r_i, made non-increasing in position."""
         strength = self.config.prior_strength
-        if self.draft_rates is None:
+        if self.draft_rates is None or self.prior_given_drafted is None:
             posterior = (self.accepted + strength * self.prior_rates) / (self.drafted + strength)
             return np.minimum.accumulate(posterior)  # [k_max]
         # Counts are of drafted positions: estimate q_i = r_i / s_i, then r_i = q_i s_i.
-        with np.errstate(divide="ignore", invalid="ignore"):
-            prior_given_drafted = np.where(
-                self.draft_rates > 0, self.prior_rates / self.draft_rates, 0.0
-            )  # [k_max]
-        given_drafted = (self.accepted + strength * np.clip(prior_given_drafted, 0.0, 1.0)) / (
+        given_drafted = (self.accepted + strength * self.prior_given_drafted) / (
             self.drafted + strength
         )  # [k_max]
         return np.minimum.accumulate(given_drafted * self.draft_rates)  # [k_max]
