@@ -63,6 +63,7 @@ from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.common.progress import Advance
+from dsd.policies.host_time import policy_host_lines
 from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
@@ -109,6 +110,10 @@ class ProfileConfig:
     # Output tokens per request of the host-overhead loop runs (2 x B requests at C = B per
     # profiled B, K = 0 and K = K_max); 0: do not measure the host overhead.
     host_overhead_output_len: int = 32
+    # Synthetic steps per repeat that time each learning policy's own choose_k + observe
+    # against a static policy's at every profiled B (policies.host_time; 3 repeats), kept in
+    # host_overhead.policies; 0: not timed. Only with the host overhead measured.
+    policy_host_steps: int = 300
     # Timing checks (policies.profile_quality): points that fail are measured again up to
     # max_remeasure times; a profile that still fails is refused unless allow_noisy (then its
     # problems are recorded in metadata["quality"]).
@@ -170,6 +175,14 @@ class ProfileConfig:
             raise InputError(
                 "host_overhead_output_len: must be 0 (off) or an integer >= 2, got "
                 f"{self.host_overhead_output_len!r}"
+            )
+        if (
+            isinstance(self.policy_host_steps, bool)
+            or not isinstance(self.policy_host_steps, int)
+            or self.policy_host_steps < 0
+        ):
+            raise InputError(
+                f"policy_host_steps: must be an integer >= 0, got {self.policy_host_steps!r}"
             )
         if self.adaptive_target_pct is not None and not (
             np.isfinite(self.adaptive_target_pct) and self.adaptive_target_pct > 0
@@ -1424,7 +1437,7 @@ def profile_pair(
         }
     )
     info.update(metadata or {})
-    return Profile(
+    profile = Profile(
         k_max=k_max,
         latency=tuple(latency),
         acceptance_rates=rates,
@@ -1445,6 +1458,18 @@ def profile_pair(
         ),
         draft_sequences=sequences,
         metadata=info,
+    )
+    if host_overhead is None or config.policy_host_steps == 0 or k_max == 0:
+        return profile
+    # The learning policies' own host time, built on this very profile (their tables read it)
+    lines = policy_host_lines(profile, list(config.batch_sizes), steps=config.policy_host_steps)
+    info["host_overhead"]["policy_steps"] = {
+        "steps": config.policy_host_steps,
+        "repeats": 3,
+        "baseline": f"static:{k_max}",
+    }
+    return dataclasses.replace(
+        profile, host_overhead=dataclasses.replace(host_overhead, policies=lines)
     )
 
 

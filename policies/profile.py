@@ -12,7 +12,7 @@ fitting the host overhead is in `backend.profiler`, the PR #32374 file format is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -98,6 +98,26 @@ class HostOverhead:
     # scheduling overlaps with the previous step. None: not measured (older profiles).
     planning_plain: HostOverheadLine | None = None
     planning_spec: HostOverheadLine | None = None
+    # By policy name (goodput, online, per-request): the host ms per step that the policy's own
+    # choose_k and observe take beyond a static policy's, timed on synthetic steps
+    # (`policies.host_time`). The lines above were measured with static policies. () where not
+    # measured (older profiles).
+    policies: tuple[tuple[str, HostOverheadLine], ...] = ()
+
+    def for_policy(self, name: str) -> HostOverhead:
+        """The model of a run whose policy is `name`: its own line (where measured) added to
+        every step's host time. It is not counted as planning: async scheduling does not hide
+        it (the conservative reading: observe runs after the step)."""
+        extra = dict(self.policies).get(name)
+        if extra is None:
+            return self
+
+        def plus(line: HostOverheadLine) -> HostOverheadLine:
+            return HostOverheadLine(
+                line.intercept_ms + extra.intercept_ms, line.per_row_ms + extra.per_row_ms
+            )
+
+        return replace(self, plain=plus(self.plain), spec=plus(self.spec))
 
     def overhead_ms(self, batch_size: int, has_spec: bool) -> float:
         """Host ms of one step of `batch_size` rows; `has_spec`: some row drafts K > 0."""

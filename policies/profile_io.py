@@ -513,11 +513,17 @@ def _parse_host_overhead(reader: _Reader, raw: Any) -> HostOverhead:
     if entry.get("planning") is not None:
         path = "host_overhead.planning"
         planning = _host_overhead_lines(reader, reader.obj(entry["planning"], path), path)
+    policies: list[tuple[str, HostOverheadLine]] = []
+    if entry.get("policies") is not None:
+        path = "host_overhead.policies"
+        for name, raw_line in sorted(reader.obj(entry["policies"], path).items()):
+            policies.append((str(name), _host_overhead_line(reader, raw_line, f"{path}.{name}")))
     return HostOverhead(
         plain=lines["plain"],
         spec=lines["spec"],
         planning_plain=None if planning is None else planning["plain"],
         planning_spec=None if planning is None else planning["spec"],
+        policies=tuple(policies),
         residual_ms=reader.nonnegative_ms(entry, "residual_ms", "host_overhead"),
         num_steps=reader.integer(
             reader.require(entry, "num_steps", "host_overhead"), "host_overhead.num_steps", 1
@@ -534,15 +540,18 @@ def _host_overhead_lines(
     reader: _Reader, entry: Mapping[str, Any], where: str
 ) -> dict[str, HostOverheadLine]:
     """The "plain" and "spec" lines of a host-overhead object (or of its "planning" part)."""
-    lines: dict[str, HostOverheadLine] = {}
-    for kind in ("plain", "spec"):
-        path = f"{where}.{kind}"
-        line = reader.obj(reader.require(entry, kind, where), path)
-        lines[kind] = HostOverheadLine(
-            intercept_ms=reader.nonnegative_ms(line, "intercept_ms", path),
-            per_row_ms=reader.nonnegative_ms(line, "per_row_ms", path),
-        )
-    return lines
+    return {
+        kind: _host_overhead_line(reader, reader.require(entry, kind, where), f"{where}.{kind}")
+        for kind in ("plain", "spec")
+    }
+
+
+def _host_overhead_line(reader: _Reader, raw: Any, path: str) -> HostOverheadLine:
+    line = reader.obj(raw, path)
+    return HostOverheadLine(
+        intercept_ms=reader.nonnegative_ms(line, "intercept_ms", path),
+        per_row_ms=reader.nonnegative_ms(line, "per_row_ms", path),
+    )
 
 
 def _line_to_native(line: HostOverheadLine) -> dict[str, float]:
@@ -563,6 +572,8 @@ def host_overhead_to_native(model: HostOverhead) -> dict[str, Any]:
             "plain": _line_to_native(model.planning_plain),
             "spec": _line_to_native(model.planning_spec),
         }
+    if model.policies:
+        native["policies"] = {name: _line_to_native(line) for name, line in model.policies}
     return native
 
 

@@ -318,11 +318,14 @@ def with_latency_from(resolved: ResolvedRun, timing: Profile) -> ResolvedRun:
 def resolve_host_overhead(
     config: RunConfig, profile: Profile | None
 ) -> tuple[HostOverheadSource, float, HostOverhead | None]:
-    """(source, constant ms, measured model): the flag wins, then the profile's model."""
+    """(source, constant ms, measured model): the flag wins, then the profile's model, with
+    the host time of the run's policy added where the profile timed it (`HostOverhead.policies`,
+    by the SPEC's name: "per-request" for "per-request:prior_strength=8")."""
     if config.host_overhead_ms is not None:
         return "flag", float(config.host_overhead_ms), None
     if profile is not None and profile.host_overhead is not None:
-        return "measured", 0.0, profile.host_overhead
+        policy_name = str(config.policy).split(":", 1)[0]
+        return "measured", 0.0, profile.host_overhead.for_policy(policy_name)
     return "none", 0.0, None
 
 

@@ -26,6 +26,7 @@ from dsd.backend.profiler import (
     profile_pair,
 )
 from dsd.common.errors import InputError
+from dsd.policies.host_time import TIMED_POLICIES
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile, save_profile
 
@@ -44,6 +45,7 @@ def small_config(**overrides) -> ProfileConfig:
         num_warmup=1,
         num_iters=4,
         allow_noisy=True,  # millisecond steps of tiny models on a shared CPU are noisy
+        policy_host_steps=10,
     )
     values.update(overrides)
     return ProfileConfig(**values)  # type: ignore[arg-type]
@@ -342,11 +344,17 @@ def test_profile_carries_the_host_overhead_unless_off(target, tmp_path) -> None:
     )
     assert measured.host_overhead is not None
     assert measured.metadata["host_overhead"]["output_len"] == 4
+    # the learning policies' own host time, timed on this profile (docs/models.md 1.5)
+    assert [name for name, _line in measured.host_overhead.policies] == list(TIMED_POLICIES)
+    assert all(line.at(3) >= 0 for _name, line in measured.host_overhead.policies)
+    assert measured.metadata["host_overhead"]["policy_steps"]["steps"] == 10
     path = tmp_path / "p.json"
     save_profile(measured, path)
     assert load_profile(path).host_overhead == measured.host_overhead
     off = profile_pair(target, draft, small_config(host_overhead_output_len=0), prompts(2), [6, 6])
     assert off.host_overhead is None
+    untimed = profile_pair(target, draft, small_config(policy_host_steps=0), prompts(2), [6, 6])
+    assert untimed.host_overhead is not None and untimed.host_overhead.policies == ()
 
 
 @pytest.mark.parametrize("value", [-1, 1, 2.5, True])  # negative; one token; not an integer; bool

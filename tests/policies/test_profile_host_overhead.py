@@ -153,3 +153,27 @@ def test_a_bad_planning_line_is_a_one_line_error_naming_it(tmp_path: Path) -> No
     path = _write(tmp_path, data)
     with pytest.raises(InputError, match=r"host_overhead\.planning\.spec: missing field"):
         load_profile(path)
+
+
+def test_policy_lines_round_trip_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    data = _golden_data()
+    data["host_overhead"]["policies"] = {
+        "per-request": {"intercept_ms": 0.25, "per_row_ms": 0.0},
+        "online": {"intercept_ms": 0.125, "per_row_ms": 0.0078125},
+    }
+    model = load_profile(_write(tmp_path, data)).host_overhead
+    assert model is not None
+    assert model.policies == (
+        ("online", HostOverheadLine(0.125, 0.0078125)),
+        ("per-request", HostOverheadLine(0.25, 0.0)),
+    )
+    again = tmp_path / "again.json"
+    save_profile(load_profile(_write(tmp_path, data)), again)
+    assert (
+        json.loads(again.read_text())["host_overhead"]["policies"]
+        == data["host_overhead"]["policies"]
+    )
+    assert GOLDEN_MODEL.policies == ()  # the golden file predates them
+    data["host_overhead"]["policies"]["online"]["per_row_ms"] = -1.0
+    with pytest.raises(InputError, match=r"host_overhead\.policies\.online"):
+        load_profile(_write(tmp_path, data))

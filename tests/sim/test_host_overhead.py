@@ -142,6 +142,41 @@ PLANNING_MODEL = dataclasses.replace(
 
 
 @pytest.mark.parametrize(
+    ("policy", "tpot_ms"),
+    [
+        ("static:0", 10.0 + 1.0 + 0.5),  # no line of its own: the static model
+        ("per-request", 10.0 + (1.0 + 0.75) + (0.5 + 0.125)),  # its line added (K = 0 here)
+        ("per-request:prior_strength=8", 10.0 + 1.75 + 0.625),  # by the SPEC's name
+    ],
+)
+def test_a_run_is_charged_its_policys_own_host_time_where_the_profile_timed_it(
+    tmp_path: Path, policy: str, tpot_ms: float
+) -> None:
+    path = write_measured_profile(tmp_path / "p.json", itl_ms=10.0)
+    data = json.loads(path.read_text())
+    data["host_overhead"]["policies"] = {"per-request": {"intercept_ms": 0.75, "per_row_ms": 0.125}}
+    path.write_text(json.dumps(data))
+    workload = write_workload_file(tmp_path / "w.csv", [(16, 5)] * 2)
+    # k_max 0: every step plain, so the plain line (+ the policy's) prices each one
+    config = RunConfig(
+        profile=str(path), policy=policy, dataset=str(workload), max_concurrency=1, k_max=0
+    )
+    resolved = resolve(config)
+    run = build_engine(resolved, fitted_executor(resolved)).run()
+    assert run.metrics["mean_tpot_ms"] == pytest.approx(tpot_ms)
+
+
+def test_a_policys_line_is_added_to_both_classes_and_not_to_planning() -> None:
+    extra = HostOverheadLine(intercept_ms=0.5, per_row_ms=0.125)
+    model = dataclasses.replace(PLANNING_MODEL, policies=(("online", extra),))
+    online = model.for_policy("online")
+    assert online.overhead_ms(4, has_spec=True) == pytest.approx(MODEL.overhead_ms(4, True) + 1.0)
+    assert online.overhead_ms(4, has_spec=False) == pytest.approx(MODEL.overhead_ms(4, False) + 1.0)
+    assert online.planning_ms(4, has_spec=True) == PLANNING_MODEL.planning_ms(4, has_spec=True)
+    assert model.for_policy("goodput") is model  # not timed: unchanged
+
+
+@pytest.mark.parametrize(
     ("host_ms", "planning_ms", "overlap", "expected_extra_ms"),
     [
         (3.0, 2.0, False, 3.0),  # sync: device + all the host time
