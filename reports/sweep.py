@@ -646,7 +646,8 @@ def plot_tpot_png(frame: pd.DataFrame, title: str) -> bytes:
         axes.set_ylabel("mean TPOT (ms)")
         axes.set_title(title)
         axes.grid(True, which="both", alpha=0.3)
-        axes.legend(fontsize="small")
+        if axes.get_legend_handles_labels()[0]:  # a single unnamed series has nothing to label
+            axes.legend(fontsize="small")
     except BaseException:
         plt.close(figure)
         raise
