@@ -341,12 +341,21 @@ def step_split_lines(cells: Sequence[Cell]) -> list[str]:
     outside_ms = float(np.median([outside for _cell, _wall, outside in split]))
     cell, wall, outside = max(split, key=lambda item: item[2] / item[1])
     concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
+    by_policy: dict[str, list[float]] = {}
+    for each, _wall, each_outside in split:
+        by_policy.setdefault(each.policy, []).append(each_outside)
+    policies = ", ".join(
+        f"{policy} {format_number(float(np.median(values)))}"
+        for policy, values in by_policy.items()
+    )
     return [
         "Per real step (each cell's first trial, every step in steps.csv; medians): the engine "
         f"loop's step took {format_number(step_ms)} ms, of which {format_number(outside_ms)} ms "
         "outside the executor (host planning, policy, bookkeeping); the largest share outside: "
         f"{format_number(outside / wall * 100.0, 1)} % of {format_number(wall)} ms "
-        f"({cell.policy} at C={concurrency}).",
+        f"({cell.policy} at C={concurrency}). Outside the executor by policy (ms, median over "
+        f"its cells; a learning policy's own decisions are the difference to a static one's, "
+        f"which the profile's host_overhead.policies charges): {policies}.",
         "",
     ]
 

@@ -116,3 +116,30 @@ def test_the_level_is_the_median_over_every_trial_of_simulated_over_measured() -
     assert level_lines(cells, rows[:1]) == []  # one trial says nothing of a level
     text = hardware_markdown({"command": "x"}, None, crossover(cells), cells)
     assert line in text
+
+
+def test_step_split_names_each_policys_time_outside_the_executor() -> None:
+    import types
+
+    import pandas as pd
+
+    from dsd.reports.validation import step_split_lines
+
+    def cell(policy: str, concurrency: int, outside_ms: float) -> object:
+        steps = pd.DataFrame(
+            {"duration_s": [0.005 + outside_ms / 1000] * 3, "execute_s": [0.005] * 3}
+        )
+        return types.SimpleNamespace(
+            policy=policy, max_concurrency=concurrency, measured_steps=steps
+        )
+
+    cells = [
+        cell("static:0", 1, 0.2),
+        cell("static:0", 2, 0.3),
+        cell("per-request", 1, 0.6),
+        cell("per-request", 2, 0.8),
+    ]
+    (line, _blank) = step_split_lines(cells)  # type: ignore[arg-type]
+    assert "by policy" in line
+    assert "static:0 0.25, per-request 0.70." in line
+    assert "(per-request at C=2)" in line  # the largest share outside
