@@ -83,8 +83,9 @@ def policy_host_lines(
     steps: int = 300,
     repeats: int = 3,
 ) -> tuple[tuple[str, HostOverheadLine], ...]:
-    """Per policy name, the line in D (intercept, per row; both >= 0, least squares) of its
-    median ms per step beyond static:k_max's, over `batch_sizes`."""
+    """Per policy name, the line in D (intercept, per row; both >= 0, least squares; a
+    constant from one batch size) of its median ms per step beyond static:k_max's, over
+    `batch_sizes`."""
     baseline = f"static:{profile.k_max}"
     samples = policy_step_us(
         profile, [baseline, *names], batch_sizes, steps, repeats, warmup_steps=min(200, steps)
@@ -102,6 +103,9 @@ def policy_host_lines(
                 for d in batch_sizes
             ]
         )  # [nB]
-        (intercept_ms, per_row_ms), _residual = nnls(design, extra_ms)
+        if len(batch_sizes) == 1:  # one B says nothing of a slope: a constant
+            intercept_ms, per_row_ms = float(extra_ms[0]), 0.0
+        else:
+            (intercept_ms, per_row_ms), _residual = nnls(design, extra_ms)
         lines.append((name, HostOverheadLine(float(intercept_ms), float(per_row_ms))))
     return tuple(sorted(lines, key=lambda item: item[0]))  # by name, as a profile file lists them

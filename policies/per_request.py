@@ -178,8 +178,8 @@ class PerRequestPolicy:
         self.alpha = np.zeros(0)  # posterior alpha per tracked id
         self.beta = np.zeros(0)  # posterior beta per tracked id
         self.last_seen_step = np.zeros(0, dtype=np.int64)  # step index of the latest feedback
-        # The step-cost vectors choose_k reads, by (mixed_k, D, K cap, B): they depend on the
-        # profile alone, and interpolating them each step cost more than the choice itself
+        # The step-cost vectors choose_k reads, by (D, or 0 under padded cost; K cap; B): they
+        # depend on the profile alone, and interpolating them each step cost more than choosing
         # (0.25 of 0.45 ms a step at B = 2, where a GPU step takes 4-6 ms). Bounded: cleared
         # when full.
         self._step_costs: dict[tuple[int, int, int], FloatArray] = {}

@@ -304,3 +304,12 @@ def test_memoized_step_costs_choose_as_a_fresh_policy_does(mixed_k: str, steps) 
         ks = used.choose_k(view)
         np.testing.assert_array_equal(ks, fresh.choose_k(view))
         used.observe(_feedback(step, ids, ks, np.minimum(ks, (ids + step) % 3)))
+
+
+def test_policy_host_lines_are_non_negative_and_constant_from_one_batch_size() -> None:
+    from dsd.policies.host_time import TIMED_POLICIES, policy_host_lines
+
+    lines = policy_host_lines(h100_profile(), [2], steps=5, repeats=1)
+    assert [name for name, _line in lines] == sorted(TIMED_POLICIES)
+    for _name, line in lines:
+        assert line.intercept_ms >= 0 and line.per_row_ms == 0.0
