@@ -143,3 +143,23 @@ def test_step_split_names_each_policys_time_outside_the_executor() -> None:
     assert "by policy" in line
     assert "static:0 0.25, per-request 0.70." in line
     assert "(per-request at C=2)" in line  # the largest share outside
+
+
+def test_the_gaps_paired_by_trial_hold_the_shared_drift_out() -> None:
+    # trials 1-3 of every cell ran together: the machine was 10% slower in trial 2 for all
+    def cell(policy: str, tpots: list[float]) -> CellResult:
+        metrics = [{"mean_tpot_ms": tpot} for tpot in tpots]
+        median = sorted(tpots)[1]
+        return CellResult(policy, 2, {"mean_tpot_ms": median}, {}, measured_trials=tuple(metrics))
+
+    cells = [
+        cell("static:0", [100.0, 110.0, 101.0]),
+        cell("static:2", [90.0, 99.0, 91.0]),
+        cell("goodput", [91.8, 100.98, 92.82]),  # +2% in every trial
+    ]
+    text = hardware_markdown({"command": "x"}, None, crossover(cells), cells)
+    section = text.split("### The gaps paired by trial")[1]
+    assert "- C=2 (vs static:2): goodput +2.0% (+2.0 to +2.0)" in section
+    # one trial per cell: nothing to pair
+    single = [CellResult(c.policy, 2, c.measured, {}) for c in cells]
+    assert "paired by trial" not in hardware_markdown({}, None, crossover(single), single)
