@@ -197,7 +197,7 @@ def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
     if not argument:
         raise InputError("policy 'hysteresis' needs a base policy (hysteresis:BASE[:key=value])")
     base_spec, options = _split_hysteresis(argument)
-    base_name = base_spec.strip().partition(":")[0].strip().lower()
+    base_name = policy_name(base_spec)
     if base_name in ("bandit", "per-request", "hysteresis"):
         raise InputError(
             f"policy 'hysteresis' wraps a batch-level policy with a pure choose_k, "
@@ -311,9 +311,14 @@ def parse_policy(
     return _parse_with_context(spec, context)
 
 
+def policy_name(spec: str) -> str:
+    """A SPEC's policy name, as parsing reads it: "per-request" for " Per-Request:decay=0.9"."""
+    return spec.strip().partition(":")[0].strip().lower()
+
+
 def _parse_with_context(spec: str, context: PolicyContext) -> KPolicy:
-    name, sep, argument = spec.strip().partition(":")
-    name = name.strip().lower()
+    _name, sep, argument = spec.strip().partition(":")
+    name = policy_name(spec)
     builder = POLICY_BUILDERS.get(name)
     if builder is None:
         raise InputError(f"unknown policy {spec!r}; known: {', '.join(sorted(POLICY_BUILDERS))}")

@@ -31,7 +31,7 @@ import simpy
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
-from dsd.policies.spec import parse_policy
+from dsd.policies.spec import parse_policy, policy_name
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.latency import (
@@ -320,12 +320,11 @@ def resolve_host_overhead(
 ) -> tuple[HostOverheadSource, float, HostOverhead | None]:
     """(source, constant ms, measured model): the flag wins, then the profile's model, with
     the host time of the run's policy added where the profile timed it (`HostOverhead.policies`,
-    by the SPEC's name: "per-request" for "per-request:prior_strength=8")."""
+    by the SPEC's name, `policies.spec.policy_name`)."""
     if config.host_overhead_ms is not None:
         return "flag", float(config.host_overhead_ms), None
     if profile is not None and profile.host_overhead is not None:
-        policy_name = str(config.policy).split(":", 1)[0]
-        return "measured", 0.0, profile.host_overhead.for_policy(policy_name)
+        return "measured", 0.0, profile.host_overhead.for_policy(policy_name(config.policy))
     return "none", 0.0, None
 
 

@@ -147,6 +147,7 @@ PLANNING_MODEL = dataclasses.replace(
         ("static:0", 10.0 + 1.0 + 0.5),  # no line of its own: the static model
         ("per-request", 10.0 + (1.0 + 0.75) + (0.5 + 0.125)),  # its line added (K = 0 here)
         ("per-request:prior_strength=8", 10.0 + 1.75 + 0.625),  # by the SPEC's name
+        (" Per-Request", 10.0 + 1.75 + 0.625),  # read as parsing reads it
     ],
 )
 def test_a_run_is_charged_its_policys_own_host_time_where_the_profile_timed_it(
