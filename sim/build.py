@@ -160,30 +160,13 @@ def _acceptance_model(
     return ReplayAcceptance(cached_recording() if recording is None else recording, seed)
 
 
-def _profile_contexts(profile: Profile | None) -> tuple[int, ...]:
-    """The profile's recorded decode contexts, ascending (none for a context-free one)."""
-    if profile is None:
-        return ()
-    return tuple(sorted({p.context_len for p in profile.latency if p.context_len is not None}))
-
-
-def _profile_fixed_shapes(profile: Profile | None) -> bool:
-    """Whether the profile's steps ran at the fast path's fixed shapes (its metadata says)."""
-    return profile is not None and profile.metadata.get("fast_path", "off") != "off"
-
-
 def _latency_model(resolved: ResolvedRun) -> LatencyModel:
     config = resolved.config
     assert resolved.latency is not None  # fitted_executor checked it
     fused: TableLatencyModel | ParametricLatencyModel | PaddedAttention | FixedShapeSteps
     fused = resolved.latency
     if resolved.step_shapes is not None:  # padded rows and spans subsume padded attention
-        fused = FixedShapeSteps(
-            resolved.latency,
-            resolved.step_shapes,
-            profile_contexts=_profile_contexts(resolved.profile),
-            profile_fixed_shapes=_profile_fixed_shapes(resolved.profile),
-        )
+        fused = FixedShapeSteps.of_profile(resolved.latency, resolved.step_shapes, resolved.profile)
     elif resolved.attention_span == "padded":
         fused = PaddedAttention(resolved.latency)
     model: LatencyModel = fused

@@ -219,6 +219,16 @@ class PrefillCost:
         return added[-1] + self.tail_ms_per_token * (num_tokens - knots[-1])
 
 
+def measured_on_fast_path(profile: Profile) -> bool:
+    """Whether the profile's decode steps ran at the fast path's fixed shapes (its metadata)."""
+    return bool(profile.metadata.get("fast_path", "off") != "off")
+
+
+def profile_contexts(profile: Profile) -> list[int]:
+    """The profile's recorded decode contexts (tokens held), ascending; [] if none."""
+    return sorted({p.context_len for p in profile.latency if p.context_len is not None})
+
+
 def _one_token_prefill_ms(
     profile: Profile, tokens: Sequence[int], latency_ms: Sequence[float], one_row_decode_ms: float
 ) -> float:
@@ -231,7 +241,7 @@ def _one_token_prefill_ms(
     a prefill row cost 21 ms more than one token (a step of 8 prompts priced at 220 ms, measured
     at 30). There the curve is extended along its own first segment instead (not below 0, not
     above its first point)."""
-    if profile.metadata.get("fast_path", "off") == "off":
+    if not measured_on_fast_path(profile):
         return one_row_decode_ms
     if len(tokens) < 2:
         return float(latency_ms[0])
@@ -369,7 +379,7 @@ class TableLatencyModel:
 def _context_tables(profile: Profile) -> tuple[tuple[float, ItlTable], ...]:
     """One ITL table per profiled context when the profile has >= 2 contexts and each covers
     the whole (B, K) grid; () otherwise (the model is context-free)."""
-    levels = sorted({p.context_len for p in profile.latency if p.context_len is not None})
+    levels = profile_contexts(profile)
     if len(levels) < 2:
         return ()
     grid = {(p.batch_size, p.num_spec_tokens) for p in profile.latency}
@@ -917,6 +927,20 @@ class FixedShapeSteps(_StepCostWrapper):
     shapes: StepShapes
     profile_contexts: tuple[int, ...] = ()  # the profile's recorded contexts, ascending
     profile_fixed_shapes: bool = False  # the profile's steps ran on these kv buckets
+
+    @staticmethod
+    def of_profile(
+        inner: TableLatencyModel | ParametricLatencyModel,
+        shapes: StepShapes,
+        profile: Profile | None,
+    ) -> FixedShapeSteps:
+        """The wrapper of a model fitted to `profile`: its contexts, and whether it ran on the
+        fast path (None: neither)."""
+        if profile is None:
+            return FixedShapeSteps(inner, shapes)
+        return FixedShapeSteps(
+            inner, shapes, tuple(profile_contexts(profile)), measured_on_fast_path(profile)
+        )
 
     def step_ms(self, batch: ScheduledBatch) -> float:
         num_decode = batch.num_decode_reqs
