@@ -20,10 +20,15 @@ from dsd.common.errors import InputError, WorkerDied
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
 # use the click package. Import only the one typer uses: the click package on top of the bundled
 # copy cost 40 ms of every command's start. typer.Exit and typer.Abort are what both raise.
+# NoArgsIsHelpError (click >= 8.2) carries the help of `dsd` or a command group given alone;
+# older clicks show that help and exit themselves.
 try:
-    from typer._click.exceptions import ClickException
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:  # pragma: no cover - older typer
-    from click import ClickException  # type: ignore[assignment]
+    from click import exceptions as _click_exceptions
+
+    ClickException = _click_exceptions.ClickException  # type: ignore[misc,assignment]
+    NoArgsIsHelpError = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # type: ignore[misc,arg-type]
 
 app = typer.Typer(
     name="dsd",
@@ -55,11 +60,14 @@ def _path_of(error: OSError) -> str:
 def main(argv: list[str] | None = None) -> None:
     invocation.record(sys.argv[1:] if argv is None else argv)
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=argv, prog_name="dsd", standalone_mode=False)
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
         fail("aborted")
+    except NoArgsIsHelpError as exc:  # its help as it is, not squeezed onto one error line
+        print(exc.format_message(), file=sys.stderr)
+        raise SystemExit(2) from None
     except ClickException as exc:  # bad flags, missing options, bad values
         fail(exc.format_message())
     except InputError as exc:

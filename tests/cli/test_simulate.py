@@ -394,6 +394,18 @@ def test_scheduler_vllm_without_vllm_is_one_line(
     )
 
 
+@pytest.mark.parametrize("argv", [[], ["traces"], ["export"]])
+def test_a_command_group_alone_shows_its_help_as_it_is(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dsd` (or a group) with nothing after it: the group's help on stderr, line by line, and
+    exit 2; not the help squeezed onto one `error:` line."""
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"Usage: dsd {' '.join(argv)}".rstrip() + " [OPTIONS] COMMAND")
+    assert "\nCommands:\n" in err and "error:" not in err
+
+
 def test_help_loads_neither_rich_help_renderers_nor_a_second_click() -> None:
     """`dsd --help` is click's plain help: typer's rich help imports rich's markdown renderer
     (and pygments), +0.2 s of every `--help`; with a typer that bundles its own click, the click
