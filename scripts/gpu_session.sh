@@ -42,9 +42,9 @@
 # nvidia-smi, Python, torch, package versions into device.txt/device.json), tests (pytest -m gpu
 # over every test file with a gpu mark), bench (benchmarks/engine_gpu.py, gemm_rows.py,
 # async_overlap.py), report (python3 -m dsd hardware-report --device cuda). Each phase logs to
-# RESULTS/<phase>.log (via tee); a failed
-# phase does not stop the next; the last lines are a summary, one per phase (also appended to
-# RESULTS/summary.txt). Exit status 1 if a phase failed. Python: $PYTHON, else python3.
+# RESULTS/<phase>.log (via tee); a failed phase does not stop the next; the last lines are a
+# summary, one per phase (also appended to RESULTS/summary.txt). Exit status 1 if a phase failed.
+# Python: $PYTHON, else python3.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
