@@ -42,6 +42,7 @@ from dsd.common.png import figure_png_bytes
 from dsd.policies.goodput import acceptance_lengths
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.spec import parse_policy
+from dsd.reports import PR_SPECULATIVE_METHOD
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.reports.sweep import (
     CellResult,
@@ -57,9 +58,6 @@ from dsd.sim.resolve import load_profile_cached, resolve, resolved_config_dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PR_PROFILE = REPO_ROOT / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
-# Its drafter (EAGLE-1), for the KV lookahead vLLM's scheduler reserves: the PR's format does
-# not record it, so a run on the profile would otherwise take RunConfig's default (ngram).
-PR_SPECULATIVE_METHOD = "eagle"
 PR_CONCURRENCIES: tuple[int, ...] = (1, 4, 16, 64, 128, 256)
 PR_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
 PR_PROMPTS_PER_CONCURRENCY = 20

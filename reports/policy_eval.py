@@ -60,6 +60,7 @@ from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
 from dsd.policies.profile_io import save_profile
 from dsd.policies.types import KPolicy
+from dsd.reports import PR_SPECULATIVE_METHOD
 from dsd.reports.paired import Gap, paired_gap, verdict
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import RunConfig
@@ -256,7 +257,13 @@ def write_phased_workload(path: Path) -> None:
 
 def point_engine(kwargs: dict[str, Any], spec: str, seed: int) -> Engine:
     """The engine of one run at a workload point (its RunConfig kwargs) on PROFILE."""
-    config = RunConfig(profile=PROFILE, policy=spec, seed=seed, **kwargs)
+    config = RunConfig(
+        profile=PROFILE,
+        policy=spec,
+        seed=seed,
+        speculative_method=PR_SPECULATIVE_METHOD,
+        **kwargs,
+    )
     resolved = resolve(config)
     return build_engine(resolved, fitted_executor(resolved))
 

@@ -144,6 +144,15 @@ def test_every_point_states_how_many_requests_a_run_sends(tmp_path: Path) -> Non
         assert all(n >= 1 for n in workload.requests_per_run)
 
 
+def test_runs_on_the_pr_profile_reserve_what_its_eagle_drafter_does(tmp_path: Path) -> None:
+    """The PR profile's drafter is EAGLE-1; its format does not say so, so the reports name it
+    (else the scheduler would reserve an n-gram drafter's nothing)."""
+    kwargs = policy_eval.workloads(tmp_path)[0].points[0][1]
+    scheduler = policy_eval.point_engine(kwargs, "static:3", 0).scheduler.config
+    assert scheduler.speculative_method == "eagle"
+    assert scheduler.num_lookahead_tokens == scheduler.k_max > 0
+
+
 def test_the_committed_goal_table_is_what_the_committed_results_render_to() -> None:
     """reports/policies/report.md's goal table comes from its results.json; a point where a
     policy is strictly better shows by how much (an interval can exclude 0 by a hair)."""
