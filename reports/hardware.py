@@ -164,11 +164,11 @@ def goals(
     if speedup is not None and len(speedup.arms) > 1:
         best = max(speedup.arms[1:], key=lambda a: a.speedup_median)
         identical = all(a.identical_to_first_arm for a in speedup.arms)
+        shown = _against_bound(best.speedup_median, SPEEDUP_GOAL, 2)
         found.append(
             Goal(
                 f"B=1 speedup >= {SPEEDUP_GOAL}x, output identical to plain greedy",
-                f"{best.speedup_median:.2f}x ({best.arm}); identical tokens: "
-                f"{'yes' if identical else 'NO'}",
+                f"{shown}x ({best.arm}); identical tokens: {'yes' if identical else 'NO'}",
                 best.speedup_median >= SPEEDUP_GOAL and identical,
             )
         )
@@ -186,7 +186,8 @@ def goals(
             gaps = _family_gaps(rows, family)
             if gaps:
                 worst = max(gaps, key=lambda g: g[2])
-                figure = f"worst {worst[2]:+.1f}% ({worst[1]} at C={worst[0]})"
+                shown = _against_bound(worst[2], ENVELOPE_GAP_GOAL_PCT, 1, sign=True)
+                figure = f"worst {shown}% ({worst[1]} at C={worst[0]})"
                 adjusted_gaps = [
                     gap for gap in _family_gaps(adjusted_rows, family) if math.isfinite(gap[2])
                 ]
@@ -204,7 +205,10 @@ def goals(
     summary = tpot_error_summary(cells)
     median, largest = summary["median_abs_tpot_error_pct"], summary["max_abs_tpot_error_pct"]
     if math.isfinite(median):
-        figure = f"median {median:.1f}%, max {largest:.1f}% over {len(cells)} cells"
+        figure = (
+            f"median {_against_bound(median, MEDIAN_ERROR_GOAL_PCT, 1)}%, "
+            f"max {_against_bound(largest, MAX_ERROR_GOAL_PCT, 1)}% over {len(cells)} cells"
+        )
         adjusted = (
             summary["median_abs_speed_adjusted_error_pct"],
             summary["max_abs_speed_adjusted_error_pct"],
@@ -223,6 +227,15 @@ def goals(
             )
         )
     return found
+
+
+def _against_bound(value: float, bound: float, digits: int, sign: bool = False) -> str:
+    """`value` with `digits` decimals, or more where fewer would print the goal's own bound for a
+    figure on either side of it (1.499 against 1.5 reads 1.499, not a "missed" 1.50)."""
+    for shown_digits in range(digits, digits + 4):
+        if round(value, shown_digits) != bound or value == bound:
+            break
+    return f"{value:{'+' if sign else ''}.{shown_digits}f}"
 
 
 def _family_gaps(rows: Sequence[CrossoverRow], family: str) -> list[tuple[int, str, float]]:

@@ -163,3 +163,15 @@ def test_the_gaps_paired_by_trial_hold_the_shared_drift_out() -> None:
     # one trial per cell: nothing to pair
     single = [CellResult(c.policy, 2, c.measured, {}) for c in cells]
     assert "paired by trial" not in hardware_markdown({}, None, crossover(single), single)
+
+
+def test_a_goal_figure_never_prints_the_bound_it_missed_or_met_by_a_hair() -> None:
+    from dsd.reports.hardware import _against_bound
+
+    assert _against_bound(1.4990, 1.5, 2) == "1.499"  # missed: not "1.50"
+    assert _against_bound(1.5004, 1.5, 2) == "1.5004"  # met, and says so
+    assert _against_bound(1.5, 1.5, 2) == "1.50"
+    assert _against_bound(1.46, 1.5, 2) == "1.46"
+    assert _against_bound(2.04, 2.0, 1, sign=True) == "+2.04"
+    assert _against_bound(-0.3, 2.0, 1, sign=True) == "-0.3"
+    assert _against_bound(7.96, 8.0, 1) == "7.96"
