@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig
+from dsd.cli.flags import int_list
+from dsd.common.errors import InputError
 
 MODES = ("float32", "tf32", "bfloat16")
 
@@ -40,14 +42,6 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
         "down": (config.intermediate_size, hidden, layers),
         "lm_head": (hidden, config.vocab_size, 1),
     }
-
-
-def parse_rows(text: str) -> list[int]:
-    """ "1-32" or "1,7,16" -> row counts."""
-    if "-" in text:
-        first, last = (int(part) for part in text.split("-"))
-        return list(range(first, last + 1))
-    return [int(part) for part in text.split(",")]
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -129,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gemm_rows.py: --modes: unknown {unknown}; choose {MODES}", file=sys.stderr)
         return 2
     config = MODEL_CONFIGS[args.target]
-    rows = parse_rows(args.rows)
+    try:
+        rows = list(int_list("--rows", args.rows, 1))
+    except InputError as error:
+        print(f"gemm_rows.py: {error}", file=sys.stderr)
+        return 2
     results = {
         mode: measure(config, device, mode, rows, args.calls, args.repeats) for mode in modes
     }
