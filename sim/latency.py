@@ -50,6 +50,7 @@ executor's) or model TP/PP communication.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -957,23 +958,37 @@ class FixedShapeSteps(_StepCostWrapper):
         for a profile without contexts (the inner model then ignores them)."""
         if not self.profile_contexts:
             return None
-        reads: list[float] = []
-        levels: list[float] = []
-        for level in self.profile_contexts:
-            # A recorded context holds level - 1 cached tokens (see TableLatencyModel).
-            read = (
-                kv_len_bucket(level + num_spec_tokens, 1 << 40, self.shapes.min_kv_len)
-                if self.profile_fixed_shapes
-                else level
-            )
-            if not reads or read > reads[-1]:  # contexts that read one span cost the same
-                reads.append(float(read))
-                levels.append(float(level))
+        reads, levels = _reads_and_levels(
+            self.profile_contexts,
+            self.profile_fixed_shapes,
+            self.shapes.min_kv_len,
+            num_spec_tokens,
+        )
         if len(reads) == 1:
             return levels[0] + (span - reads[0])
         upper = min(max(int(np.searchsorted(reads, span)), 1), len(reads) - 1)
         slope = (levels[upper] - levels[upper - 1]) / (reads[upper] - reads[upper - 1])
         return levels[upper] + slope * (span - reads[upper])
+
+
+@functools.cache
+def _reads_and_levels(
+    contexts: tuple[int, ...], fixed_shapes: bool, min_kv_len: int, num_spec_tokens: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(the span each recorded context's steps read, that context), ascending in the span; of
+    contexts that read one span only the first (they cost the same). Built once per K, not per
+    step."""
+    reads: list[float] = []
+    levels: list[float] = []
+    for level in contexts:
+        # A recorded context holds level - 1 cached tokens (see TableLatencyModel).
+        read = (
+            kv_len_bucket(level + num_spec_tokens, 1 << 40, min_kv_len) if fixed_shapes else level
+        )
+        if not reads or read > reads[-1]:
+            reads.append(float(read))
+            levels.append(float(level))
+    return tuple(reads), tuple(levels)
 
 
 def _as_fixed_shape(batch: ScheduledBatch, rows: int, k: int, cached: int) -> ScheduledBatch:
