@@ -810,7 +810,16 @@ class TimingRounds:
                 _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
             )
         metadata = dict(self.base.metadata)
-        metadata["timing_rounds"] = self.counts()
+        # The prefill samples in round order, kept because the mean prices TTFT and one slow
+        # sample moves it: on the H200 (reports/gpu/2026-11-27-h200) the rounds' prefill means
+        # sat 3-5 ms above their medians, where the runs' prefills showed no such tail.
+        metadata["timing_rounds"] = {
+            **self.counts(),
+            "prefill_samples_ms": {
+                str(size): [round(ms, 4) for _round, ms in samples]
+                for size, samples in self._prefill.items()
+            },
+        }
         return dataclasses.replace(
             self.base,
             latency=tuple(latency),

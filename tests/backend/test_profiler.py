@@ -669,7 +669,13 @@ def test_timing_rounds_retime_every_point_between_runs(target) -> None:
     # policy inputs (acceptance, host overhead) are the profile's own
     assert retimed.acceptance_rates == profile.acceptance_rates
     assert retimed.host_overhead == profile.host_overhead
-    assert retimed.metadata["timing_rounds"] == {"rounds": 3, "share": 1.0, "probed_runs": 0}
+    rounds = dict(retimed.metadata["timing_rounds"])
+    prefill_samples = rounds.pop("prefill_samples_ms")
+    assert rounds == {"rounds": 3, "share": 1.0, "probed_runs": 0}
+    # each prefill point's samples, whose mean it is
+    for point in retimed.prefill:
+        samples = prefill_samples[str(point.num_tokens)]
+        assert len(samples) == 3 and point.mean_ms == pytest.approx(np.mean(samples), abs=1e-3)
     # speed: samples over their point's median; every point once per round
     speed = timing.speed([0, 1, 2])
     assert speed == pytest.approx(1.0)
