@@ -2,11 +2,14 @@
 
 Why: on an H100 with SmolLM2-135M in float32 on CUDA graphs (reports/gpu/2026-11-27-h100) a step
 that verified 7-16 tokens took 8.5-9.4 ms, while 6 or fewer took 3.9-5.7 ms and 20 or more
-6.1-7.9 ms. The guess to test: the matrix-product kernels chosen for 7-16 rows are slow. Each
-distinct weight shape of one forward (q, k, v, o, gate, up, down per layer, and the LM head) is
-multiplied by an [M, in] activation `--calls` times in a row; a forward's products are the sum
-over its layers. Modes: float32 (TF32 off, as the hardware report runs), tf32 (float32 with
-TF32 matrix products), bfloat16. Median over `--repeats`, printed per M and saved as JSON.
+6.1-7.9 ms. On an H200 (reports/gpu/2026-11-27-h200) this found why: float32 (TF32 off) runs
+the k and v products at 7-16 rows on a kernel over twice as slow. Each distinct weight shape of
+one forward (q, k, v, o, gate, up, down per layer, and the LM head) is multiplied by an [M, in]
+activation `--calls` times in a row; a forward's products are the sum over its layers. Also
+timed: q, k, v fused into one product and gate with up, which the engine does not do (yet): the
+forward's products with those in their place. Modes: float32 (TF32 off, as the hardware report
+runs), tf32 (float32 with TF32 matrix products), bfloat16. Median over `--repeats`, printed
+per M and saved as JSON.
 
     python benchmarks/gemm_rows.py [--device cuda] [--target smollm2-135m] [--rows 1-32]
         [--modes float32,tf32,bfloat16] [--calls 50] [--repeats 5] [--out gemm_rows.json]
@@ -41,7 +44,17 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
         "gate,up": (hidden, config.intermediate_size, 2 * layers),
         "down": (config.intermediate_size, hidden, layers),
         "lm_head": (hidden, config.vocab_size, 1),
+        # Not in the engine's forward (yet): q, k and v as one product, and gate with up. Timed
+        # because on the H200 the k/v product alone took a slow float32 kernel at 7-16 rows
+        # (reports/gpu/2026-11-27-h200), and fusing also halves the launches of those layers.
+        "qkv fused": (hidden, (config.num_heads + 2 * config.num_kv_heads) * head_dim, layers),
+        "gate+up fused": (hidden, 2 * config.intermediate_size, layers),
     }
+
+
+# The products of a forward, as the engine runs them and with the fused ones in their place.
+SEPARATE = ("q", "k,v", "o", "gate,up", "down", "lm_head")
+FUSED = ("qkv fused", "o", "gate+up fused", "down", "lm_head")
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -96,8 +109,11 @@ def measure(
 
             products()  # warm-up: kernel choice, caches
             per_shape[name] = statistics.median(time_ms(products) for _ in range(repeats)) / calls
-        forward = sum(per_shape[name] * count for name, (_i, _o, count) in shapes.items())
-        result[m] = {**per_shape, "forward": forward}
+
+        forward, fused = (
+            sum(per_shape[name] * shapes[name][2] for name in names) for names in (SEPARATE, FUSED)
+        )
+        result[m] = {**per_shape, "forward": forward, "forward_fused": fused}
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
     return result
@@ -132,14 +148,18 @@ def main(argv: list[str] | None = None) -> int:
         mode: measure(config, device, mode, rows, args.calls, args.repeats) for mode in modes
     }
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"{args.target} on {name}, torch {torch.__version__}: ms of one forward's products")
-    print("   M " + "".join(f"{mode:>18}" for mode in modes))
+    print(
+        f"{args.target} on {name}, torch {torch.__version__}: ms of one forward's products, as "
+        "the engine runs them / with q,k,v and gate,up fused (lm_head alone in brackets)"
+    )
+    print("   M " + "".join(f"{mode:>26}" for mode in modes))
     for m in rows:
         cells = "".join(
-            f"{results[mode][m]['forward']:9.3f} ({results[mode][m]['lm_head']:.3f})"
+            f"{results[mode][m]['forward']:9.3f} /{results[mode][m]['forward_fused']:7.3f}"
+            f" ({results[mode][m]['lm_head']:.3f})"
             for mode in modes
         )
-        print(f"{m:4d} {cells}   (lm_head alone in brackets)")
+        print(f"{m:4d} {cells}")
     if args.out is not None:
         record = {
             "command": " ".join(["python", *sys.argv]),
