@@ -1,19 +1,22 @@
 """Per-request K: each decode request gets its own K from its own learned acceptance.
 
-Acceptance model (per request, learned online). Request j has an unknown conditional acceptance
-probability q_j, the probability that a draft is accepted given all drafts before it were. Its
-posterior is Beta(alpha_j, beta_j) with the prior Beta(s * q0, s * (1 - q0)), where q0 is the
-profile's pooled conditional rate (accepted drafts / conditional trials implied by r_1..r_Kmax)
-and s = `prior_strength`. A step where request j drafted K and had a accepted is a + [a < K]
-conditional trials with a successes: alpha_j += a, beta_j += [a < K]. The request's
-unconditional per-position rates are the profile's rates scaled by how much its posterior moved:
+Acceptance model (per request, learned online). At each depth i, request j has an unknown
+conditional acceptance probability c_ij: the probability that its i-th draft is accepted given
+that it was drafted and drafts 1..i-1 were accepted. Each has a Beta posterior whose prior is
+Beta(s * c_i, s * (1 - c_i)), s = `prior_strength`, with c_i the profile's own: q_i / q_(i-1),
+where q_i = r_i / s_i is the profile's rate given drafted (r_i unconditional, s_i the draft
+rate, 1 for a drafter that always drafts its K; made non-increasing). A step where request j
+drafted d and had a accepted is a success at depths 1..a and, when a < d, a failure at depth
+a + 1: alpha_ij += [i <= a], beta_ij += [i = a + 1 <= d]. The request's unconditional rates are
 
-    r_i(j) = r_i(profile) * E_post[q_j^i] / E_prior[q^i],
-    E[q^i] = prod_{m<i} (alpha + m) / (alpha + beta + m)   (Beta moments)
+    r_i(j) = s_i * prod_{m <= i} E_post[c_mj]
 
-clipped to [0, 1] and made non-increasing in i. A request never seen reads exactly the
-profile's rates. (Treating every position's trial alike is the approximation: it pools all of
-a request's evidence into one number, which is what lets it learn within a few steps.)
+so a request never seen reads the profile's rates (their non-increasing envelope), and no rate
+exceeds the draft rate s_i. Depths are learned apart: an earlier model pooled every depth into
+one conditional rate q_j and read depth i as E[q_j^i], so a single fully accepted draft of 6
+made every depth look nearly certain, and on an n-gram drafter (whose acceptance falls with
+depth) it drafted too deep (reports/gpu/2026-11-27-h200: K = 6 on 126 of 135 steps at C = 1,
++14.9% over static:4; docs/policies.md).
 
 Allocation. The objective is expected output tokens per ms of step time,
 sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table
@@ -96,27 +99,12 @@ class PerRequestConfig:
             )
 
 
-def pooled_conditional_rate(acceptance_rates: FloatArray) -> float:
-    """Accepted drafts / conditional trials at K_max implied by unconditional rates r_1..r_K.
-
-    Position i is a trial when the first i-1 drafts were accepted (probability r_{i-1}, r_0 = 1)
-    and a success with probability r_i.
-    """
-    rates = np.asarray(acceptance_rates, dtype=np.float64)  # [K]
-    if rates.size == 0:
-        return 0.0
-    trials = np.concatenate(([1.0], rates[:-1]))  # [K] r_{i-1}
-    return float(np.clip(rates.sum() / trials.sum(), 1e-6, 1.0 - 1e-6))
-
-
-def beta_power_moments(alpha: FloatArray, beta: FloatArray, k_max: int) -> FloatArray:
-    """[n, k_max] E[q^i] for i = 1..k_max under Beta(alpha, beta) (alpha, beta: [n])."""
-    offsets = np.arange(k_max, dtype=np.float64)  # [k_max] m = 0..k_max-1
-    factors = (alpha[:, None] + offsets[None, :]) / (
-        alpha[:, None] + beta[:, None] + offsets[None, :]
-    )  # [n, k_max]
-    moments = np.cumprod(factors, axis=1, dtype=np.float64)  # [n, k_max]
-    return moments
+def conditional_depth_rates(rates_given_drafted: FloatArray) -> FloatArray:
+    """[K] c_i = q_i / q_(i-1) (q_0 = 1) from rates given drafted q_1..q_K, made non-increasing
+    first; 0 where q_(i-1) = 0 (a depth never reached)."""
+    q = np.minimum.accumulate(np.clip(np.asarray(rates_given_drafted, np.float64), 0.0, 1.0))
+    reached = np.concatenate(([1.0], q[:-1]))  # [K] q_(i-1)
+    return np.divide(q, reached, out=np.zeros_like(q), where=reached > 0)
 
 
 def best_uniform_k(gains: FloatArray, itl_ms_by_k: FloatArray) -> int:
@@ -164,19 +152,20 @@ class PerRequestPolicy:
         # s_i (None: every step drafts its K): the padded cost is then ITL in expectation over
         # the rows' drafted counts; the token-equivalent cost keeps the requested drafts.
         self.draft_rates = partial_draft_rates(profile.draft_rates, self.k_max)
-        self.profile_rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]
-        q0 = pooled_conditional_rate(self.profile_rates)
+        # [k_max] s_i, 1 where every step drafts its K: the unconditional rates' ceiling.
+        self.drafted = np.ones(self.k_max) if self.draft_rates is None else self.draft_rates
+        rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]  # [k_max]
+        given_drafted = np.divide(
+            rates, self.drafted, out=np.zeros_like(rates), where=self.drafted > 0
+        )
+        depth_rates = conditional_depth_rates(given_drafted)  # [k_max] c_i
         strength = self.config.prior_strength
-        self.prior_alpha = strength * q0
-        self.prior_beta = strength * (1.0 - q0)
-        # [k_max] E_prior[q^i]: the denominator that makes an unseen request read the profile.
-        self.prior_moments = beta_power_moments(
-            np.array([self.prior_alpha]), np.array([self.prior_beta]), self.k_max
-        )[0]
-        # Tracked requests, sorted by id; all arrays [N], N <= max_tracked.
-        self.tracked_ids = np.zeros(0, dtype=np.int64)  # request ids, strictly increasing
-        self.alpha = np.zeros(0)  # posterior alpha per tracked id
-        self.beta = np.zeros(0)  # posterior beta per tracked id
+        self.prior_alpha = strength * depth_rates  # [k_max]
+        self.prior_beta = strength * (1.0 - depth_rates)  # [k_max]
+        # Tracked requests, sorted by id; N <= max_tracked.
+        self.tracked_ids = np.zeros(0, dtype=np.int64)  # [N] request ids, strictly increasing
+        self.alpha = np.zeros((0, self.k_max))  # [N, k_max] posterior alpha per id and depth
+        self.beta = np.zeros((0, self.k_max))  # [N, k_max] posterior beta per id and depth
         self.last_seen_step = np.zeros(0, dtype=np.int64)  # step index of the latest feedback
         # The step-cost vectors choose_k reads, by (D, or 0 under padded cost; K cap; B): they
         # depend on the profile alone, and interpolating them each step cost more than choosing
@@ -198,15 +187,14 @@ class PerRequestPolicy:
     def request_rates(self, req_ids: IntArray) -> FloatArray:
         """[n, k_max] each request's estimated unconditional per-position rates."""
         ids = np.asarray(req_ids, dtype=np.int64)
-        slots, found = self._lookup(ids)
-        alpha = np.full(len(ids), self.prior_alpha)  # [n]
-        beta = np.full(len(ids), self.prior_beta)  # [n]
+        alpha = np.broadcast_to(self.prior_alpha, (len(ids), self.k_max))  # [n, k_max]
+        beta = np.broadcast_to(self.prior_beta, (len(ids), self.k_max))  # [n, k_max]
         if len(self.tracked_ids):
-            alpha = np.where(found, self.alpha[slots], alpha)
-            beta = np.where(found, self.beta[slots], beta)
-        scale = beta_power_moments(alpha, beta, self.k_max) / self.prior_moments  # [n, k_max]
-        rates = np.clip(self.profile_rates[None, :] * scale, 0.0, 1.0)  # [n, k_max]
-        return np.minimum.accumulate(rates, axis=1)  # [n, k_max]
+            slots, found = self._lookup(ids)
+            alpha = np.where(found[:, None], self.alpha[slots], alpha)
+            beta = np.where(found[:, None], self.beta[slots], beta)
+        # alpha + beta >= prior_strength > 0 at every depth
+        return self.drafted[None, :] * np.cumprod(alpha / (alpha + beta), axis=1)  # [n, k_max]
 
     def itl_by_total_drafts(
         self, num_decode: int, k_max: int, batch_size: int | None = None
@@ -262,11 +250,13 @@ class PerRequestPolicy:
         if len(ids):
             num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [n]
             num_accepted = np.minimum(np.asarray(feedback.num_accepted, dtype=np.int64), num_spec)
-            drafted = num_spec > 0  # [n] a K=0 step says nothing about acceptance
+            depth = np.arange(1, self.k_max + 1)[None, :]  # [1, k_max]
+            accepted, drafted = num_accepted[:, None], num_spec[:, None]  # [n, 1]
             slots = self._insert_missing(ids)
-            # a successes out of a + [a < K] conditional trials (ids are unique within a step).
-            self.alpha[slots] += np.where(drafted, num_accepted, 0)
-            self.beta[slots] += np.where(drafted & (num_accepted < num_spec), 1.0, 0.0)
+            # successes at depths 1..a, a failure at a + 1 when it was drafted; a K = 0 step
+            # (nothing drafted) says nothing (ids are unique within a step).
+            self.alpha[slots] += depth <= accepted
+            self.beta[slots] += (depth == accepted + 1) & (depth <= drafted)
             self.last_seen_step[slots] = feedback.step_index
         self._forget(feedback.step_index)
 
@@ -279,8 +269,10 @@ class PerRequestPolicy:
         all_ids = np.concatenate((self.tracked_ids, new_ids))
         order = np.argsort(all_ids, kind="stable")
         self.tracked_ids = all_ids[order]
-        self.alpha = np.concatenate((self.alpha, np.full(new_ids.size, self.prior_alpha)))[order]
-        self.beta = np.concatenate((self.beta, np.full(new_ids.size, self.prior_beta)))[order]
+        prior_alpha = np.broadcast_to(self.prior_alpha, (new_ids.size, self.k_max))
+        prior_beta = np.broadcast_to(self.prior_beta, (new_ids.size, self.k_max))
+        self.alpha = np.concatenate((self.alpha, prior_alpha))[order]
+        self.beta = np.concatenate((self.beta, prior_beta))[order]
         self.last_seen_step = np.concatenate(
             (self.last_seen_step, np.full(new_ids.size, -1, dtype=np.int64))
         )[order]

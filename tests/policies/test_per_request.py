@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -17,9 +18,9 @@ from dsd.policies.per_request import (
     PerRequestPolicy,
     best_allocation,
     best_uniform_k,
-    beta_power_moments,
-    pooled_conditional_rate,
+    conditional_depth_rates,
 )
+from dsd.policies.profile import Profile
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.types import StepFeedback, StepView
 
@@ -179,11 +180,71 @@ def test_deterministic() -> None:
     assert run() == run()
 
 
-def test_beta_moments_and_pooled_rate() -> None:
-    moments = beta_power_moments(np.array([2.0]), np.array([2.0]), 2)[0]
-    np.testing.assert_allclose(moments, [0.5, 0.3])  # E[q] = 1/2, E[q^2] = 3/10 for Beta(2, 2)
-    # Geometric rates q^i give back q.
-    assert pooled_conditional_rate(np.array([0.6, 0.36, 0.216])) == pytest.approx(0.6)
+def test_conditional_depth_rates() -> None:
+    np.testing.assert_allclose(conditional_depth_rates(np.array([0.6, 0.36, 0.216])), [0.6] * 3)
+    # made non-increasing first; a depth never reached has rate 0
+    np.testing.assert_allclose(
+        conditional_depth_rates(np.array([0.5, 0.6, 0.0, 0.0])), [0.5, 1, 0, 0]
+    )
+
+
+def _ngram_profile() -> Profile:
+    """The H100 table with the H200 report's n-gram rates: r_i unconditional, s_i drafted."""
+    return dataclasses.replace(
+        h100_profile(),
+        acceptance_rates=(0.157, 0.127, 0.103, 0.085, 0.082),
+        draft_rates=(0.245, 0.245, 0.245, 0.244, 0.238),
+    )
+
+
+def test_unseen_requests_read_an_ngram_profile_and_never_exceed_its_draft_rates() -> None:
+    profile = _ngram_profile()
+    policy = PerRequestPolicy(profile, 64)
+    np.testing.assert_allclose(policy.request_rates(np.array([3]))[0], profile.acceptance_rates)
+    for step in range(20):  # request 3 accepts every draft it makes
+        policy.observe(_feedback(step, [3], [5], [5]))
+    learned = policy.request_rates(np.array([3]))[0]
+    assert (learned > np.array(profile.acceptance_rates)).all()
+    assert (learned <= np.array(profile.draft_rates) + 1e-12).all()
+    assert (np.diff(learned) <= 1e-12).all()
+
+
+def test_one_fully_accepted_draft_moves_each_depth_by_one_trial() -> None:
+    # The earlier pooled model read one 5-of-5 draft as every depth nearly certain (a flat
+    # 0.256 > s_i = 0.245 on the H200's n-gram profile, so it drafted 6 deep at C = 1). Each
+    # depth now moves by one trial in prior_strength + 1.
+    profile = _ngram_profile()
+    policy = PerRequestPolicy(profile, 64)
+    prior = conditional_depth_rates(np.array(profile.acceptance_rates) / profile.draft_rates)
+    policy.observe(_feedback(0, [3], [5], [5]))
+    strength = policy.config.prior_strength
+    expected = np.array(profile.draft_rates) * np.cumprod((strength * prior + 1) / (strength + 1))
+    np.testing.assert_allclose(policy.request_rates(np.array([3]))[0], expected, rtol=1e-12)
+    # a rejection at depth 3 after 2 accepted: successes at 1, 2, a failure at 3, nothing deeper
+    policy.observe(_feedback(1, [4], [5], [2]))
+    assert policy.alpha[policy._lookup(np.array([4]))[0][0]].tolist() == pytest.approx(
+        (strength * prior + [1, 1, 0, 0, 0]).tolist()
+    )
+    assert policy.beta[policy._lookup(np.array([4]))[0][0]].tolist() == pytest.approx(
+        (strength * (1 - prior) + [0, 0, 1, 0, 0]).tolist()
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 5), st.integers(0, 5)).map(lambda t: (t[0], min(t))),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_learned_rates_stay_under_the_draft_rates_and_non_increasing(outcomes) -> None:  # type: ignore[no-untyped-def]
+    profile = _ngram_profile()
+    policy = PerRequestPolicy(profile, 64)
+    for step, (drafted, accepted) in enumerate(outcomes):
+        policy.observe(_feedback(step, [9], [drafted], [accepted]))
+    rates = policy.request_rates(np.array([9]))[0]
+    assert (rates >= 0).all() and (rates <= np.array(profile.draft_rates) + 1e-12).all()
+    assert (np.diff(rates) <= 1e-12).all()
 
 
 @pytest.mark.parametrize(
