@@ -76,7 +76,7 @@ MIXED_K_COSTS: tuple[str, ...] = ("padded", "token-equivalent")
 class PerRequestConfig:
     """Knobs of the per-request policy (SPEC `per-request:key=value,...`)."""
 
-    # Pseudo-trials the profile's pooled conditional rate is worth in each request's prior.
+    # Pseudo-trials the profile's rate at each depth is worth in each request's prior.
     prior_strength: float = 8.0
     # A tracked request not seen in this many steps is forgotten (it finished or was preempted).
     forget_after_steps: int = 64
