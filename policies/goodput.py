@@ -191,6 +191,21 @@ def sequence_acceptance(
     return SequenceAcceptance(al, rates)
 
 
+def conditional_rates(unconditional: FloatArray) -> FloatArray:
+    """c_i = r_i / r_{i-1} along the last axis (r_0 = 1; c_i = 0 where r_{i-1} = 0).
+
+    Clipped to [0, 1]: rates measured with varying K can rise with i by noise, and a
+    conditional probability above 1 cannot be sampled.
+    """
+    previous = np.concatenate(
+        [np.ones_like(unconditional[..., :1]), unconditional[..., :-1]], axis=-1
+    )  # [..., k_max]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cond = np.where(previous > 0, unconditional / np.where(previous > 0, previous, 1.0), 0.0)
+    clipped: FloatArray = np.clip(cond, 0.0, 1.0)
+    return clipped
+
+
 def partial_draft_rates(
     draft_rates: Sequence[float] | FloatArray | None, k_max: int
 ) -> FloatArray | None:

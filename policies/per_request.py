@@ -61,6 +61,7 @@ from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
 from dsd.policies.goodput import (
     ItlTable,
+    conditional_rates,
     expected_itl_ms,
     partial_draft_rates,
     table_batch_size,
@@ -103,8 +104,7 @@ def conditional_depth_rates(rates_given_drafted: FloatArray) -> FloatArray:
     """[K] c_i = q_i / q_(i-1) (q_0 = 1) from rates given drafted q_1..q_K, made non-increasing
     first; 0 where q_(i-1) = 0 (a depth never reached)."""
     q = np.minimum.accumulate(np.clip(np.asarray(rates_given_drafted, np.float64), 0.0, 1.0))
-    reached = np.concatenate(([1.0], q[:-1]))  # [K] q_(i-1)
-    return np.divide(q, reached, out=np.zeros_like(q), where=reached > 0)
+    return conditional_rates(q)
 
 
 def best_uniform_k(gains: FloatArray, itl_ms_by_k: FloatArray) -> int:

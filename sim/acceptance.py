@@ -54,6 +54,7 @@ import numpy.typing as npt
 
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.streams import CounterStream
+from dsd.policies.goodput import conditional_rates
 from dsd.policies.profile import Profile, outcome_matrices
 from dsd.sim.types import AcceptanceModel
 from dsd.traces.workload import RequestSpec
@@ -95,21 +96,6 @@ def _validated_rates(rates: Sequence[float] | FloatArray, what: str) -> FloatArr
     if not np.all(np.isfinite(values)) or np.any(values < 0) or np.any(values > 1):
         raise ValueError(f"{what}: rates must be in [0, 1], got {values.tolist()}")
     return values
-
-
-def conditional_rates(unconditional: FloatArray) -> FloatArray:
-    """c_i = r_i / r_{i-1} along the last axis (r_0 = 1; c_i = 0 where r_{i-1} = 0).
-
-    Clipped to [0, 1]: rates measured with varying K can rise with i by noise, and a
-    conditional probability above 1 cannot be sampled.
-    """
-    previous = np.concatenate(
-        [np.ones_like(unconditional[..., :1]), unconditional[..., :-1]], axis=-1
-    )  # [..., k_max]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cond = np.where(previous > 0, unconditional / np.where(previous > 0, previous, 1.0), 0.0)
-    clipped: FloatArray = np.clip(cond, 0.0, 1.0)
-    return clipped
 
 
 def _widen(cond: FloatArray, width: int) -> FloatArray:
