@@ -8,11 +8,12 @@ one forward (q, k, v, o, gate, up, down per layer, and the LM head) is multiplie
 activation `--calls` times in a row; a forward's products are the sum over its layers. Also
 timed: q, k, v fused into one product and gate with up, which the engine does not do (yet): the
 forward's products with those in their place. Modes: float32 (TF32 off, as the hardware report
-runs), tf32 (float32 with TF32 matrix products), bfloat16. Median over `--repeats`, printed
-per M and saved as JSON.
+runs), float32-lt (the same through cuBLASLt, torch's other CUDA matrix library: does its
+kernel choice avoid the slow rows?), tf32 (float32 with TF32 matrix products), bfloat16.
+Median over `--repeats`, printed per M and saved as JSON.
 
     python benchmarks/gemm_rows.py [--device cuda] [--target smollm2-135m] [--rows 1-32]
-        [--modes float32,tf32,bfloat16] [--calls 50] [--repeats 5] [--out gemm_rows.json]
+        [--modes float32,float32-lt,tf32,bfloat16] [--calls 50] [--repeats 5] [--out gemm_rows.json]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from dsd.backend.model import MODEL_CONFIGS, ModelConfig
 from dsd.cli.flags import int_list
 from dsd.common.errors import InputError
 
-MODES = ("float32", "tf32", "bfloat16")
+MODES = ("float32", "float32-lt", "tf32", "bfloat16")
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
@@ -89,6 +90,7 @@ def measure(
     dtype = torch.bfloat16 if mode == "bfloat16" else torch.float32
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+        torch.backends.cuda.preferred_blas_library("cublaslt" if mode == "float32-lt" else "cublas")
     time_ms = timer(device)
     generator = torch.Generator(device="cpu").manual_seed(0)
     shapes = weight_shapes(config)
@@ -116,6 +118,7 @@ def measure(
         result[m] = {**per_shape, "forward": forward, "forward_fused": fused}
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.preferred_blas_library("cublas")
     return result
 
 
