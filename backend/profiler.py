@@ -26,7 +26,10 @@ Measurements, all on the real SD engine (`backend.engine` or its fast path):
   (scheduler plan/commit/update, policy choose_k/observe, metrics, the executor's Python
   bookkeeping, SimPy) is what the step timing above does not see. `fit_host_overhead` fits
   intercept + per_row x B by least squares (non-negative) on the per-B medians, separately
-  for steps without and with drafts.
+  for steps without and with drafts. After each step of these runs, one learning policy in
+  turn (or static:K_max, the baseline) runs one synthetic choose_k + observe, timed and left
+  out of the iteration: each policy's own host time as it costs in the loop, with the caches
+  the step left (`policies.host_time`), kept per policy in `host_overhead.policies`.
 
 The decode ITL covers the engine step only (draft, verify, accept, the one host sync); the loop's
 host work is the separate host-overhead model, which the simulator adds per step.
@@ -63,7 +66,7 @@ from dsd.common.arrays import BoolArray, FloatArray, IntArray
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.common.progress import Advance
-from dsd.policies.host_time import policy_host_lines
+from dsd.policies.host_time import TIMED_POLICIES, fit_policy_host_lines, policy_steppers
 from dsd.policies.profile import (
     HostOverhead,
     HostOverheadLine,
@@ -110,10 +113,10 @@ class ProfileConfig:
     # Output tokens per request of the host-overhead loop runs (2 x B requests at C = B per
     # profiled B, K = 0 and K = K_max); 0: do not measure the host overhead.
     host_overhead_output_len: int = 32
-    # Synthetic steps per repeat that time each learning policy's own choose_k + observe
-    # against a static policy's at every profiled B (policies.host_time; 3 repeats), kept in
-    # host_overhead.policies; 0: not timed. Only with the host overhead measured.
-    policy_host_steps: int = 300
+    # Time each learning policy's own choose_k + observe against static:K_max's after the steps
+    # of the host-overhead runs (policies.host_time), kept in host_overhead.policies. Only with
+    # the host overhead measured.
+    time_policy_host: bool = True
     # Timing checks (policies.profile_quality): points that fail are measured again up to
     # max_remeasure times; a profile that still fails is refused unless allow_noisy (then its
     # problems are recorded in metadata["quality"]).
@@ -176,13 +179,9 @@ class ProfileConfig:
                 "host_overhead_output_len: must be 0 (off) or an integer >= 2, got "
                 f"{self.host_overhead_output_len!r}"
             )
-        if (
-            isinstance(self.policy_host_steps, bool)
-            or not isinstance(self.policy_host_steps, int)
-            or self.policy_host_steps < 0
-        ):
+        if not isinstance(self.time_policy_host, bool):
             raise InputError(
-                f"policy_host_steps: must be an integer >= 0, got {self.policy_host_steps!r}"
+                f"time_policy_host: must be true or false, got {self.time_policy_host!r}"
             )
         if self.adaptive_target_pct is not None and not (
             np.isfinite(self.adaptive_target_pct) and self.adaptive_target_pct > 0
@@ -1093,13 +1092,21 @@ class ForwardTimer:
 
 
 class _ForwardTimedExecutor:
-    """An `Executor` that records, per step, B, whether it drafts, and its forward ms."""
+    """An `Executor` that records, per step, B, whether it drafts, and its forward ms; and runs
+    `after_step` (if any) after each step, recording its ms apart."""
 
-    def __init__(self, inner: Executor, take_forward_ms: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        inner: Executor,
+        take_forward_ms: Callable[[], float],
+        after_step: Callable[[], object] | None = None,
+    ) -> None:
         self.inner = inner
         self.take_forward_ms = take_forward_ms
+        self.after_step = after_step
         # step_index -> (B, has_spec, forward ms)
         self.records: dict[int, tuple[int, bool, float]] = {}
+        self.after_step_ms: dict[int, float] = {}  # step_index -> ms in after_step
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         self.inner.add_request(req_id, spec)
@@ -1109,18 +1116,26 @@ class _ForwardTimedExecutor:
         outcome = self.inner.execute(batch)
         forward_ms = self.take_forward_ms()
         self.records[batch.step_index] = (batch.batch_size, batch.has_drafts, forward_ms)
+        if self.after_step is not None:
+            start_s = time.perf_counter()
+            self.after_step()
+            self.after_step_ms[batch.step_index] = (time.perf_counter() - start_s) * 1000.0
         return outcome
 
 
 def loop_host_samples(
-    resolved: ResolvedRun, executor: Executor, take_forward_ms: Callable[[], float]
+    resolved: ResolvedRun,
+    executor: Executor,
+    take_forward_ms: Callable[[], float],
+    after_step: Callable[[], object] | None = None,
 ) -> list[HostOverheadSample]:
     """Run a resolved run through the engine loop with the wall clock; one sample per iteration.
 
     `take_forward_ms()` returns the model-forward ms since its last call (a `ForwardTimer`'s
-    `take_ms`); iteration time is the wall time the loop advanced for the step.
+    `take_ms`); iteration time is the wall time the loop advanced for the step, less the time
+    in `after_step`, which runs after each step (the policy timing of `measure_host_overhead`).
     """
-    timed = _ForwardTimedExecutor(executor, take_forward_ms)
+    timed = _ForwardTimedExecutor(executor, take_forward_ms, after_step)
     engine = build_engine(resolved, timed, LoopConfig(clock="wall", time_planning=True))
     steps = engine.run().steps
     samples = []
@@ -1132,7 +1147,8 @@ def loop_host_samples(
             HostOverheadSample(
                 batch_size=batch_size,
                 has_spec=has_spec,
-                iteration_ms=float(duration_s) * 1000.0,
+                iteration_ms=float(duration_s) * 1000.0
+                - timed.after_step_ms.get(int(step_index), 0.0),
                 forward_ms=forward_ms,
                 planning_ms=engine.planning_ms.get(int(step_index), 0.0),
             )
@@ -1237,20 +1253,53 @@ def _fit_class_lines(
     return (plain, drafting), np.concatenate(residuals)
 
 
+class _PolicyTurns:
+    """One synthetic step of one policy in turn per call (static:K_max, the baseline, among
+    them), timed: `samples_us[(spec, D)]`. Called after each real step, so each policy step
+    meets the caches a step leaves, as in the engine loop (`policies.host_time`)."""
+
+    def __init__(
+        self, profile: Profile, num_decode: int, max_num_seqs: int, warmup_steps: int = 200
+    ) -> None:
+        specs = [f"static:{profile.k_max}", *TIMED_POLICIES]
+        self.steppers = list(
+            policy_steppers(profile, specs, num_decode, max_num_seqs, warmup_steps).items()
+        )
+        self.num_decode = num_decode
+        self.turn = 0
+        self.samples_us: dict[tuple[str, int], list[float]] = {
+            (spec, num_decode): [] for spec in specs
+        }
+
+    def __call__(self) -> None:
+        spec, stepper = self.steppers[self.turn % len(self.steppers)]
+        self.turn += 1
+        self.samples_us[spec, self.num_decode].append(stepper.step() * 1e6)
+
+
 def measure_host_overhead(
     target: Transformer,
     draft: AnyDraft | None,
     config: ProfileConfig,
     on_progress: Advance | None = None,
-) -> tuple[HostOverhead, list[HostOverheadSample]]:
-    """The loop runs of the module docstring -> (fitted model, raw samples).
+    policy_profile: Profile | None = None,
+) -> tuple[HostOverhead, list[HostOverheadSample], dict[tuple[str, int], list[float]]]:
+    """The loop runs of the module docstring -> (fitted model, raw samples, policy samples).
 
     Per profiled B and K in (0, K_max): 2 x B synthetic requests of min(context_lens) prompt
     tokens and `host_overhead_output_len` output tokens (EOS ignored), closed loop at C = B,
     max_num_seqs = B, a fresh TorchExecutor (the same fast path as the profile) each run.
+    With `policy_profile` (and K_max > 0), the learning policies built on it are timed after
+    each step at D = B (`_PolicyTurns`): their samples in us per (spec, B), else none.
     """
     samples: list[HostOverheadSample] = []
+    policy_samples_us: dict[tuple[str, int], list[float]] = {}
     for batch_size in sorted(config.batch_sizes):
+        turns = (
+            _PolicyTurns(policy_profile, batch_size, max(config.batch_sizes))
+            if policy_profile is not None and config.k_max > 0
+            else None
+        )
         for k in (0, config.k_max):
             run_config, workload = host_overhead_run(batch_size, k, config)
             resolved = resolve(run_config, workload=workload)
@@ -1266,18 +1315,28 @@ def measure_host_overhead(
                 fast_path=config.fast_path,
             )
             timer = ForwardTimer(executor.engine, time.perf_counter)
-            samples += loop_host_samples(resolved, executor, timer.take_ms)
+            samples += loop_host_samples(resolved, executor, timer.take_ms, turns)
             del executor, timer
             if on_progress is not None:
                 on_progress(f"host overhead B={batch_size} K={k}")
-    return fit_host_overhead(samples), samples
+        if turns is not None:
+            policy_samples_us.update(turns.samples_us)
+    return fit_host_overhead(samples), samples, policy_samples_us
 
 
 def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Device name, dtype, versions, date, threads and load, for a profile's or report's
-    metadata."""
+    metadata; on CUDA also the matrix library and TF32 setting (`matmul`): float32 step times
+    depend on them (reports/gpu/2026-11-28-h100)."""
+    matmul: dict[str, Any] = {}
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
+        matmul = {
+            "matmul": {
+                "blas": str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1],
+                "tf32": torch.backends.cuda.matmul.allow_tf32,
+            }
+        }
     else:
         device_name = f"cpu ({cpu_model()})"
     versions = {"python": sys.version.split()[0], "torch": torch.__version__}
@@ -1295,6 +1354,7 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
         "platform": platform.platform(),
         "threads": thread_settings(),
         "load_average": load_average(),
+        **matmul,
     }
 
 
@@ -1406,15 +1466,6 @@ def profile_pair(
     info["forward_tokens"] = forward_tokens(target)
     info["quality"] = quality
     del engine  # free its KV cache before the loop runs build their own
-    host_overhead: HostOverhead | None = None
-    if config.host_overhead_output_len > 0:
-        host_overhead, _samples = measure_host_overhead(target, draft, config, on_progress)
-        info["host_overhead"] = {
-            "prompt_len": min(config.context_lens),
-            "output_len": config.host_overhead_output_len,
-            "requests_per_run": "2 x B",
-            "policies": ["static:0", f"static:{k_max}"],
-        }
     info.update(
         {
             "fast_path": config.fast_path,
@@ -1456,7 +1507,7 @@ def profile_pair(
         prefill_in_decode=tuple(in_decode),
         per_request_rates=counts.per_request_rates,
         temperature=config.temperature,
-        host_overhead=host_overhead,
+        host_overhead=None,
         draft_rates=draft_rates,
         num_acceptance_steps=counts.num_steps_at_k_max,
         draft_outcomes=counts.draft_outcomes,
@@ -1468,18 +1519,32 @@ def profile_pair(
         draft_sequences=sequences,
         metadata=info,
     )
-    if host_overhead is None or config.policy_host_steps == 0 or k_max == 0:
+    if config.host_overhead_output_len == 0:
         return profile
-    # The learning policies' own host time, built on this very profile (their tables read it)
-    lines = policy_host_lines(profile, list(config.batch_sizes), steps=config.policy_host_steps)
-    info["host_overhead"]["policy_steps"] = {
-        "steps": config.policy_host_steps,
-        "repeats": 3,
-        "baseline": f"static:{k_max}",
-    }
-    return dataclasses.replace(
-        profile, host_overhead=dataclasses.replace(host_overhead, policies=lines)
+    # The learning policies are timed built on this very profile (their tables read it)
+    host_overhead, _samples, policy_samples_us = measure_host_overhead(
+        target, draft, config, on_progress, profile if config.time_policy_host else None
     )
+    info["host_overhead"] = {
+        "prompt_len": min(config.context_lens),
+        "output_len": config.host_overhead_output_len,
+        "requests_per_run": "2 x B",
+        "policies": ["static:0", f"static:{k_max}"],
+    }
+    if policy_samples_us:
+        baseline = f"static:{k_max}"
+        host_overhead = dataclasses.replace(
+            host_overhead, policies=fit_policy_host_lines(policy_samples_us, baseline)
+        )
+        info["host_overhead"]["policy_steps"] = {
+            "timed": "one policy in turn after each step of the runs above, D = B",
+            "baseline": baseline,
+            "samples": {
+                spec: sum(len(v) for (name, _d), v in policy_samples_us.items() if name == spec)
+                for spec in (baseline, *TIMED_POLICIES)
+            },
+        }
+    return dataclasses.replace(profile, host_overhead=host_overhead)
 
 
 def dataset_prompts(

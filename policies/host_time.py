@@ -2,12 +2,20 @@
 synthetic steps.
 
 On a GPU a small model's step takes a few ms (SmolLM2-135M on CUDA graphs: 4-6 ms), so a
-learning policy's Python time is a visible part of TPOT (the H100 report measured per-request's
-steps 0.4-0.6 ms longer outside the executor than static ones). The profiler's host-overhead
-model is measured with static policies; `policy_host_lines` times each learning policy against
-a static one on the profiling machine, and the profile keeps the difference per policy
-(`HostOverhead.policies`), which the simulator adds to a run of that policy.
-`benchmarks/policy_overhead.py` prints the raw times. Not a model of the engine loop's own host
+learning policy's Python time is a visible part of TPOT. The profiler's host-overhead model is
+measured with static policies; the learning policies' own time beyond a static one's is kept
+per policy as a line in D (`HostOverhead.policies`), which the simulator adds to a run of that
+policy.
+
+Where the steps are timed matters more than what they do. In the engine loop a policy's code
+runs after the executor's step, whose model forward and Python have evicted the policy's code
+and data from the host's caches: measured on the 2-core CPU with SmolLM2-135M, per-request's
+choose_k + observe took 0.37-0.46 ms there against 0.11-0.20 ms in a tight loop of the same
+calls.
+So the profiler times one policy step right after each real step of its host-overhead runs,
+a policy at a time in turn (`PolicyStepper`, `fit_policy_host_lines`; docs/models.md 1.5).
+`policy_step_us` times them back to back (a tight loop): what `benchmarks/policy_overhead.py`
+prints, the policies' own cost with warm caches. Not a model of the engine loop's own host
 work.
 """
 
@@ -15,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -27,25 +36,53 @@ from dsd.policies.types import KPolicy, StepFeedback, StepView
 TIMED_POLICIES: tuple[str, ...] = ("goodput", "online", "per-request")
 
 
-def time_policy_steps(
-    policy: KPolicy, num_decode: int, k_max: int, first_step: int, steps: int
-) -> float:
-    """Seconds for `steps` synthetic steps of choose_k + observe over `num_decode` requests
-    (fixed ids, context 200, accepted drafts drawn from a generator seeded by `first_step`)."""
-    rng = np.random.default_rng(first_step)
-    ids = np.arange(num_decode, dtype=np.int64)
-    contexts = np.full(num_decode, 200, dtype=np.int64)
-    accepted_draws = rng.integers(0, k_max + 1, size=(steps, num_decode))  # drawn before timing
-    start_s = time.perf_counter()
-    for offset in range(steps):
-        step = first_step + offset
-        view = StepView(
-            step, 0.0, num_decode, num_decode, ids, contexts, k_max, num_tokens=num_decode
+class PolicyStepper:
+    """One policy on synthetic steps of `num_decode` requests: fixed ids, context 200, accepted
+    drafts drawn from a generator seeded by `seed`. `step()` runs choose_k + observe of the
+    next step and returns its seconds (the draws are made outside the timed part)."""
+
+    def __init__(self, policy: KPolicy, num_decode: int, k_max: int, seed: int = 0) -> None:
+        self.policy = policy
+        self.num_decode = num_decode
+        self.k_max = k_max
+        self.step_index = 0
+        self._rng = np.random.default_rng(seed)
+        self._ids = np.arange(num_decode, dtype=np.int64)
+        self._contexts = np.full(num_decode, 200, dtype=np.int64)
+
+    def step(self) -> float:
+        d, step = self.num_decode, self.step_index
+        accepted_draw = self._rng.integers(0, self.k_max + 1, size=d)
+        start_s = time.perf_counter()
+        view = StepView(step, 0.0, d, d, self._ids, self._contexts, self.k_max, num_tokens=d)
+        ks = np.broadcast_to(np.asarray(self.policy.choose_k(view), dtype=np.int64), (d,))
+        accepted = np.minimum(ks, accepted_draw)
+        self.policy.observe(StepFeedback(step, 0.0, d, self._ids, ks, accepted, 0.005, d))
+        seconds = time.perf_counter() - start_s
+        self.step_index += 1
+        return seconds
+
+    def run(self, steps: int) -> float:
+        """Seconds of `steps` steps back to back."""
+        return sum(self.step() for _ in range(steps))
+
+
+def policy_steppers(
+    profile: Profile, specs: Sequence[str], num_decode: int, max_num_seqs: int, warmup_steps: int
+) -> dict[str, PolicyStepper]:
+    """spec -> its stepper at D = `num_decode`, each policy built on `profile` and warmed up
+    (imports, memoized tables, caches) by `warmup_steps` untimed steps."""
+    steppers = {
+        spec: PolicyStepper(
+            parse_policy(spec, profile=profile, k_max=profile.k_max, max_num_seqs=max_num_seqs),
+            num_decode,
+            profile.k_max,
         )
-        ks = np.broadcast_to(np.asarray(policy.choose_k(view), dtype=np.int64), (num_decode,))
-        accepted = np.minimum(ks, accepted_draws[offset])
-        policy.observe(StepFeedback(step, 0.0, num_decode, ids, ks, accepted, 0.005, num_decode))
-    return time.perf_counter() - start_s
+        for spec in specs
+    }
+    for stepper in steppers.values():
+        stepper.run(warmup_steps)
+    return steppers
 
 
 def policy_step_us(
@@ -56,54 +93,50 @@ def policy_step_us(
     repeats: int,
     warmup_steps: int = 200,
 ) -> dict[tuple[str, int], list[float]]:
-    """(spec, D) -> microseconds per step, one sample per repeat. Each repeat runs every pair
-    in turn, in a rotated order; each policy is built once and warmed up first."""
-    pairs = [(spec, d) for spec in specs for d in batch_sizes]
+    """(spec, D) -> microseconds per step back to back, one sample per repeat. Each repeat runs
+    every pair in turn, in a rotated order; each policy is built once and warmed up first."""
     max_num_seqs = max(batch_sizes)
-    policies = {
-        pair: parse_policy(pair[0], profile=profile, k_max=profile.k_max, max_num_seqs=max_num_seqs)
-        for pair in pairs
+    steppers = {
+        (spec, d): stepper
+        for d in batch_sizes
+        for spec, stepper in policy_steppers(profile, specs, d, max_num_seqs, warmup_steps).items()
     }
-    for (_spec, d), policy in policies.items():  # imports, memoized tables, caches
-        time_policy_steps(policy, d, profile.k_max, 0, warmup_steps)
+    pairs = [(spec, d) for spec in specs for d in batch_sizes]
     samples: dict[tuple[str, int], list[float]] = {pair: [] for pair in pairs}
     for repeat in range(repeats):
         rotation = repeat % len(pairs)
-        for spec, d in pairs[rotation:] + pairs[:rotation]:
-            first_step = warmup_steps + repeat * steps
-            seconds = time_policy_steps(policies[spec, d], d, profile.k_max, first_step, steps)
-            samples[spec, d].append(seconds / steps * 1e6)
+        for pair in pairs[rotation:] + pairs[:rotation]:
+            samples[pair].append(steppers[pair].run(steps) / steps * 1e6)
     return samples
 
 
-def policy_host_lines(
-    profile: Profile,
-    batch_sizes: list[int],
-    names: tuple[str, ...] = TIMED_POLICIES,
-    steps: int = 300,
-    repeats: int = 3,
+def fit_policy_host_lines(
+    samples_us: Mapping[tuple[str, int], Sequence[float]],
+    baseline: str,
+    names: Sequence[str] = TIMED_POLICIES,
 ) -> tuple[tuple[str, HostOverheadLine], ...]:
-    """Per policy name, the line in D (intercept, per row; both >= 0, least squares; a
-    constant from one batch size) of its median ms per step beyond static:k_max's, over
-    `batch_sizes`."""
-    baseline = f"static:{profile.k_max}"
-    samples = policy_step_us(
-        profile, [baseline, *names], batch_sizes, steps, repeats, warmup_steps=min(200, steps)
-    )
+    """Per policy name, the line in D (intercept, per row; both >= 0, least squares; a constant
+    from one D) of its median us per step beyond `baseline`'s, from (spec, D) -> samples in
+    microseconds over the D that every one of them has samples at."""
+    batch_sizes = sorted({d for spec, d in samples_us if spec == baseline and samples_us[spec, d]})
+    batch_sizes = [d for d in batch_sizes if all(samples_us.get((name, d)) for name in names)]
+    if not batch_sizes:
+        raise ValueError(f"fit_policy_host_lines: no D with samples of {baseline} and {names}")
     design = np.column_stack((np.ones(len(batch_sizes)), np.asarray(batch_sizes, float)))
     lines = []
     for name in names:
         extra_ms = np.array(
             [
                 max(
-                    statistics.median(samples[name, d]) - statistics.median(samples[baseline, d]),
+                    statistics.median(samples_us[name, d])
+                    - statistics.median(samples_us[baseline, d]),
                     0.0,
                 )
                 / 1000.0
                 for d in batch_sizes
             ]
-        )  # [nB]
-        if len(batch_sizes) == 1:  # one B says nothing of a slope: a constant
+        )  # [nD]
+        if len(batch_sizes) == 1:  # one D says nothing of a slope: a constant
             intercept_ms, per_row_ms = float(extra_ms[0]), 0.0
         else:
             (intercept_ms, per_row_ms), _residual = nnls(design, extra_ms)

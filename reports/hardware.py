@@ -487,7 +487,7 @@ def hardware_markdown(
     for goal in goals(speedup, rows, cells):
         lines.append(f"| {goal.name} | {goal.figure} | {_verdict(goal)} |")
     lines += ["", "## Machine", ""]
-    for key in ("device_name", "dtype", "load_average", "versions", "date", "quick"):
+    for key in ("device_name", "dtype", "matmul", "load_average", "versions", "date", "quick"):
         if key in config:
             lines.append(f"- {key}: {config[key]}")
     if config.get("trials_done", config.get("trials")) != config.get("trials"):

@@ -45,7 +45,6 @@ def small_config(**overrides) -> ProfileConfig:
         num_warmup=1,
         num_iters=4,
         allow_noisy=True,  # millisecond steps of tiny models on a shared CPU are noisy
-        policy_host_steps=10,
     )
     values.update(overrides)
     return ProfileConfig(**values)  # type: ignore[arg-type]
@@ -188,9 +187,13 @@ class ClockedExecutor:
         return value
 
 
-def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
+@pytest.mark.parametrize("after_step_ms", [None, 1.5])
+def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch, after_step_ms) -> None:
+    """Also with work after each step (the policy timing of measure_host_overhead): its time
+    is left out of the iterations."""
     import types
 
+    import dsd.backend.profiler
     import dsd.sim.engine
     from dsd.backend.profiler import fit_host_overhead, loop_host_samples
     from dsd.sim.config import RunConfig
@@ -200,6 +203,8 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
     clock = FakeClock()
     # The loop's wall clock reads the fake clock: iteration time = host + forward, exactly.
     monkeypatch.setattr(dsd.sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(dsd.backend.profiler, "time", types.SimpleNamespace(perf_counter=clock))
+    after_step = None if after_step_ms is None else (lambda: clock.advance_ms(after_step_ms))
     samples = []
     for batch_size in (1, 3, 6):
         for k in (0, 2):
@@ -219,7 +224,7 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch) -> None:
                 max_num_seqs=batch_size,
             )
             resolved = resolve(config, workload=workload)
-            samples += loop_host_samples(resolved, executor, executor.take_forward_ms)
+            samples += loop_host_samples(resolved, executor, executor.take_forward_ms, after_step)
     for sample in samples:
         assert sample.overhead_ms == pytest.approx(true_host_ms(sample.batch_size, sample.has_spec))
     model = fit_host_overhead(samples)
@@ -329,7 +334,8 @@ def test_real_loop_samples_cover_both_classes_and_are_positive(target) -> None:
 
     draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
     config = small_config(host_overhead_output_len=6)
-    model, samples = measure_host_overhead(target, draft, config)
+    model, samples, policy_samples = measure_host_overhead(target, draft, config)
+    assert policy_samples == {}  # no profile to build the policies on: not timed
     # Forward intervals lie inside the iteration interval on the same clock (CPU: no sync).
     assert all(s.overhead_ms > 0 and s.forward_ms > 0 for s in samples)
     assert {s.has_spec for s in samples} == {False, True}
@@ -347,13 +353,17 @@ def test_profile_carries_the_host_overhead_unless_off(target, tmp_path) -> None:
     # the learning policies' own host time, timed on this profile (docs/models.md 1.5)
     assert [name for name, _line in measured.host_overhead.policies] == list(TIMED_POLICIES)
     assert all(line.at(3) >= 0 for _name, line in measured.host_overhead.policies)
-    assert measured.metadata["host_overhead"]["policy_steps"]["steps"] == 10
+    # timed after the host-overhead runs' steps, one policy (or the baseline) per step in turn
+    counts = measured.metadata["host_overhead"]["policy_steps"]["samples"]
+    assert list(counts) == ["static:3", *TIMED_POLICIES]
+    assert max(counts.values()) - min(counts.values()) <= 2  # <= 1 apart at each of the 2 B
+    assert min(counts.values()) > 0
     path = tmp_path / "p.json"
     save_profile(measured, path)
     assert load_profile(path).host_overhead == measured.host_overhead
     off = profile_pair(target, draft, small_config(host_overhead_output_len=0), prompts(2), [6, 6])
     assert off.host_overhead is None
-    untimed = profile_pair(target, draft, small_config(policy_host_steps=0), prompts(2), [6, 6])
+    untimed = profile_pair(target, draft, small_config(time_policy_host=False), prompts(2), [6, 6])
     assert untimed.host_overhead is not None and untimed.host_overhead.policies == ()
 
 
@@ -847,3 +857,25 @@ def test_profile_precision_benchmark_live_and_on_a_report(load_benchmark, capsys
     assert module.main(["--reports", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 2 and "Traceback" not in err
+
+
+def test_environment_metadata_names_the_matrix_library_on_cuda_only() -> None:
+    """float32 step times on CUDA depend on cuBLAS vs cuBLASLt and TF32
+    (reports/gpu/2026-11-28-h100), so a profile and a report record them there."""
+    from dsd.backend.profiler import environment_metadata
+
+    assert "matmul" not in environment_metadata(torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.gpu
+def test_environment_metadata_reads_the_preferred_matrix_library() -> None:
+    from dsd.backend.profiler import environment_metadata
+
+    before = torch.backends.cuda.preferred_blas_library()
+    try:
+        for library, name in (("cublaslt", "Cublaslt"), ("cublas", "Cublas")):
+            torch.backends.cuda.preferred_blas_library(library)
+            matmul = environment_metadata(torch.device("cuda"), torch.float32)["matmul"]
+            assert matmul == {"blas": name, "tf32": torch.backends.cuda.matmul.allow_tf32}
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)

@@ -367,10 +367,39 @@ def test_memoized_step_costs_choose_as_a_fresh_policy_does(mixed_k: str, steps) 
         used.observe(_feedback(step, ids, ks, np.minimum(ks, (ids + step) % 3)))
 
 
-def test_policy_host_lines_are_non_negative_and_constant_from_one_batch_size() -> None:
-    from dsd.policies.host_time import TIMED_POLICIES, policy_host_lines
+def test_policy_host_lines_fit_the_median_extra_over_the_baseline() -> None:
+    """Per policy, the line in D through its median us beyond the baseline's; clipped at 0;
+    a constant from one D; D where a policy has no samples are left out."""
+    from dsd.policies.host_time import fit_policy_host_lines
 
-    lines = policy_host_lines(h100_profile(), [2], steps=5, repeats=1)
-    assert [name for name, _line in lines] == sorted(TIMED_POLICIES)
-    for _name, line in lines:
-        assert line.intercept_ms >= 0 and line.per_row_ms == 0.0
+    samples = {
+        ("static:6", 1): [10.0, 11.0, 12.0],
+        ("static:6", 4): [20.0, 21.0, 22.0],
+        ("static:6", 8): [30.0],
+        ("online", 1): [111.0, 500.0, 40.0],  # median 111: +100 us over the baseline's 11
+        ("online", 4): [421.0],  # +400
+        ("online", 8): [],  # no samples: D = 8 is left out
+        ("goodput", 1): [5.0],  # below the baseline: clipped to 0
+        ("goodput", 4): [21.0],
+    }
+    lines = dict(fit_policy_host_lines(samples, "static:6", ("online", "goodput")))
+    assert list(lines) == ["goodput", "online"]  # by name, as a profile lists them
+    assert (lines["online"].intercept_ms, lines["online"].per_row_ms) == pytest.approx((0.0, 0.1))
+    assert (lines["goodput"].intercept_ms, lines["goodput"].per_row_ms) == (0.0, 0.0)
+    one = dict(
+        fit_policy_host_lines(
+            {("static:6", 2): [1.0], ("online", 2): [51.0]}, "static:6", ("online",)
+        )
+    )
+    assert (one["online"].intercept_ms, one["online"].per_row_ms) == pytest.approx((0.05, 0.0))
+    with pytest.raises(ValueError, match="no D"):
+        fit_policy_host_lines({("static:6", 2): [1.0]}, "static:6", ("online",))
+
+
+def test_policy_steppers_time_each_policy_on_synthetic_steps() -> None:
+    from dsd.policies.host_time import TIMED_POLICIES, policy_step_us
+
+    specs = ["static:5", *TIMED_POLICIES]  # the H100 profile: k_max 5
+    samples = policy_step_us(h100_profile(), specs, [1, 3], 5, 2, 5)
+    assert set(samples) == {(spec, d) for spec in specs for d in (1, 3)}
+    assert all(len(v) == 2 and min(v) > 0 for v in samples.values())
