@@ -33,6 +33,14 @@ Two runners share the padding and key bookkeeping:
 - `CudaGraphStepRunner` captures it per key with `torch.cuda.CUDAGraph` (one shared memory
   pool) after a warm-up run on a side stream, then replays.
 
+The CUDA matrix library per shape (an experiment, off unless `DSD_CUBLASLT_MAX_ROWS` is set): in
+float32 cuBLAS runs the target's narrow products on a kernel 3x slower for 7-16 rows, where
+cuBLASLt does not, but a step of 20 or more tokens ran 1.2-2.5 ms slower on cuBLASLt
+(reports/gpu/2026-11-28-h100). With `DSD_CUBLASLT_MAX_ROWS=N` a fixed-shape step whose target
+forward has at most N rows (bucket x (K + 1)) runs, and is captured, with cuBLASLt, and every
+other with cuBLAS (`step_blas_library`). Not yet measured on a GPU; float32 rounding may differ
+between the libraries, so the GPU tests check tokens against the reference with it set.
+
 What this does not do: sampling at temperature > 0 (the draft samples between forwards and the
 engine's torch.Generator is not registered with the graphs; such engines must use the reference
 path), graphs for prefill (prefill stays eager, as in vLLM), `torch.compile`, or a faster
@@ -42,6 +50,7 @@ attention kernel (the model's gather + SDPA is used as is).
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,6 +84,40 @@ from dsd.sim.shapes import (  # the shapes, defined once for the engine and the 
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
 _NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs (then n-gram drafts)
+CUBLASLT_MAX_ROWS_ENV = "DSD_CUBLASLT_MAX_ROWS"
+
+
+def cublaslt_max_rows() -> int:
+    """`DSD_CUBLASLT_MAX_ROWS` (module docstring): steps of at most this many target rows run
+    on cuBLASLt; 0 or unset: the fast path leaves torch's choice alone."""
+    text = os.environ.get(CUBLASLT_MAX_ROWS_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise InputError(f"{CUBLASLT_MAX_ROWS_ENV}: must be an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def step_blas_library(key: GraphKey, max_rows: int) -> str | None:
+    """The CUDA matrix library the step of `key` runs with: "cublaslt" when its target forward
+    has at most `max_rows` rows, else "cublas"; None (torch's choice) when `max_rows` is 0."""
+    if max_rows == 0:
+        return None
+    return "cublaslt" if key.num_rows * (key.num_spec_tokens + 1) <= max_rows else "cublas"
+
+
+@contextmanager
+def _blas_library(library: str | None) -> Iterator[None]:
+    """torch's preferred CUDA matrix library set to `library` for the block (None: unchanged)."""
+    if library is None:
+        yield
+        return
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library(library)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
 
 
 def check_fast_path(kind: str, device: str) -> None:
@@ -156,6 +199,8 @@ class EagerStepRunner:
     def __init__(self, engine: SpecDecodeEngine) -> None:
         self.engine = engine
         self.keys_seen: set[GraphKey] = set()
+        # CUDA only: the matrix library per step shape (module docstring)
+        self.cublaslt_max_rows = cublaslt_max_rows() if engine.device.type == "cuda" else 0
         max_rows = engine.config.num_slots
         # Static inputs: graphs read them by address, so they are allocated once.
         self.input_buffer = torch.zeros(
@@ -175,15 +220,17 @@ class EagerStepRunner:
 
     def _execute(self, key: GraphKey, staged: torch.Tensor) -> torch.Tensor:
         engine = self.engine
-        return fixed_shape_step(
-            engine.target,
-            engine.model_draft,
-            engine.target_cache,
-            engine.draft_cache,
-            staged,
-            key,
-            engine.trash_position,
-        )
+        # A graph keeps the kernels it was captured with, so the library holds at capture
+        with _blas_library(step_blas_library(key, self.cublaslt_max_rows)):
+            return fixed_shape_step(
+                engine.target,
+                engine.model_draft,
+                engine.target_cache,
+                engine.draft_cache,
+                staged,
+                key,
+                engine.trash_position,
+            )
 
 
 @contextmanager

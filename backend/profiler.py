@@ -56,7 +56,7 @@ import torch
 
 from dsd.backend.engine import AnyDraft, NgramDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
 from dsd.backend.executor import engine_prefill_forward
-from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
+from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine, cublaslt_max_rows
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import torch_executor
@@ -1335,6 +1335,8 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
             "matmul": {
                 "blas": str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1],
                 "tf32": torch.backends.cuda.matmul.allow_tf32,
+                # the fast path's steps of at most this many rows on cuBLASLt (0: off)
+                "cublaslt_max_rows": cublaslt_max_rows(),
             }
         }
     else:

@@ -479,9 +479,37 @@ def test_every_shape_runs_once_up_front_and_leaves_the_results_alone(target, clo
     assert fast.runner.keys_seen == set(fast.all_graph_keys())  # no step ran a new shape
 
 
+def test_the_matrix_library_follows_the_rows_of_the_target_forward(monkeypatch, target) -> None:
+    """DSD_CUBLASLT_MAX_ROWS=N: steps of bucket x (K + 1) <= N rows on cuBLASLt, the others on
+    cuBLAS; unset or 0: torch's choice; not an integer: one line naming the variable. On the
+    CPU the runner ignores it."""
+    from dsd.backend.fast_path import GraphKey, cublaslt_max_rows, step_blas_library
+    from dsd.common.errors import InputError
+
+    monkeypatch.delenv("DSD_CUBLASLT_MAX_ROWS", raising=False)
+    assert cublaslt_max_rows() == 0
+    monkeypatch.setenv("DSD_CUBLASLT_MAX_ROWS", " 16 ")
+    assert cublaslt_max_rows() == 16
+    rows = {(1, 6): "cublaslt", (2, 7): "cublaslt", (4, 3): "cublaslt", (8, 2): "cublas"}
+    for (bucket, k), library in rows.items():
+        assert step_blas_library(GraphKey(bucket, k, 64), 16) == library
+    assert step_blas_library(GraphKey(1, 0, 64), 0) is None
+    for bad in ("-1", "16.5", "lt"):
+        monkeypatch.setenv("DSD_CUBLASLT_MAX_ROWS", bad)
+        with pytest.raises(InputError, match=f"DSD_CUBLASLT_MAX_ROWS: .*{bad!r}"):
+            cublaslt_max_rows()
+    cpu = fast_engine(target, None, k_max=0)  # the variable is not read off CUDA
+    assert cpu.runner.cublaslt_max_rows == 0
+
+
 # ------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
-def test_cuda_graph_runner_agrees_with_reference_and_captures_once_per_key() -> None:
+@pytest.mark.parametrize("cublaslt_max_rows", ["", "16"])
+def test_cuda_graph_runner_agrees_with_reference_and_captures_once_per_key(
+    monkeypatch, cublaslt_max_rows
+) -> None:
+    # also with the matrix library chosen per step shape: float32 tokens must not change
+    monkeypatch.setenv("DSD_CUBLASLT_MAX_ROWS", cublaslt_max_rows)
     device = torch.device("cuda")
     torch.manual_seed(0)
     target = tiny_target(seed=0).to(device)
@@ -505,7 +533,11 @@ def test_cuda_graph_runner_agrees_with_reference_and_captures_once_per_key() -> 
 
 
 @pytest.mark.gpu
-def test_cuda_graph_runner_agrees_with_reference_for_ngram_draft() -> None:
+@pytest.mark.parametrize("cublaslt_max_rows", ["", "16"])
+def test_cuda_graph_runner_agrees_with_reference_for_ngram_draft(
+    monkeypatch, cublaslt_max_rows
+) -> None:
+    monkeypatch.setenv("DSD_CUBLASLT_MAX_ROWS", cublaslt_max_rows)
     target = tiny_target(seed=0).to(torch.device("cuda"))
     rng = np.random.default_rng(5)
     prompts = [np.tile(random_prompt(rng, n), 3) for n in (3, 5, 4, 7)]

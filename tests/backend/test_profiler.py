@@ -868,14 +868,19 @@ def test_environment_metadata_names_the_matrix_library_on_cuda_only() -> None:
 
 
 @pytest.mark.gpu
-def test_environment_metadata_reads_the_preferred_matrix_library() -> None:
+def test_environment_metadata_reads_the_preferred_matrix_library(monkeypatch) -> None:
     from dsd.backend.profiler import environment_metadata
 
+    monkeypatch.delenv("DSD_CUBLASLT_MAX_ROWS", raising=False)
     before = torch.backends.cuda.preferred_blas_library()
     try:
         for library, name in (("cublaslt", "Cublaslt"), ("cublas", "Cublas")):
             torch.backends.cuda.preferred_blas_library(library)
             matmul = environment_metadata(torch.device("cuda"), torch.float32)["matmul"]
-            assert matmul == {"blas": name, "tf32": torch.backends.cuda.matmul.allow_tf32}
+            assert matmul == {
+                "blas": name,
+                "tf32": torch.backends.cuda.matmul.allow_tf32,
+                "cublaslt_max_rows": 0,
+            }
     finally:
         torch.backends.cuda.preferred_blas_library(before)
