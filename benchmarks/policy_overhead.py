@@ -26,8 +26,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 from pathlib import Path
 
+from dsd.cli.flags import int_list
+from dsd.common.errors import InputError
 from dsd.policies.host_time import fit_policy_host_lines, policy_step_us
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
@@ -41,7 +44,7 @@ DEFAULT_PROFILE = (
 DEFAULT_POLICIES = ("static:3", "goodput", "online", "per-request")
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", type=Path, default=DEFAULT_PROFILE)
     parser.add_argument("--policy", action="append", help="a policy SPEC (repeatable)")
@@ -54,14 +57,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     profile = load_profile(args.profile)
     specs = list(args.policy or DEFAULT_POLICIES)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    try:
+        batch_sizes = list(int_list("--batch-sizes", args.batch_sizes, 1))
+    except InputError as error:
+        print(f"policy_overhead.py: {error}", file=sys.stderr)
+        return 2
     settings = (
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"load {os.getloadavg()[0]:.2f}"
     )
     if args.target is not None:
         in_loop(profile, args.target, args.draft, batch_sizes, args.threads, settings)
-        return
+        return 0
     print(
         f"profile {args.profile.name}, k_max {profile.k_max}; {args.steps} steps x "
         f"{args.repeats} repeats; {settings}"
@@ -72,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{spec:<14} D={d:<4} {statistics.median(micros):7.0f} us/step "
             f"(min {min(micros):.0f}, max {max(micros):.0f})"
         )
+    return 0
 
 
 def in_loop(
@@ -112,4 +120,4 @@ def in_loop(
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -30,3 +30,31 @@ def test_policy_overhead_prints_one_line_per_policy_and_batch_size(
         ["per-request", "D=1"],
         ["per-request", "D=4"],
     ]
+
+
+def test_policy_overhead_in_the_loop_prints_each_policy_and_the_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--target: the policies timed after the real steps of the profiler's host-overhead runs
+    (the tiny random-weight target, one B), with the baseline, and the lines a profile keeps."""
+    assert _module().main(["--target", "tiny", "--draft", "ngram:1-3", "--batch-sizes", "1"]) == 0
+    out = capsys.readouterr().out
+    timed = [line.split()[:2] for line in out.splitlines() if "us/step over" in line]
+    assert timed == [
+        ["goodput", "D=1"],
+        ["online", "D=1"],
+        ["per-request", "D=1"],
+        ["static:5", "D=1"],
+    ]
+    lines = [line.split()[0] for line in out.splitlines() if "ms beyond static:5" in line]
+    assert lines == ["goodput", "online", "per-request"]
+
+
+def test_policy_overhead_refuses_a_bad_batch_size_list_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _module().main(["--batch-sizes", "1,x"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "policy_overhead.py: --batch-sizes: expected comma-separated integers or ranges a-b, "
+        "got '1,x'"
+    ]
