@@ -181,7 +181,8 @@ def rescore(
             cells.append(cell)
             lines.append(
                 f"  {model} {cell.policy} C={concurrency}: simulated {cell.simulated[tpot]:.1f} "
-                f"ms, measured {cell.measured[tpot]:.1f}, error {cell.error_pct(tpot):+.1f}%"
+                f"ms, measured {cell.measured[tpot]:.1f}, error {cell.error_pct(tpot):+.1f}%; "
+                f"mean TTFT error {cell.error_pct(ttft):+.1f}%"
             )
         summary = tpot_error_summary(cells)
         ttft_errors = np.abs([cell.error_pct(ttft) for cell in cells])
