@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.reports.rescore import keyed_profile, main
@@ -64,6 +65,9 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
     # 2.2% / 7.5% with the per-request policy that ran; its cells now simulate per-request's
     # per-depth posteriors (2026-11-28), which take other K than the run took
     assert "median 2.4%, max 7.7%" in summary
+    cells = [line for line in lines if line.startswith("  empirical ")]
+    assert len(cells) == 28  # 7 policies x 4 C, each with its TPOT and TTFT errors
+    assert all(re.search(r"error [+-]\d+\.\d%; mean TTFT error [+-]\d+\.\d%$", c) for c in cells)
     gaps = [line for line in lines if line.startswith("empirical C=")]
     assert [line.split(":")[0] for line in gaps] == [
         f"empirical C={c}" for c in (1, 1, 2, 2, 4, 4, 8, 8)
