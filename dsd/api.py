@@ -768,10 +768,11 @@ def _validation(
         "prefill_forward": resolved[0].prefill_forward,
         "ignore_eos": True,
         "profile_problems": [str(problem) for problem in problems],
-        # what a plain `goodput` / `online` SPEC scored (rescore reads them; older reports
-        # lack them: "rates")
+        # what a plain `goodput` / `online` / `per-request` SPEC scored (rescore reads them;
+        # older reports lack them: "rates")
         "goodput_acceptance": "sequences",
         "online_acceptance": "sequences",
+        "per_request_acceptance": "sequences",
         "retime": (
             {"status": retime_note}
             if timing is None

@@ -158,6 +158,9 @@ class SequenceAcceptance:
     acceptance_length: FloatArray  # [k_max + 1] output tokens per step at k = 0..k_max
     # [k_max + 1, k_max] row k: P(d >= i) for i = 1..k_max at the steps of a run at k (0 past k)
     draft_rates: FloatArray
+    # [k_max + 1] E[a | d] for d = 0..k_max: the accepted drafts of the steps of a run at k = d
+    # that drafted all d (what a row that drafted d is expected to accept; per-request's level)
+    accepted_given_drafted: FloatArray
 
 
 def sequence_acceptance(
@@ -166,14 +169,16 @@ def sequence_acceptance(
     """Walk every (available, matched) sequence at each k = 0..k_max: at output position p a
     step drafts d = min(available[p], k), accepts a = min(matched[p], d), emits a + 1 tokens and
     moves to p + a + 1. AL(k) = tokens / steps over all sequences, and the drafted counts of
-    those steps give P(d >= i) at k."""
+    those steps give P(d >= i) at k, and those that drafted all k their mean accepted count."""
     if not draft_sequences:
         raise ValueError("no draft sequences")
     al = np.ones(k_max + 1)  # [k_max + 1]
     rates = np.zeros((k_max + 1, k_max))  # [k_max + 1, k_max]
+    accepted_given_drafted = np.zeros(k_max + 1)  # [k_max + 1]
     for k in range(1, k_max + 1):
         drafted_counts = np.zeros(k + 1)  # [k + 1] steps per drafted count d
         tokens = 0
+        accepted_at_full = 0  # accepted drafts of the steps that drafted all k
         for available, matched in draft_sequences:
             position, length = 0, len(available)
             while position < length:
@@ -181,6 +186,7 @@ def sequence_acceptance(
                 accepted = min(matched[position], drafted)
                 drafted_counts[drafted] += 1
                 tokens += accepted + 1
+                accepted_at_full += accepted if drafted == k else 0
                 position += accepted + 1
         steps = drafted_counts.sum()
         if steps == 0:
@@ -188,7 +194,27 @@ def sequence_acceptance(
         al[k] = tokens / steps
         at_least = np.cumsum(drafted_counts[::-1])[::-1] / steps  # [k + 1] P(d >= i), i = 0..k
         rates[k, :k] = at_least[1:]
-    return SequenceAcceptance(al, rates)
+        # no step drafted k (no sequence has k drafts available anywhere): k's rows accept as
+        # k - 1's, the nearest measured
+        accepted_given_drafted[k] = (
+            accepted_at_full / drafted_counts[k]
+            if drafted_counts[k]
+            else accepted_given_drafted[k - 1]
+        )
+    return SequenceAcceptance(al, rates, accepted_given_drafted)
+
+
+def sequence_itl_ms(
+    raw_itl_ms: FloatArray, sequences: SequenceAcceptance, num_rows: npt.ArrayLike
+) -> FloatArray:
+    """[N, k + 1] column k: ITL(B, k) in expectation over the drafted counts of a run at k (the
+    walked `sequences.draft_rates[k]`), from ITL(B, j) `raw_itl_ms` [N, k + 1], j = 0..k, with
+    k <= the sequences' k_max. `num_rows` [N] is B per row."""
+    itl_by_k = np.array(raw_itl_ms, dtype=np.float64)  # [N, k + 1]
+    for k in range(1, itl_by_k.shape[1]):
+        rates_k = partial_draft_rates(sequences.draft_rates[k, :k], k)  # [k] or None
+        itl_by_k[:, k] = expected_itl_ms(raw_itl_ms[:, : k + 1], rates_k, num_rows)[:, k]
+    return itl_by_k
 
 
 def conditional_rates(unconditional: FloatArray) -> FloatArray:
@@ -288,10 +314,7 @@ def goodput_table(
         itl_by_k = expected_itl_ms(raw_itl, partial_draft_rates(draft_rates, num_k), bs)
     else:
         al_by_k = sequences.acceptance_length[: num_k + 1]  # [K+1]
-        itl_by_k = raw_itl.copy()  # [N, K+1]; column k priced at run k's drafted counts
-        for k in range(1, num_k + 1):
-            rates_k = partial_draft_rates(sequences.draft_rates[k, :k], k)  # [k] or None
-            itl_by_k[:, k] = expected_itl_ms(raw_itl[:, : k + 1], rates_k, bs)[:, k]
+        itl_by_k = sequence_itl_ms(raw_itl, sequences, bs)  # [N, K+1]
     objective = al_by_k[None, :] / itl_by_k  # [N, K+1]
     k_star = np.argmax(objective, axis=1).astype(np.int64)  # [N]; first max = smallest k on ties
     rows = np.arange(len(bs))

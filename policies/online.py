@@ -34,6 +34,7 @@ K per request.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,7 +137,7 @@ class OnlineAcceptancePolicy:
             ratio = np.where(profiled > 0, learned / profiled, 1.0)  # [k_max]
         walked = self.sequences.acceptance_length  # [k_max + 1]
         scaled = np.concatenate(([1.0], 1.0 + (walked[1:] - 1.0) * ratio))  # [k_max + 1]
-        return SequenceAcceptance(scaled, self.sequences.draft_rates)
+        return dataclasses.replace(self.sequences, acceptance_length=scaled)
 
     def _build_table(self, rates: FloatArray) -> None:
         self.table = goodput_table(

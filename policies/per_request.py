@@ -1,22 +1,21 @@
 """Per-request K: each decode request gets its own K from its own learned acceptance.
 
-Acceptance model (per request, learned online). At each depth i, request j has an unknown
-conditional acceptance probability c_ij: the probability that its i-th draft is accepted given
-that it was drafted and drafts 1..i-1 were accepted. Each has a Beta posterior whose prior is
-Beta(s * c_i, s * (1 - c_i)), s = `prior_strength`, with c_i the profile's own: q_i / q_(i-1),
-where q_i = r_i / s_i is the profile's rate given drafted (r_i unconditional, s_i the draft
-rate, 1 for a drafter that always drafts its K; made non-increasing). A step where request j
-drafted d and had a accepted is a success at depths 1..a and, when a < d, a failure at depth
-a + 1: alpha_ij += [i <= a], beta_ij += [i = a + 1 <= d]. The request's unconditional rates are
+Acceptance model (per request, learned online; `acceptance`, docs/policies.md has the math):
 
-    r_i(j) = s_i * prod_{m <= i} E_post[c_mj]
-
-so a request never seen reads the profile's rates (their non-increasing envelope), and no rate
-exceeds the draft rate s_i. Depths are learned apart: an earlier model pooled every depth into
-one conditional rate q_j and read depth i as E[q_j^i], so a single fully accepted draft of 6
-made every depth look nearly certain, and on an n-gram drafter (whose acceptance falls with
-depth) it drafted too deep (reports/gpu/2026-11-27-h200: K = 6 on 126 of 135 steps at C = 1,
-+14.9% over static:4; docs/policies.md).
+- "sequences" (default, where the profile has greedy draft sequences): one level per request,
+  its accepted drafts over what the profile's walked sequences expect for the same drafted
+  counts (Gamma-style pseudo-counts, 1 for an unseen request), and AL_j(k) = 1 +
+  (AL_walk(k) - 1) * level, capped at the drafts a run at k makes. Both sides count the same
+  drafts, so the level does not depend on the K the request ran at. The per-position rates
+  below are measured at K_max and under-state AL at small k on an n-gram drafter (copy spans
+  take more steps at small k); scored with them it drafted 6 deep at B = 4-8 where K = 2-3
+  was best, and its own observations at K = 6 kept it there.
+- "rates": at each depth i a Beta posterior on the request's conditional acceptance c_ij
+  (prior from the profile's rates given drafted, q_i / q_(i-1)); a step that drafted d and
+  accepted a is a success at depths 1..a and a failure at a + 1 when a < d; r_i(j) = s_i *
+  prod_{m <= i} E_post[c_mj], so an unseen request reads the profile and no rate exceeds the
+  draft rate s_i. Depths are learned apart: a model that pooled them read one fully accepted
+  draft as every depth nearly certain (reports/gpu/2026-11-27-h200, docs/policies.md).
 
 Allocation. The objective is expected output tokens per ms of step time,
 sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table
@@ -33,7 +32,7 @@ get a K; below, ITL(D, .) is short for that lookup (B = D on decode-only steps):
   learned acceptance rather than the profile's.
 - "token-equivalent" (optimistic bound: it ignores the extra draft passes):
   cost = ITL(D, K_eff), K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens.
-  Because every request's marginal gain r_{k+1}(j) is non-increasing in k, greedy
+  Because every request's marginal gain AL_j(k+1) - AL_j(k) is non-increasing in k, greedy
   marginal-gain allocation (add one draft at a time to the request with the largest marginal
   expected tokens) visits, for every total number of drafts m, the allocation that maximises
   expected tokens among all with m drafts; ITL depends only on m. So we sort all D * K_max
@@ -61,9 +60,13 @@ from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
 from dsd.policies.goodput import (
     ItlTable,
+    SequenceAcceptance,
+    check_acceptance,
     conditional_rates,
     expected_itl_ms,
     partial_draft_rates,
+    sequence_acceptance,
+    sequence_itl_ms,
     table_batch_size,
 )
 from dsd.policies.profile import Profile
@@ -85,8 +88,12 @@ class PerRequestConfig:
     max_tracked: int = 4096
     # Step cost the allocation assumes: "padded" ITL(D, max K) or "token-equivalent".
     mixed_k: str = "padded"
+    # "sequences": each request's level against a greedy profile's walked draft sequences
+    # (where the profile has them); "rates": per-depth posteriors on the profile's rates
+    acceptance: str = "sequences"
 
     def __post_init__(self) -> None:
+        check_acceptance("per-request", self.acceptance)
         if not (np.isfinite(self.prior_strength) and self.prior_strength > 0):
             raise InputError(f"per-request: prior_strength must be > 0, got {self.prior_strength}")
         for name in ("forget_after_steps", "max_tracked"):
@@ -139,7 +146,8 @@ def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> In
 
 
 class PerRequestPolicy:
-    """K per decode request from per-request Beta posteriors, optimal under `mixed_k` cost."""
+    """K per decode request from per-request acceptance learned online, optimal under `mixed_k`
+    cost."""
 
     def __init__(
         self, profile: Profile, max_num_seqs: int, config: PerRequestConfig | None = None
@@ -154,18 +162,30 @@ class PerRequestPolicy:
         self.draft_rates = partial_draft_rates(profile.draft_rates, self.k_max)
         # [k_max] s_i, 1 where every step drafts its K: the unconditional rates' ceiling.
         self.drafted = np.ones(self.k_max) if self.draft_rates is None else self.draft_rates
-        rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]  # [k_max]
-        given_drafted = np.divide(
-            rates, self.drafted, out=np.zeros_like(rates), where=self.drafted > 0
-        )
-        depth_rates = conditional_depth_rates(given_drafted)  # [k_max] c_i
         strength = self.config.prior_strength
-        self.prior_alpha = strength * depth_rates  # [k_max]
-        self.prior_beta = strength * (1.0 - depth_rates)  # [k_max]
+        # The walked sequences (acceptance=sequences, where the profile has them), else None.
+        self.sequences: SequenceAcceptance | None = (
+            sequence_acceptance(profile.draft_sequences, self.k_max)
+            if self.config.acceptance == "sequences" and profile.draft_sequences
+            else None
+        )
+        if self.sequences is not None:
+            # [2] (accepted, expected) pseudo-counts of the level: prior_strength accepted
+            # drafts against as many expected
+            self.prior_counts = np.array([strength, strength])
+        else:
+            rates = np.asarray(profile.acceptance_rates, dtype=np.float64)[: self.k_max]
+            given_drafted = np.divide(
+                rates, self.drafted, out=np.zeros_like(rates), where=self.drafted > 0
+            )
+            depth_rates = conditional_depth_rates(given_drafted)  # [k_max] c_i
+            # [2 k_max] (alpha per depth, beta per depth)
+            self.prior_counts = np.concatenate(
+                (strength * depth_rates, strength * (1.0 - depth_rates))
+            )
         # Tracked requests, sorted by id; N <= max_tracked.
         self.tracked_ids = np.zeros(0, dtype=np.int64)  # [N] request ids, strictly increasing
-        self.alpha = np.zeros((0, self.k_max))  # [N, k_max] posterior alpha per id and depth
-        self.beta = np.zeros((0, self.k_max))  # [N, k_max] posterior beta per id and depth
+        self.counts = np.zeros((0, len(self.prior_counts)))  # [N, C] posterior counts per id
         self.last_seen_step = np.zeros(0, dtype=np.int64)  # step index of the latest feedback
         # The step-cost vectors choose_k reads, by (D, or 0 under padded cost; K cap; B): they
         # depend on the profile alone, and interpolating them each step cost more than choosing
@@ -184,17 +204,46 @@ class PerRequestPolicy:
         )
         return slots.astype(np.int64), found
 
-    def request_rates(self, req_ids: IntArray) -> FloatArray:
-        """[n, k_max] each request's estimated unconditional per-position rates."""
+    def _request_counts(self, req_ids: IntArray) -> FloatArray:
+        """[n, C] each request's posterior counts (the prior for an id not tracked)."""
         ids = np.asarray(req_ids, dtype=np.int64)
-        alpha = np.broadcast_to(self.prior_alpha, (len(ids), self.k_max))  # [n, k_max]
-        beta = np.broadcast_to(self.prior_beta, (len(ids), self.k_max))  # [n, k_max]
+        counts = np.broadcast_to(self.prior_counts, (len(ids), len(self.prior_counts)))
         if len(self.tracked_ids):
             slots, found = self._lookup(ids)
-            alpha = np.where(found[:, None], self.alpha[slots], alpha)
-            beta = np.where(found[:, None], self.beta[slots], beta)
+            counts = np.where(found[:, None], self.counts[slots], counts)
+        return counts
+
+    def request_rates(self, req_ids: IntArray) -> FloatArray:
+        """[n, k_max] each request's estimated unconditional per-position rates
+        (acceptance=rates)."""
+        if self.sequences is not None:
+            raise ValueError("per-request: request_rates needs acceptance=rates")
+        counts = self._request_counts(req_ids)
+        alpha, beta = counts[:, : self.k_max], counts[:, self.k_max :]  # [n, k_max] each
         # alpha + beta >= prior_strength > 0 at every depth
         return self.drafted[None, :] * np.cumprod(alpha / (alpha + beta), axis=1)  # [n, k_max]
+
+    def request_levels(self, req_ids: IntArray) -> FloatArray:
+        """[n] each request's accepted drafts over the walked sequences' expectation for the
+        same drafted counts, posterior mean (acceptance=sequences; 1 for an unseen request)."""
+        if self.sequences is None:
+            raise ValueError("per-request: request_levels needs acceptance=sequences")
+        counts = self._request_counts(req_ids)
+        return counts[:, 0] / counts[:, 1]  # [n]
+
+    def request_gains(self, req_ids: IntArray, k_cap: int) -> FloatArray:
+        """[n, k_cap] gains[j, k]: request j's expected extra output tokens from its (k+1)-th
+        draft. acceptance=rates: its rate r_(k+1)(j). acceptance=sequences: the walked
+        AL(k + 1) - AL(k) times its level, with AL_j(k) - 1 capped at the drafts a run at k
+        makes."""
+        if self.sequences is None:
+            return self.request_rates(req_ids)[:, :k_cap]
+        levels = self.request_levels(req_ids)  # [n]
+        walked_extra = self.sequences.acceptance_length[1 : k_cap + 1] - 1.0  # [k_cap]
+        drafts = self.sequences.draft_rates[1 : k_cap + 1].sum(axis=1)  # [k_cap] E[d] at k
+        extra = np.minimum(levels[:, None] * walked_extra[None, :], drafts[None, :])  # [n, k]
+        gains: FloatArray = np.diff(extra, axis=1, prepend=0.0)  # [n, k_cap]
+        return gains
 
     def itl_by_total_drafts(
         self, num_decode: int, k_max: int, batch_size: int | None = None
@@ -217,14 +266,16 @@ class PerRequestPolicy:
                 f"per-request: batch size {view.batch_size} exceeds max_num_seqs "
                 f"{self.max_num_seqs}"
             )
-        rates = self.request_rates(np.asarray(view.req_ids, dtype=np.int64))[:, :k_cap]  # [D, k]
+        gains = self.request_gains(np.asarray(view.req_ids, dtype=np.int64), k_cap)  # [D, k]
         # The ITL table is read at the step's B (prefill chunks included), like every policy.
         batch_size = table_batch_size(view)
         step_costs = self._step_costs_of(num_decode, k_cap, batch_size)
         if self.config.mixed_k == "padded":
-            k = best_uniform_k(rates, step_costs)
+            k = best_uniform_k(gains, step_costs)
             return np.full(num_decode, k, dtype=np.int64)
-        return best_allocation(rates, step_costs)
+        # the greedy allocation is exact for gains non-increasing in k (a walked AL that is
+        # not concave is scored by its concave side)
+        return best_allocation(np.minimum.accumulate(gains, axis=1), step_costs)
 
     def _step_costs_of(self, num_decode: int, k_cap: int, batch_size: int) -> FloatArray:
         """Padded: [k_cap + 1] ITL(B, K) (in expectation over the drafted counts where the
@@ -236,7 +287,9 @@ class PerRequestPolicy:
             return costs
         if padded:
             costs = self.itl.itl_ms_at(float(batch_size), np.arange(k_cap + 1.0))  # [k+1]
-            if self.draft_rates is not None:
+            if self.sequences is not None:  # each k at its own run's drafted counts
+                costs = sequence_itl_ms(costs[None, :], self.sequences, [batch_size])[0]
+            elif self.draft_rates is not None:
                 costs = expected_itl_ms(costs[None, :], self.draft_rates, [batch_size])[0]
         else:
             costs = self.itl_by_total_drafts(num_decode, k_cap, batch_size)  # [D * k + 1]
@@ -250,13 +303,19 @@ class PerRequestPolicy:
         if len(ids):
             num_spec = np.asarray(feedback.num_spec_tokens, dtype=np.int64)  # [n]
             num_accepted = np.minimum(np.asarray(feedback.num_accepted, dtype=np.int64), num_spec)
-            depth = np.arange(1, self.k_max + 1)[None, :]  # [1, k_max]
-            accepted, drafted = num_accepted[:, None], num_spec[:, None]  # [n, 1]
             slots = self._insert_missing(ids)
-            # successes at depths 1..a, a failure at a + 1 when it was drafted; a K = 0 step
-            # (nothing drafted) says nothing (ids are unique within a step).
-            self.alpha[slots] += depth <= accepted
-            self.beta[slots] += (depth == accepted + 1) & (depth <= drafted)
+            # a row that drafted nothing says nothing (ids are unique within a step)
+            if self.sequences is not None:
+                # accepted drafts against the walked expectation for as many drafted
+                drafted = np.minimum(num_spec, self.k_max)  # [n]
+                self.counts[slots, 0] += num_accepted
+                self.counts[slots, 1] += self.sequences.accepted_given_drafted[drafted]
+            else:
+                # successes at depths 1..a, a failure at a + 1 when it was drafted
+                depth = np.arange(1, self.k_max + 1)[None, :]  # [1, k_max]
+                accepted, drafted = num_accepted[:, None], num_spec[:, None]  # [n, 1]
+                self.counts[slots, : self.k_max] += depth <= accepted
+                self.counts[slots, self.k_max :] += (depth == accepted + 1) & (depth <= drafted)
             self.last_seen_step[slots] = feedback.step_index
         self._forget(feedback.step_index)
 
@@ -269,10 +328,8 @@ class PerRequestPolicy:
         all_ids = np.concatenate((self.tracked_ids, new_ids))
         order = np.argsort(all_ids, kind="stable")
         self.tracked_ids = all_ids[order]
-        prior_alpha = np.broadcast_to(self.prior_alpha, (new_ids.size, self.k_max))
-        prior_beta = np.broadcast_to(self.prior_beta, (new_ids.size, self.k_max))
-        self.alpha = np.concatenate((self.alpha, prior_alpha))[order]
-        self.beta = np.concatenate((self.beta, prior_beta))[order]
+        prior = np.broadcast_to(self.prior_counts, (new_ids.size, len(self.prior_counts)))
+        self.counts = np.concatenate((self.counts, prior))[order]
         self.last_seen_step = np.concatenate(
             (self.last_seen_step, np.full(new_ids.size, -1, dtype=np.int64))
         )[order]
@@ -288,8 +345,7 @@ class PerRequestPolicy:
         if keep.all():
             return
         self.tracked_ids = self.tracked_ids[keep]
-        self.alpha = self.alpha[keep]
-        self.beta = self.beta[keep]
+        self.counts = self.counts[keep]
         self.last_seen_step = self.last_seen_step[keep]
 
     @property

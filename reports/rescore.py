@@ -117,12 +117,13 @@ def rescore(
         )
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
     pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
-    # Simulate each policy as it ran: a plain `goodput` or `online` scored the per-position
-    # rates before greedy draft sequences were scored (reports without `goodput_acceptance`,
-    # `online_acceptance`)
+    # Simulate each policy as it ran: a plain `goodput`, `online` or `per-request` scored the
+    # per-position rates before greedy draft sequences were scored (reports without
+    # `goodput_acceptance`, `online_acceptance`, `per_request_acceptance`)
     as_run = {
-        name: f"{name}:acceptance={config.get(f'{name}_acceptance', 'rates')}"
-        for name in ("goodput", "online")
+        name: f"{name}:acceptance="
+        + str(config.get(f"{name.replace('-', '_')}_acceptance", "rates"))
+        for name in ("goodput", "online", "per-request")
     }
     lines = [
         f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "

@@ -136,6 +136,8 @@ def test_sequence_acceptance_walks_each_sequence_at_each_k() -> None:
     result = sequence_acceptance([((0, 3, 3, 3, 0, 0), (0, 3, 1, 0, 0, 0))], 2)
     np.testing.assert_allclose(result.acceptance_length, [1.0, 6 / 5, 6 / 4])
     np.testing.assert_allclose(result.draft_rates, [[0, 0], [2 / 5, 0], [1 / 4, 1 / 4]])
+    # k = 1: two steps drafted 1 and accepted 1 and 0; k = 2: one step drafted 2, accepted 2
+    np.testing.assert_allclose(result.accepted_given_drafted, [0.0, 0.5, 2.0])
 
 
 def test_goodput_scores_a_greedy_profiles_draft_sequences_unless_asked_for_rates() -> None:

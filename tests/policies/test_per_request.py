@@ -222,12 +222,9 @@ def test_one_fully_accepted_draft_moves_each_depth_by_one_trial() -> None:
     np.testing.assert_allclose(policy.request_rates(np.array([3]))[0], expected, rtol=1e-12)
     # a rejection at depth 3 after 2 accepted: successes at 1, 2, a failure at 3, nothing deeper
     policy.observe(_feedback(1, [4], [5], [2]))
-    assert policy.alpha[policy._lookup(np.array([4]))[0][0]].tolist() == pytest.approx(
-        (strength * prior + [1, 1, 0, 0, 0]).tolist()
-    )
-    assert policy.beta[policy._lookup(np.array([4]))[0][0]].tolist() == pytest.approx(
-        (strength * (1 - prior) + [0, 0, 1, 0, 0]).tolist()
-    )
+    counts = policy.counts[policy._lookup(np.array([4]))[0][0]]  # [alpha per depth, beta]
+    assert counts[:5].tolist() == pytest.approx((strength * prior + [1, 1, 0, 0, 0]).tolist())
+    assert counts[5:].tolist() == pytest.approx((strength * (1 - prior) + [0, 0, 1, 0, 0]).tolist())
 
 
 @given(
@@ -254,6 +251,7 @@ def test_learned_rates_stay_under_the_draft_rates_and_non_increasing(outcomes) -
         {"forget_after_steps": 0},  # forgets at once
         {"max_tracked": 0},  # cannot track anything
         {"mixed_k": "max"},  # unknown cost model
+        {"acceptance": "walk"},  # unknown acceptance model
     ],
 )
 def test_bad_config_is_input_error(kwargs) -> None:  # type: ignore[no-untyped-def]
@@ -360,7 +358,7 @@ def test_memoized_step_costs_choose_as_a_fresh_policy_does(mixed_k: str, steps) 
             k_max=k_cap,
         )
         fresh = PerRequestPolicy(h100_profile(), max_num_seqs=512, config=config)
-        for name in ("tracked_ids", "alpha", "beta", "last_seen_step"):
+        for name in ("tracked_ids", "counts", "last_seen_step"):
             setattr(fresh, name, getattr(used, name).copy())
         ks = used.choose_k(view)
         np.testing.assert_array_equal(ks, fresh.choose_k(view))
@@ -403,3 +401,90 @@ def test_policy_steppers_time_each_policy_on_synthetic_steps() -> None:
     samples = policy_step_us(h100_profile(), specs, [1, 3], 5, 2, 5)
     assert set(samples) == {(spec, d) for spec in specs for d in (1, 3)}
     assert all(len(v) == 2 and min(v) > 0 for v in samples.values())
+
+
+def _sequence_profile(sequences) -> Profile:  # type: ignore[no-untyped-def]
+    """The n-gram profile with greedy draft sequences ((available, matched) per prompt)."""
+    return dataclasses.replace(_ngram_profile(), draft_sequences=tuple(sequences))
+
+
+def _cpu_report_profile() -> Profile:
+    from pathlib import Path
+
+    from dsd.policies.profile_io import load_profile
+
+    path = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27f-cpu-smollm2"
+    return load_profile(path / "profile.json")
+
+
+_SEQUENCES = st.lists(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), min_size=1, max_size=12).map(
+        lambda pairs: (tuple(a for a, _ in pairs), tuple(min(a, m) for a, m in pairs))
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+@given(_SEQUENCES, st.integers(1, 64))
+def test_sequences_unseen_batch_is_the_goodput_k(sequences, batch_size: int) -> None:  # type: ignore[no-untyped-def]
+    """At level 1 (nothing observed) the padded objective is goodput's on the walked sequences:
+    the same AL(k) and the same per-k drafted counts, so the same K at every B."""
+    profile = _sequence_profile(sequences)
+    policy = PerRequestPolicy(profile, 64)
+    assert policy.sequences is not None
+    goodput = GoodputPolicy(profile, 64)
+    view = _view(list(range(batch_size)))
+    assert set(policy.choose_k(view).tolist()) == {goodput.choose_k(view)}
+
+
+def test_sequences_level_counts_accepted_against_the_walked_expectation() -> None:
+    profile = _sequence_profile([((0, 3, 3, 3, 0, 0), (0, 3, 1, 0, 0, 0))])
+    policy = PerRequestPolicy(profile, 64)
+    expected = policy.sequences.accepted_given_drafted  # type: ignore[union-attr]
+    strength = policy.config.prior_strength
+    np.testing.assert_allclose(policy.request_levels(np.array([1, 2])), [1.0, 1.0])
+    # request 1 drafts 2 and accepts 2, then drafts 1 and accepts 0; request 2 drafts nothing
+    policy.observe(_feedback(0, [1, 2], [2, 0], [2, 0]))
+    policy.observe(_feedback(1, [1], [1], [0]))
+    want = (strength + 2) / (strength + expected[2] + expected[1])
+    np.testing.assert_allclose(policy.request_levels(np.array([1, 2])), [want, 1.0])
+    with pytest.raises(ValueError, match="acceptance=rates"):
+        policy.request_rates(np.array([1]))
+    with pytest.raises(ValueError, match="acceptance=sequences"):
+        PerRequestPolicy(profile, 64, PerRequestConfig(acceptance="rates")).request_levels(
+            np.array([1])
+        )
+
+
+@given(st.floats(0.0, 50.0), st.integers(1, 5))
+def test_sequences_gains_scale_the_walk_and_never_pass_the_drafts(level: float, k_cap: int) -> None:
+    profile = _cpu_report_profile()
+    policy = PerRequestPolicy(profile, 64)
+    walk = policy.sequences
+    assert walk is not None
+    policy.counts = np.array([[level * 8.0, 8.0]])  # one tracked request at this level
+    policy.tracked_ids = np.array([5])
+    policy.last_seen_step = np.array([0])
+    extra = np.cumsum(policy.request_gains(np.array([5]), k_cap)[0])  # AL_j(k) - 1, k >= 1
+    walked = walk.acceptance_length[1 : k_cap + 1] - 1.0
+    drafts = walk.draft_rates[1 : k_cap + 1].sum(axis=1)
+    np.testing.assert_allclose(extra, np.minimum(level * walked, drafts), atol=1e-12)
+
+
+def test_sequences_mode_follows_what_each_batch_accepts() -> None:
+    """On the CPU report's profile (its walk says K = 2 at B = 4): a batch that accepted every
+    draft it made drafts deeper, one that accepted none stops drafting; and the rates mode
+    (per-position rates measured at K_max) reads the unseen batch deeper than the walk."""
+    profile = _cpu_report_profile()
+    view = _view([1, 2, 3, 4], k_max=6)
+    unseen = int(PerRequestPolicy(profile, 8).choose_k(view)[0])
+    assert unseen == GoodputPolicy(profile, 8).choose_k(view) == 2
+    by_rates = PerRequestPolicy(profile, 8, PerRequestConfig(acceptance="rates"))
+    assert int(by_rates.choose_k(view)[0]) > unseen
+    accepting, rejecting = PerRequestPolicy(profile, 8), PerRequestPolicy(profile, 8)
+    for step in range(10):
+        accepting.observe(_feedback(step, [1, 2, 3, 4], [6] * 4, [6] * 4))
+        rejecting.observe(_feedback(step, [1, 2, 3, 4], [6] * 4, [0] * 4))
+    assert int(accepting.choose_k(view)[0]) > unseen
+    assert int(rejecting.choose_k(view)[0]) == 0

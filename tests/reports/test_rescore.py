@@ -60,7 +60,9 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
 
     folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
     lines = rescore(folder, ["empirical"], policies=("goodput",))
-    assert lines[0].endswith("as run: goodput:acceptance=rates, online:acceptance=rates")
+    assert lines[0].endswith(
+        "as run: goodput:acceptance=rates, online:acceptance=rates, per-request:acceptance=rates"
+    )
     summary = next(line for line in lines if line.startswith("empirical: |mean-TPOT error|"))
     # 2.2% / 7.5% with the per-request policy that ran; its cells now simulate per-request's
     # per-depth posteriors (2026-11-28), which take other K than the run took
