@@ -204,6 +204,14 @@ def sequence_acceptance(
     return SequenceAcceptance(al, rates, accepted_given_drafted)
 
 
+def profile_sequences(profile: Profile, acceptance: str) -> SequenceAcceptance | None:
+    """The profile's walked draft sequences at k = 0..k_max when `acceptance` is "sequences"
+    and the profile has them, else None (the policy scores the per-position rates)."""
+    if acceptance != "sequences" or not profile.draft_sequences:
+        return None
+    return sequence_acceptance(profile.draft_sequences, profile.k_max)
+
+
 def sequence_itl_ms(
     raw_itl_ms: FloatArray, sequences: SequenceAcceptance, num_rows: npt.ArrayLike
 ) -> FloatArray:
@@ -399,11 +407,7 @@ class GoodputPolicy:
         # A greedy profile's draft sequences give AL and drafted counts per K exactly (given
         # rates override them: they are what the caller wants scored)
         sequences = (
-            sequence_acceptance(profile.draft_sequences, profile.k_max)
-            if self.config.acceptance == "sequences"
-            and acceptance_rates is None
-            and profile.draft_sequences
-            else None
+            profile_sequences(profile, self.config.acceptance) if acceptance_rates is None else None
         )
         self.table = goodput_table(
             self.itl,

@@ -34,8 +34,7 @@ K per request.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -48,7 +47,7 @@ from dsd.policies.goodput import (
     goodput_table,
     lookup_batch_k,
     partial_draft_rates,
-    sequence_acceptance,
+    profile_sequences,
 )
 from dsd.policies.profile import Profile
 from dsd.policies.types import StepFeedback, StepView, position_counts
@@ -119,11 +118,7 @@ class OnlineAcceptancePolicy:
         self.num_observed_steps = 0
         self.num_table_builds = 0
         self.table_rates = self.prior_rates.copy()  # [k_max] rates behind the current table
-        self.sequences: SequenceAcceptance | None = (
-            sequence_acceptance(profile.draft_sequences, self.k_max)
-            if self.config.acceptance == "sequences" and profile.draft_sequences
-            else None
-        )
+        self.sequences = profile_sequences(profile, self.config.acceptance)
         self._build_table(self.prior_rates)
 
     def scaled_sequences(self, rates: FloatArray) -> SequenceAcceptance | None:
@@ -137,7 +132,7 @@ class OnlineAcceptancePolicy:
             ratio = np.where(profiled > 0, learned / profiled, 1.0)  # [k_max]
         walked = self.sequences.acceptance_length  # [k_max + 1]
         scaled = np.concatenate(([1.0], 1.0 + (walked[1:] - 1.0) * ratio))  # [k_max + 1]
-        return dataclasses.replace(self.sequences, acceptance_length=scaled)
+        return replace(self.sequences, acceptance_length=scaled)
 
     def _build_table(self, rates: FloatArray) -> None:
         self.table = goodput_table(

@@ -60,12 +60,11 @@ from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
 from dsd.policies.goodput import (
     ItlTable,
-    SequenceAcceptance,
     check_acceptance,
     conditional_rates,
     expected_itl_ms,
     partial_draft_rates,
-    sequence_acceptance,
+    profile_sequences,
     sequence_itl_ms,
     table_batch_size,
 )
@@ -164,11 +163,7 @@ class PerRequestPolicy:
         self.drafted = np.ones(self.k_max) if self.draft_rates is None else self.draft_rates
         strength = self.config.prior_strength
         # The walked sequences (acceptance=sequences, where the profile has them), else None.
-        self.sequences: SequenceAcceptance | None = (
-            sequence_acceptance(profile.draft_sequences, self.k_max)
-            if self.config.acceptance == "sequences" and profile.draft_sequences
-            else None
-        )
+        self.sequences = profile_sequences(profile, self.config.acceptance)
         if self.sequences is not None:
             # [2] (accepted, expected) pseudo-counts of the level: prior_strength accepted
             # drafts against as many expected
