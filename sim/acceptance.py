@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dsd.common.arrays import BoolArray, FloatArray, IntArray
+from dsd.common.special import betaincinv
 from dsd.common.streams import CounterStream
 from dsd.policies.goodput import conditional_rates
 from dsd.policies.profile import Profile, outcome_matrices
@@ -399,13 +400,11 @@ def per_request_rates(rates: FloatArray, concentration: float, strength: FloatAr
     (1-m) kappa) grows stochastically with m, so rates stay non-increasing in i for every
     request, and E over strength of the quantile is exactly r_i.
     """
-    from scipy.special import betaincinv  # ~0.2 s to import: only once a request drafts
-
     mean = np.clip(rates, 0.0, 1.0)[None, :]  # [1, k]
     inner = (mean > 0) & (mean < 1)  # [1, k]
     a = np.where(inner, mean * concentration, 1.0)  # [1, k]
     b = np.where(inner, (1.0 - mean) * concentration, 1.0)  # [1, k]
-    quantile = betaincinv(a, b, strength[:, None])  # [n, k]
+    quantile = betaincinv()(a, b, strength[:, None])  # [n, k]
     out: FloatArray = np.where(inner, quantile, mean)
     return out
 
@@ -413,7 +412,7 @@ def per_request_rates(rates: FloatArray, concentration: float, strength: FloatAr
 class HeterogeneousAcceptance:
     """Each request has its own per-position rates (see module doc), drawn when it first drafts:
     they depend on its id alone, so when makes no difference, and a run that never drafts never
-    computes a Beta quantile (nor loads scipy.special for it).
+    computes a Beta quantile (nor loads scipy's compiled special functions for it).
 
     The concentration kappa comes from, in order: `concentration` if given; else the variance of
     the profile's per-request r_1 samples (method of moments; it includes each sample's own

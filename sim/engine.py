@@ -62,7 +62,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import numpy as np
-import simpy
 
 from dsd.common.arrays import IntArray
 from dsd.policies.types import KPolicy, StepFeedback, batch_size_only
@@ -73,6 +72,7 @@ from dsd.traces.workload import RequestSpec, Workload
 
 if TYPE_CHECKING:
     import pandas as pd
+    import simpy
 
 
 class StepScheduler(Protocol):
@@ -243,7 +243,7 @@ class Engine:
         self.policy = policy
         self.workload = workload
         self.config = config or LoopConfig()
-        self._env = simpy.Environment()
+        self._env: simpy.Environment | None = None  # made by _run_with_simpy
         self.now_s = 0.0  # the run's clock (SimPy's when SimPy drives the loop)
         self._fast_forward = False  # run stretches of plain decode steps at once (see run())
         self._client = _Client(self, workload)
@@ -317,13 +317,16 @@ class Engine:
 
     # -- the engine loop and its two drivers
     def _run_with_simpy(self) -> None:
-        env = self._env
+        import simpy  # only where requests arrive over time: a closed loop runs without it
+
+        env = self._env = simpy.Environment()
         env.process(self._client.process(env))
         env.run(until=env.process(self._simpy_process()))
 
     def _simpy_process(self) -> Generator[simpy.Event, Any, None]:
         """The loop as a SimPy process beside the client's (requests arrive over time)."""
         env = self._env
+        assert env is not None
         for delay_s in self._loop(self._step_worker()):
             if delay_s is None:
                 self._wake = env.event()

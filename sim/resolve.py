@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import simpy
 
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, Profile
@@ -454,6 +453,6 @@ def resolved_config_dict(config: RunConfig, resolved: ResolvedRun | None = None)
             "dsd": _version("dsd"),
             "python": platform.python_version(),
             "numpy": np.__version__,
-            "simpy": getattr(simpy, "__version__", _version("simpy")),
+            "simpy": _version("simpy"),
         },
     }
