@@ -817,6 +817,8 @@ class HardwarePlan:
     speedup_prompts: int  # prompts of the B = 1 speedup arms
     speedup_repeats: int
     speedup_k: tuple[int, ...]  # static K of the speedup arms (plus goodput)
+    # more B = 1 arms, 'DRAFT POLICY [K_MAX]' (`Arm.parse`): drafts other than the report's
+    speedup_extra_arms: tuple[str, ...]
     prompts_per_concurrency: int  # validation requests per cell = this x C
     trials: int  # real runs per validation cell
     retime_share: float  # share of the profile's points each timing round re-times
@@ -852,6 +854,9 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     speedup_prompts=8,
     speedup_repeats=3,
     speedup_k=(4, 6),
+    # none by default: ngram:3-10 static:10 measured 1.75x and 1.42x against ngram:2-6
+    # static:4's 1.55x and 1.62x in two runs of one hour (reports/engine/2026-11-28-cpu-b1-drafts)
+    speedup_extra_arms=(),
     prompts_per_concurrency=2,
     trials=5,
     retime_share=1.0,
@@ -875,6 +880,7 @@ QUICK_HARDWARE_PLAN = HardwarePlan(
     speedup_prompts=2,
     speedup_repeats=1,
     speedup_k=(2,),
+    speedup_extra_arms=(),
     prompts_per_concurrency=1,
     trials=1,
     retime_share=1.0,
@@ -928,6 +934,7 @@ def hardware_report(
     quick: bool = False,
     trials: int | None = None,
     time_budget_s: float | None = None,
+    speedup_arms: Sequence[str] | None = None,
     seed: int = 0,
     progress: ProgressFactory = no_progress,
     on_stage: Callable[[str], None] | None = None,
@@ -940,7 +947,9 @@ def hardware_report(
     plan recorded in config.json says which. `time_budget_s`: seconds the whole report may
     take (a lent GPU's call): the validation starts no trial round that would end past it, less
     `REPORT_WRITE_RESERVE_S` (at least one round runs; config.json's `trials_done` says how
-    many did). On CPU `threads` defaults to 1 (a shared machine's cores are not all ours).
+    many did). `speedup_arms`: B = 1 arms beside the report's draft, 'DRAFT POLICY [K_MAX]'
+    (None: the plan's `speedup_extra_arms`). On CPU `threads` defaults to 1 (a shared
+    machine's cores are not all ours).
     `dtype` and `fast_path` (the decode path: off, eager, cuda-graphs) hold for the profile, the
     speedup arms and the cells alike."""
     import datetime as dt
@@ -969,6 +978,13 @@ def hardware_report(
     from dsd.backend.pair import check_draft_spec
 
     check_draft_spec(draft)  # a bad spelling fails before anything loads
+    if speedup_arms is not None:
+        plan = dataclasses.replace(plan, speedup_extra_arms=tuple(speedup_arms))
+    extra_arms = [Arm.parse(text) for text in plan.speedup_extra_arms]
+    for arm in extra_arms:
+        if arm.draft == "none":
+            raise InputError("--speedup-arm none: plain decoding is always the first arm")
+        check_draft_spec(arm.draft)
     check_fast_path(fast_path, device)  # load_pair checks the device and dtype
     if draft.strip() in ("", "none"):
         raise InputError("--draft: the hardware report needs a draft (e.g. ngram:2-6)")
@@ -1008,6 +1024,7 @@ def hardware_report(
         Arm("none", "static:0", 0),
         *(Arm(draft, f"static:{k}", k) for k in plan.speedup_k),
         Arm(draft, "goodput", k_max),
+        *extra_arms,
     ]
     speedup_config = run_config(
         policy="static:0",

@@ -206,6 +206,13 @@ def register(app: typer.Typer) -> None:
                 "past it (at least one runs; config.json's trials_done says how many)."
             ),
         ] = None,
+        speedup_arm: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A B=1 arm beside the report's draft, 'DRAFT POLICY [K_MAX]' (repeatable), "
+                "e.g. 'ngram:3-10 static:10'."
+            ),
+        ] = None,
         seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
@@ -223,6 +230,7 @@ def register(app: typer.Typer) -> None:
             quick=quick,
             trials=trials,
             time_budget_s=time_budget,
+            speedup_arms=speedup_arm,
             seed=seed,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),

@@ -34,7 +34,7 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
 
     out = tmp_path / "report"
     main(["hardware-report", "--quick", "--trials", "2", "--target", "tiny", "--draft",
-          "ngram:1-3", "--out", str(out)])  # fmt: skip
+          "ngram:1-3", "--speedup-arm", "ngram:2-4 static:4", "--out", str(out)])  # fmt: skip
     assert {path.name for path in out.iterdir()} == REPORT_FILES
     assert "report.md first" in capsys.readouterr().out
 
@@ -86,6 +86,12 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     speedup = json.loads((out / "speedup.json").read_text(), parse_constant=_refuse)
     assert all(arm["identical_to_first_arm"] for arm in speedup["arms"])
     assert speedup["arms"][0]["acceptance_length"] is None
+    # the report's draft (plain, static:2, goodput), then the other draft's arm
+    assert [arm["arm"] for arm in speedup["arms"]] == [
+        "none", "ngram:1-3 static:2", "ngram:1-3 goodput", "ngram:2-4 static:4"
+    ]  # fmt: skip
+    assert config["plan"]["speedup_extra_arms"] == ["ngram:2-4 static:4"]
+    assert "ngram:2-4 static:4" in report
 
 
 @pytest.mark.parametrize(
@@ -93,6 +99,9 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     [
         (["--draft", "none"], "needs a draft"),
         (["--draft", "NGRAM"], "write ngram"),
+        (["--speedup-arm", "NGRAM static:2"], "write ngram"),
+        (["--speedup-arm", "ngram:2-4"], "DRAFT POLICY [K_MAX]"),
+        (["--speedup-arm", "none"], "always the first arm"),
         (["--threads", "0"], "--threads"),
         (["--trials", "0"], "--trials"),
         (["--time-budget", "0"], "--time-budget"),
