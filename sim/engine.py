@@ -243,7 +243,6 @@ class Engine:
         self.policy = policy
         self.workload = workload
         self.config = config or LoopConfig()
-        self._env: simpy.Environment | None = None  # made by _run_with_simpy
         self.now_s = 0.0  # the run's clock (SimPy's when SimPy drives the loop)
         self._fast_forward = False  # run stretches of plain decode steps at once (see run())
         self._client = _Client(self, workload)
@@ -319,14 +318,12 @@ class Engine:
     def _run_with_simpy(self) -> None:
         import simpy  # only where requests arrive over time: a closed loop runs without it
 
-        env = self._env = simpy.Environment()
+        env = simpy.Environment()
         env.process(self._client.process(env))
-        env.run(until=env.process(self._simpy_process()))
+        env.run(until=env.process(self._simpy_process(env)))
 
-    def _simpy_process(self) -> Generator[simpy.Event, Any, None]:
+    def _simpy_process(self, env: simpy.Environment) -> Generator[simpy.Event, Any, None]:
         """The loop as a SimPy process beside the client's (requests arrive over time)."""
-        env = self._env
-        assert env is not None
         for delay_s in self._loop(self._step_worker()):
             if delay_s is None:
                 self._wake = env.event()
