@@ -54,10 +54,10 @@ policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import time
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
@@ -71,6 +71,8 @@ from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
 
 if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
+
     import pandas as pd
     import simpy
 
@@ -83,7 +85,7 @@ class StepScheduler(Protocol):
     spec_stats: SpecDecodeStats
     num_preemptions: int
 
-    def add_request(self, req_id: int, spec: RequestSpec) -> None: ...
+    def add_requests(self, req_ids: Sequence[int], specs: Sequence[RequestSpec]) -> None: ...
     def has_unfinished(self) -> bool: ...
     def plan_step(self) -> StepPlan | None: ...
     def commit_step(self, plan: StepPlan, k: int | IntArray) -> ScheduledBatch: ...
@@ -193,19 +195,16 @@ class _Client:
 
     def pump(self, due_s: float) -> None:
         """Send, in order, every request whose arrival is <= due_s while the cap allows."""
-        sent = False
-        count = len(self._requests)
-        while (
-            self.next_index < count
-            and self._arrivals[self.next_index] <= due_s
-            and (self._cap is None or self.num_in_flight < self._cap)
-        ):
-            req_id = self.next_index
-            self.next_index += 1
-            self.num_in_flight += 1
-            self._engine.send(req_id, self._requests[req_id])
-            sent = True
-        if sent and self._blocked is not None:
+        start = self.next_index
+        stop = bisect.bisect_right(self._arrivals, due_s, lo=start)  # arrivals never decrease
+        if self._cap is not None:
+            stop = min(stop, start + self._cap - self.num_in_flight)
+        if stop <= start:
+            return
+        self.next_index = stop
+        self.num_in_flight += stop - start
+        self._engine.send(range(start, stop), self._requests[start:stop])
+        if self._blocked is not None:
             blocked, self._blocked = self._blocked, None
             blocked.succeed()
 
@@ -260,16 +259,22 @@ class Engine:
         self._deferred_adds: list[tuple[int, Any]] = []
 
     # -- called by the client
-    def send(self, req_id: int, spec: Any) -> None:
+    def send(self, req_ids: range, specs: Sequence[RequestSpec]) -> None:
+        """Requests `req_ids` (consecutive ids, in order) arrive at the engine now."""
         now_s = self.now_s
-        self.scheduler.add_request(req_id, spec)
+        self.scheduler.add_requests(req_ids, specs)
         if self._step_running:
-            self._deferred_adds.append((req_id, spec))
+            self._deferred_adds.extend(zip(req_ids, specs, strict=True))
         else:
-            self.executor.add_request(req_id, spec)
-        self._metrics.record_send(req_id, now_s, spec.prompt_len)
+            add = self.executor.add_request
+            for req_id, spec in zip(req_ids, specs, strict=True):
+                add(req_id, spec)
+        self._metrics.record_sends(req_ids, now_s, [spec.prompt_len for spec in specs])
         if self.config.record_events:
-            self._events.append(EngineEvent(now_s, "send", req_id, -1, spec.prompt_len))
+            self._events.extend(
+                EngineEvent(now_s, "send", req_id, -1, spec.prompt_len)
+                for req_id, spec in zip(req_ids, specs, strict=True)
+            )
         if self._wake is not None:
             wake, self._wake = self._wake, None
             wake.succeed()
@@ -538,4 +543,6 @@ def _step_thread() -> ThreadPoolExecutor:
     than per run: what torch keeps per thread stays warm from run to run (on an H200 every
     async run with a fresh thread ran at the speed of a cold first run, 5-15x slower than
     sync; reports/gpu/2026-11-26-h200). Idle, it only waits on its queue."""
+    from concurrent.futures import ThreadPoolExecutor  # only where steps overlap (real runs)
+
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step")

@@ -98,10 +98,10 @@ class KVBlockPool:
             self.num_held[slots] = target
             self.num_free_blocks += total
 
-    def free(self, slot: int) -> int:
-        """Release every block of `slot`; returns how many."""
-        released = int(self.num_held[slot])
-        self.num_held[slot] = 0
+    def free(self, slots: int | IntArray) -> int:
+        """Release every block of a slot, or of distinct `slots`; returns how many."""
+        released = int(np.add.reduce(self.num_held[slots], axis=None))
+        self.num_held[slots] = 0
         self.num_free_blocks += released
         return released
 

@@ -1,9 +1,9 @@
 """Request and step metrics of a run, with `vllm bench serve` definitions and key names.
 
-`MetricsRecorder` is fed by the engine loop: one `record_send` per request, one `record_step`
-per step. It streams into numpy buffers (one row per step; per step one reference to the
-emitting request ids, no Python object per token or per row). At the end `bench_metrics` turns
-them into the result dict, `request_columns` / `step_columns` into tables (named numpy
+`MetricsRecorder` is fed by the engine loop: one `record_sends` per batch of requests sent, one
+`record_step` per step. It streams into numpy buffers (one row per step; per step one reference
+to the emitting request ids, no Python object per token or per row). At the end `bench_metrics`
+turns them into the result dict, `request_columns` / `step_columns` into tables (named numpy
 columns; `sim.engine.RunResult` makes DataFrames of them on demand: no pandas on the hot path).
 
 Memory grows with the number of requests (a few numbers each), not with tokens or steps: the
@@ -149,9 +149,11 @@ class MetricsRecorder:
         self._num_steps = 0
         self._closed_k_histogram = np.zeros(k_max + 1, dtype=np.int64)  # [k_max+1]
 
-    def record_send(self, req_id: int, time_s: float, prompt_len: int) -> None:
-        self.send_s[req_id] = time_s
-        self.prompt_len[req_id] = prompt_len
+    def record_sends(self, req_ids: range, time_s: float, prompt_lens: list[int]) -> None:
+        """Requests `req_ids` (consecutive ids) were sent at `time_s`."""
+        sent = slice(req_ids.start, req_ids.stop)
+        self.send_s[sent] = time_s
+        self.prompt_len[sent] = prompt_lens
 
     def record_step(
         self,
@@ -219,14 +221,19 @@ class MetricsRecorder:
         k_counts = np.zeros(self.k_max + 1, dtype=np.int64)  # [k_max+1] every row at K = 0
         k_counts[0] = num_rows
         self.num_output_tokens[req_ids] += len(starts_s)
-        for offset, start_s in enumerate(starts_s):
+        done = 0
+        while done < len(starts_s):
             index = self._next_row_index()  # may grow or replace the block's arrays
-            self._block_k_counts[index] = k_counts
-            step = first_step_index + offset
+            count = min(len(starts_s) - done, self._block_k_counts.shape[0] - index)
+            self._block_k_counts[index : index + count] = k_counts
             # step, B, D, tokens (1 per row), accepted, output tokens (1 per row), start, duration
-            row = (step, num_rows, num_rows, num_rows, 0, num_rows, start_s, duration_s)
-            self._block_rows.append(row)
-            self._num_steps += 1
+            first = first_step_index + done
+            self._block_rows.extend(
+                (first + offset, num_rows, num_rows, num_rows, 0, num_rows, start_s, duration_s)
+                for offset, start_s in enumerate(starts_s[done : done + count])
+            )
+            self._num_steps += count
+            done += count
         ends_s = [start_s + duration_s for start_s in starts_s]  # [W] as record_step's sums
         done = 0
         while done < len(ends_s):

@@ -40,14 +40,16 @@ priorities other than FCFS, encoder inputs, structured output, LoRA.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import islice
 
 import numpy as np
 
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.errors import InputError, require_choice
 from dsd.policies.types import K_TIMINGS, KTiming, SchedulingMode, StepView
-from dsd.sim.kv import KVBlockPool, cdiv
+from dsd.sim.kv import KVBlockPool
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -420,42 +422,63 @@ class Scheduler:
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         """Queue a request at the back of the waiting queue."""
-        if req_id in self._slot_of:
-            raise ValueError(f"request {req_id} is already in the scheduler")
+        self.add_requests([req_id], [spec])
+
+    def add_requests(self, req_ids: Sequence[int], specs: Sequence[RequestSpec]) -> None:
+        """Queue requests, in order, at the back of the waiting queue (all or none)."""
         cfg = self.config
-        if spec.prompt_len >= cfg.max_model_len:
-            raise InputError(
-                f"request {req_id}: prompt_len {spec.prompt_len} leaves no room for output "
-                f"tokens within max_model_len {cfg.max_model_len}"
-            )
-        if not self._free_slots:
+        count = len(req_ids)
+        if len(specs) != count:
+            raise ValueError(f"{count} request ids for {len(specs)} specs")
+        if count == 0:
+            return
+        for req_id, spec in zip(req_ids, specs, strict=True):
+            if req_id in self._slot_of:
+                raise ValueError(f"request {req_id} is already in the scheduler")
+            if spec.prompt_len >= cfg.max_model_len:
+                raise InputError(
+                    f"request {req_id}: prompt_len {spec.prompt_len} leaves no room for output "
+                    f"tokens within max_model_len {cfg.max_model_len}"
+                )
+        if len(set(req_ids)) != count:
+            raise ValueError("request ids repeat")
+        while len(self._free_slots) < count:
             self._grow(2 * self._state.shape[0])
-        slot = self._free_slots.pop()
-        self._slot_of[req_id] = slot
-        self._req_id[slot] = req_id
-        self._state[slot] = _WAITING
-        self._prompt_len[slot] = spec.prompt_len
-        self._max_output[slot] = min(spec.output_len, cfg.max_model_len - spec.prompt_len)
-        self._num_computed[slot] = 0
-        self._num_output[slot] = 0
-        self._num_placeholders[slot] = 0
-        self._in_prefill[slot] = True
-        self._prefill_end[slot] = spec.prompt_len
-        self._pending_k[slot] = 0
-        self._epoch[slot] = 0
-        self._waiting.append(slot)
+        free = self._free_slots
+        taken = free[len(free) - count :][::-1]  # popped from the end, in pop order
+        del free[len(free) - count :]
+        self._slot_of.update(zip(req_ids, taken, strict=True))
+        # One request: plain int indices (numpy's scalar writes are several times cheaper
+        # than writes through a one-element index array); more: index arrays.
+        slots: int | IntArray
+        ids: int | IntArray
+        if count == 1:
+            slots, ids = taken[0], req_ids[0]
+            prompt: int | IntArray = specs[0].prompt_len
+            output: int | IntArray = specs[0].output_len
+        else:
+            slots, ids = np.array(taken, dtype=np.int64), np.asarray(req_ids, dtype=np.int64)
+            prompt = np.fromiter((spec.prompt_len for spec in specs), np.int64, count)
+            output = np.fromiter((spec.output_len for spec in specs), np.int64, count)
+        self._req_id[slots] = ids
+        self._state[slots] = _WAITING
+        self._prompt_len[slots] = prompt
+        self._max_output[slots] = np.minimum(output, cfg.max_model_len - prompt)
+        self._num_computed[slots] = 0
+        self._num_output[slots] = 0
+        self._num_placeholders[slots] = 0
+        self._in_prefill[slots] = True
+        self._prefill_end[slots] = prompt
+        self._pending_k[slots] = 0
+        self._epoch[slots] = 0
+        self._waiting.extend(taken)
 
     def abort(self, req_id: int) -> None:
         """Drop a waiting or running request; its blocks are freed now."""
         slot = self._slot_of.get(req_id)
         if slot is None or self._state[slot] == _DRAINING:
             raise KeyError(f"request {req_id} is not waiting or running")
-        if self._state[slot] == _WAITING:
-            self._waiting.remove(slot)
-        else:
-            self._running.remove(slot)
-            self._running_array = None
-        self._finish(slot)
+        self._finish_rows(np.array([slot], dtype=np.int64))
 
     def has_unfinished(self) -> bool:
         """Requests waiting or running (finished ones still in flight do not count)."""
@@ -719,7 +742,7 @@ class Scheduler:
             prefill_req_ids=self._req_id[prefill_slots] if prefill_slots.shape[0] else _EMPTY,
             prefill_chunk_lens=prefill_chunks,
             prefill_completes=prefill_completes,
-            new_req_ids=tuple(int(r) for r in self._req_id[new_slots]) if new_slots else (),
+            new_req_ids=tuple(self._req_id[new_slots].tolist()) if new_slots else (),
             preempted_req_ids=preempted_ids,
             finished_req_ids=finished,
             decode_slots=decode_slots,
@@ -979,15 +1002,30 @@ class Scheduler:
         return self._end_update(batch, slots[done], emitted, num_accepted_tokens)
 
     def _finish_rows(self, finished_slots: IntArray) -> tuple[int, ...]:
-        """Finish the requests of these slots (running or waiting); their ids in row order."""
-        finished = tuple(int(r) for r in self._req_id[finished_slots])
-        for slot in finished_slots.tolist():
-            if self._state[slot] == _RUNNING:
-                self._running.remove(slot)
-                self._running_array = None
-            else:
-                self._waiting.remove(slot)
-            self._finish(slot)
+        """Finish the requests of distinct `slots` (running or waiting): free their blocks,
+        keep the slots of rows still in flight (draining), release the others. Their request
+        ids in row order."""
+        finished = tuple(self._req_id[finished_slots].tolist())
+        slots = finished_slots.tolist()
+        running = self._state[finished_slots] == _RUNNING  # [F]
+        if running.all():  # the usual case: one pass over the running order
+            gone = set(slots)
+            self._running = [slot for slot in self._running if slot not in gone]
+        else:
+            for slot, was_running in zip(slots, running.tolist(), strict=True):
+                (self._running if was_running else self._waiting).remove(slot)
+        self._running_array = None
+        self._num_events += len(slots)
+        self.kv.free(finished_slots)
+        self._num_computed[finished_slots] = 0
+        self._finished_since_last.extend(finished)
+        in_flight = self._num_placeholders[finished_slots] > 0  # [F]
+        if in_flight.any():
+            draining = finished_slots[in_flight]
+            self._state[draining] = _DRAINING
+            self._draining.extend(draining.tolist())
+            finished_slots = finished_slots[~in_flight]
+        self._release(finished_slots)
         return finished
 
     # ------------------------------------------------------------------ invariants
@@ -1052,41 +1090,70 @@ class Scheduler:
         """Admit waiting requests FCFS while budget, max_num_seqs and KV allow; a first chunk
         is at most `prefill_cap` tokens (0: no cap). KV must hold the whole (re)prompt, not only
         the first chunk (vLLM's scheduler_reserve_full_isl, on by default): a request is not
-        admitted to be preempted again before its prompt is done."""
+        admitted to be preempted again before its prompt is done.
+
+        One request at a time in effect, computed a block of the queue's head at once: those
+        admitted are the candidates before the first that does not fit (prefix sums of the
+        budget and blocks they take), and the one that takes the budget's last tokens."""
         cfg = self.config
         draft_slots = self._draft_slots
-        skipped: list[int] = []
         waiting = self._waiting
-        while waiting and budget > draft_slots and len(self._running) < cfg.max_num_seqs:
-            slot = waiting[0]
-            if self._num_placeholders[slot]:
-                # Preempted while a step of it was in flight (async): its outputs are not
-                # known yet, so its recompute length is not either. Let the others pass.
-                skipped.append(waiting.popleft())
-                continue
-            target = int(self._num_output[slot] + self._prompt_len[slot])
-            chunk = min(target, budget - draft_slots)
-            if prefill_cap:
-                chunk = min(chunk, prefill_cap)
-            if chunk < target and not cfg.enable_chunked_prefill:
+        examined = 0  # waiting entries looked at (admitted or let pass)
+        num_admitted = 0
+        let_pass = False
+        while (
+            budget > draft_slots
+            and len(self._running) < cfg.max_num_seqs
+            and examined < len(waiting)
+        ):
+            seats = cfg.max_num_seqs - len(self._running)
+            block = np.array(list(islice(waiting, examined, examined + seats)), dtype=np.int64)
+            examined += block.shape[0]
+            # Preempted while a step of it was in flight (async): its outputs are not known
+            # yet, so its recompute length is not either. Let the others pass.
+            in_flight = self._num_placeholders[block] > 0  # [n]
+            if in_flight.any():
+                let_pass = True
+                block = block[~in_flight]
+            target = self._num_output[block] + self._prompt_len[block]  # [n] (re)prompt
+            want = np.minimum(target, prefill_cap) if prefill_cap else target  # [n]
+            cost = want + draft_slots  # [n] budget each takes when it gets all it wants
+            left = budget - (np.cumsum(cost) - cost) - draft_slots  # [n] budget it may take
+            chunk = np.minimum(want, left)  # [n]
+            covered = self._with_lookahead(chunk)  # [n]
+            need = self.kv.blocks_for(covered)  # [n] a waiting slot holds no blocks
+            free = self.kv.num_free_blocks - (np.cumsum(need) - need)  # [n] free before it
+            whole = self.kv.blocks_for(np.minimum(target, cfg.max_model_len))  # [n]
+            stop = (left <= 0) | (np.maximum(whole, need) > free)  # [n]
+            if not cfg.enable_chunked_prefill:
+                stop |= chunk < target
+            count = int(np.argmax(stop)) if stop.any() else block.shape[0]
+            short = chunk[:count] < want[:count]  # the budget ran out inside its chunk
+            if short.any():
+                count = int(np.argmax(short)) + 1
+            admitted = block[:count]
+            if count:
+                covered_all = self.kv.try_cover_many(admitted, covered[:count])
+                assert covered_all, "admission counted blocks the pool does not have"
+                self._state[admitted] = _RUNNING
+                self._in_prefill[admitted] = True
+                self._prefill_end[admitted] = target[:count]
+                slots = admitted.tolist()
+                self._running.extend(slots)
+                self._running_array = None
+                new_slots.extend(slots)
+                new_chunks.extend(chunk[:count].tolist())
+                budget -= int(chunk[:count].sum()) + draft_slots * count
+                num_admitted += count
+            if count < block.shape[0]:
                 break
-            full = min(target, cfg.max_model_len)
-            covered = int(self._with_lookahead(chunk))
-            if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
-                slot, covered
-            ):
-                break
-            waiting.popleft()
-            self._running.append(slot)
-            self._running_array = None
-            self._state[slot] = _RUNNING
-            self._in_prefill[slot] = True
-            self._prefill_end[slot] = target
-            new_slots.append(slot)
-            new_chunks.append(chunk)
-            budget -= chunk + draft_slots
-        if skipped:
-            waiting.extendleft(reversed(skipped))
+        if num_admitted:
+            if let_pass:
+                admitted_set = set(new_slots)
+                self._waiting = deque(slot for slot in waiting if slot not in admitted_set)
+            else:
+                for _ in range(num_admitted):
+                    waiting.popleft()
         return budget
 
     def _with_lookahead(self, num_tokens: IntArray | int) -> IntArray:
@@ -1132,32 +1199,20 @@ class Scheduler:
         self._waiting.appendleft(slot)
         self.num_preemptions += 1
 
-    def _finish(self, slot: int) -> None:
-        """Free a finished or aborted request's blocks; keep the slot while rows are in flight."""
-        self._num_events += 1
-        self.kv.free(slot)
-        self._num_computed[slot] = 0
-        self._finished_since_last.append(int(self._req_id[slot]))
-        if self._num_placeholders[slot]:
-            self._state[slot] = _DRAINING
-            self._draining.append(slot)
-        else:
-            self._release(slot)
-
     def _release_drained(self) -> None:
-        still: list[int] = []
-        for slot in self._draining:
-            if self._num_placeholders[slot]:
-                still.append(slot)
-            else:
-                self._release(slot)
-        self._draining = still
+        draining = np.array(self._draining, dtype=np.int64)  # [N]
+        drained = self._num_placeholders[draining] == 0  # [N]
+        self._release(draining[drained])
+        self._draining = draining[~drained].tolist()
 
-    def _release(self, slot: int) -> None:
-        del self._slot_of[int(self._req_id[slot])]
-        self._state[slot] = _FREE
-        self._req_id[slot] = -1
-        self._free_slots.append(slot)
+    def _release(self, slots: IntArray) -> None:
+        """Free distinct `slots` for new requests (reused last-freed first)."""
+        slot_of = self._slot_of
+        for req_id in self._req_id[slots].tolist():
+            del slot_of[req_id]
+        self._state[slots] = _FREE
+        self._req_id[slots] = -1
+        self._free_slots.extend(slots.tolist())
 
     def _grow(self, capacity: int) -> None:
         old = self._state.shape[0]

@@ -49,6 +49,7 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -269,6 +270,10 @@ class VllmScheduler:
         self._pending: tuple[StepPlan, Any, IntArray] | None = None
         self._inflight: dict[int, _Committed] = {}
         self._step_index = 0
+
+    def add_requests(self, req_ids: Sequence[int], specs: Sequence[RequestSpec]) -> None:
+        for req_id, spec in zip(req_ids, specs, strict=True):
+            self.add_request(req_id, spec)
 
     def add_request(self, req_id: int, spec: RequestSpec) -> None:
         if req_id in self._requests:

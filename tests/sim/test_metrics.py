@@ -150,8 +150,7 @@ def test_plain_decode_steps_recorded_at_once_equal_the_same_steps_one_by_one(
 
     def recorder() -> MetricsRecorder:
         metrics = MetricsRecorder(5, k_max=3)
-        for req_id in range(5):
-            metrics.record_send(req_id, 0.0, prompt_len=4)
+        metrics.record_sends(range(5), 0.0, [4] * 5)
         return metrics
 
     one_by_one, at_once = recorder(), recorder()
