@@ -13,8 +13,6 @@ This module chooses no defaults (`sim.resolve` does) and writes no files.
 
 from __future__ import annotations
 
-from importlib import metadata as importlib_metadata
-
 import numpy as np
 
 from dsd.common.errors import InputError
@@ -68,6 +66,8 @@ def build_engine(
 
 def _vllm_scheduler(config: SchedulerConfig) -> StepScheduler:
     """vLLM's own scheduler behind ours (`--scheduler vllm`); a one-line error without vLLM."""
+    from importlib import metadata as importlib_metadata
+
     from dsd.sim.vllm_oracle import VLLM_VERSION, VllmScheduler
 
     try:

@@ -21,7 +21,6 @@ import functools
 import math
 import platform
 from dataclasses import dataclass
-from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any, Literal
 
@@ -339,6 +338,9 @@ def sim_seed_streams(seed: int) -> dict[str, np.random.SeedSequence]:
 
 
 def _version(package: str) -> str:
+    # importlib.metadata costs ~25 ms to import (email, socket): only config.json needs it
+    from importlib import metadata as importlib_metadata
+
     try:
         return importlib_metadata.version(package)
     except importlib_metadata.PackageNotFoundError:

@@ -385,7 +385,7 @@ def test_scheduler_vllm_without_vllm_is_one_line(
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr("dsd.sim.build.importlib_metadata.version", missing)
+    monkeypatch.setattr(metadata, "version", missing)
     code, out, err = run_cli(["simulate", *GOODPUT, *SMALL, "--scheduler", "vllm"], capsys)
     assert code == 2 and out == ""
     assert err.strip() == (

@@ -46,16 +46,21 @@ def test_spilled_order_statistics_equal_numpy_bit_for_bit(values, max_in_memory,
         pooled.close()
 
 
-@given(values=value_arrays, batch=st.integers(1, 13))
-def test_in_memory_statistics_are_numpys_on_the_values_in_add_order(values, batch):
+@given(
+    values=st.one_of(value_arrays, tied_arrays),
+    batch=st.integers(1, 13),
+    percentile=st.floats(0, 100),
+)
+def test_in_memory_statistics_are_numpys_on_the_values_in_add_order(values, batch, percentile):
     pooled = _pooled(values, values.shape[0] + 1, batch)
-    summary = pooled.summary((99.0,))
+    summary = pooled.summary((99.0, percentile))
     assert pooled.num_spilled_runs == 0
     assert summary == {
         "mean": float(np.mean(values)),
         "median": float(np.median(values)),
         "std": float(np.std(values)),
         "p99.0": float(np.percentile(values, 99.0)),
+        f"p{percentile}": float(np.percentile(values, percentile)),
     }
 
 
