@@ -132,8 +132,13 @@ class MetricsRecorder:
         self._pending_ends: list[float] = []  # step end times of the pending parts, in order
         self._num_pending_chunks = 0
         self._num_pending_chunk_steps = 0  # steps that emitted chunks (a stretch counts W)
+        # Items (a request's chunks within one step or stretch) of requests unfinished at the
+        # last compaction: request, first time in `_retained_time_s` and length [R] each; only
+        # the times they use are kept (a stretch's B items share theirs).
         self._retained_req = np.zeros(0, dtype=np.int64)  # [R]
-        self._retained_time_s = np.zeros(0, dtype=np.float64)  # [R]
+        self._retained_start = np.zeros(0, dtype=np.int64)  # [R]
+        self._retained_len = np.zeros(0, dtype=np.int64)  # [R]
+        self._retained_time_s = np.zeros(0, dtype=np.float64)  # [T]
         self._compact_at_chunks = COMPACT_MIN_CHUNKS
         self._itl_ms = PooledValues(
             DEFAULT_MAX_IN_MEMORY if max_itl_in_memory is None else max_itl_in_memory
@@ -285,35 +290,32 @@ class MetricsRecorder:
         rather than chunks, so a stretch's B x W chunks are sorted as B items; the pooled gaps
         are the values and the order of gaps computed chunk by chunk (`item_gaps`)."""
         num_requests = self._num_chunks.shape[0]
-        # Times: the retained chunks' own, then the pending parts' step ends.
+        # Times: the retained items' own, then the pending parts' step ends.
         times_s = np.concatenate(
             [self._retained_time_s, np.asarray(self._pending_ends, dtype=np.float64)]
-        )  # [R + T]
-        num_retained = self._retained_req.shape[0]
+        )  # [T' + T]
+        item_req, item_start, item_len = (
+            self._retained_req,
+            self._retained_start,
+            self._retained_len,
+        )  # [R] each
         parts = self._chunk_parts
         if parts:
             part_req = [part[0] for part in parts]
             rows = np.array([ids.shape[0] for ids in part_req], dtype=np.int64)  # [Q]
-            item_req = np.concatenate([self._retained_req, *part_req])  # [I]
-            item_start = np.concatenate(
-                [
-                    np.arange(num_retained, dtype=np.int64),
-                    np.repeat(np.array([part[1] for part in parts]) + num_retained, rows),
-                ]
-            )  # [I] index of the item's first time in times_s
-            lengths = np.repeat(np.array([part[2] for part in parts], dtype=np.int64), rows)
-            item_len = np.concatenate([np.ones(num_retained, dtype=np.int64), lengths])  # [I]
-            new = slice(num_retained, None)
+            new_req = np.concatenate(part_req)  # [I - R]
+            first_time = np.array([part[1] for part in parts]) + self._retained_time_s.shape[0]
+            new_start = np.repeat(first_time, rows)  # [I - R] index of its first time in times_s
+            new_len = np.repeat(np.array([part[2] for part in parts], dtype=np.int64), rows)
             self._num_chunks += np.bincount(
-                item_req[new], weights=item_len[new], minlength=num_requests
+                new_req, weights=new_len, minlength=num_requests
             ).astype(np.int64)
+            item_req = np.concatenate([item_req, new_req])  # [I]
+            item_start = np.concatenate([item_start, new_start])  # [I]
+            item_len = np.concatenate([item_len, new_len])  # [I]
             parts.clear()
             self._pending_ends.clear()
             self._num_pending_chunks = self._num_pending_chunk_steps = 0
-        else:
-            item_req = self._retained_req
-            item_start = np.arange(num_retained, dtype=np.int64)
-            item_len = np.ones(num_retained, dtype=np.int64)
         finished = ~np.isnan(self.finish_s[item_req])  # [I]
         if finished.any():
             gaps_s = item_gaps(
@@ -326,10 +328,11 @@ class MetricsRecorder:
                 item_start[unfinished],
                 item_len[unfinished],
             )
-        req, times = _expand_items(item_req, item_start, item_len, times_s)
-        self._retained_req, self._retained_time_s = req, times
+        self._retained_req, self._retained_len = item_req, item_len
+        self._retained_start, self._retained_time_s = _times_in_use(item_start, item_len, times_s)
+        num_retained_chunks = int(item_len.sum())
         # Re-compact after new chunks at least as many as kept ones: linear total cost.
-        self._compact_at_chunks = max(COMPACT_MIN_CHUNKS, req.shape[0])
+        self._compact_at_chunks = max(COMPACT_MIN_CHUNKS, num_retained_chunks)
 
     def itl_ms(self) -> PooledValues:
         """The pooled ITLs (ms) of every finished request (requests finished so far)."""
@@ -486,18 +489,32 @@ class MetricsRecorder:
         )
 
 
-def _expand_items(
-    item_req: IntArray, item_start: IntArray, item_len: IntArray, times_s: FloatArray
-) -> tuple[IntArray, FloatArray]:
-    """Chunks (request id, time) [C] of items [I]: item i is `item_len[i]` chunks of request
-    `item_req[i]` at times_s[item_start[i] : item_start[i] + item_len[i]], items in order."""
+def _item_times(item_start: IntArray, item_len: IntArray, times_s: FloatArray) -> FloatArray:
+    """Chunk times [C] of items [I] in order: item i is `item_len[i]` chunks at
+    times_s[item_start[i] : item_start[i] + item_len[i]]."""
     total = int(item_len.sum())
     if total == item_len.shape[0]:  # one chunk per item (no stretch among them)
-        return item_req, times_s[item_start]
+        single: FloatArray = times_s[item_start]
+        return single
     first = np.cumsum(item_len) - item_len  # [I] where each item's chunks begin
     index = np.arange(total) + np.repeat(item_start - first, item_len)  # [C]
-    chunk_req: IntArray = np.repeat(item_req, item_len)
-    return chunk_req, times_s[index]
+    chunk_times: FloatArray = times_s[index]
+    return chunk_times
+
+
+def _times_in_use(
+    item_start: IntArray, item_len: IntArray, times_s: FloatArray
+) -> tuple[IntArray, FloatArray]:
+    """The times items [I] use, in order, and each item's first index into them (an item's
+    times stay contiguous: the times dropped lie outside every item)."""
+    bound = times_s.shape[0]
+    ends = np.bincount(item_start + item_len, minlength=bound + 1)[:bound]  # [T]
+    starts = np.bincount(item_start, minlength=bound)  # [T]
+    in_use = np.cumsum(starts - ends) > 0  # [T] inside some item
+    new_index = np.cumsum(in_use) - 1  # [T]
+    start: IntArray = new_index[item_start]
+    kept: FloatArray = times_s[in_use]
+    return start, kept
 
 
 def item_gaps(
@@ -508,10 +525,10 @@ def item_gaps(
     num_requests: int,
 ) -> FloatArray:
     """Gaps between successive chunks of each request, requests in id order, from items (see
-    `_expand_items`) in time order within each request. Items are grouped by request with a
+    `_item_times`) in time order within each request. Items are grouped by request with a
     stable sort (of items, not chunks), then expanded into their chunk times."""
     order = _stable_order(item_req, num_requests)  # [I]
-    _, times_grouped = _expand_items(item_req[order], item_start[order], item_len[order], times_s)
+    times_grouped = _item_times(item_start[order], item_len[order], times_s)
     if times_grouped.shape[0] < 2:
         return np.zeros(0, dtype=np.float64)
     gaps: FloatArray = times_grouped[1:] - times_grouped[:-1]  # [C-1]
