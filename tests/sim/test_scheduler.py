@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -289,6 +291,112 @@ def test_prompt_that_fills_max_model_len_is_input_error():
     scheduler = create_scheduler(max_model_len=32, num_kv_blocks=2)
     with pytest.raises(InputError, match="request 7"):
         scheduler.add_request(7, RequestSpec(prompt_len=32, output_len=1))
+
+
+def test_add_requests_is_all_or_none():
+    scheduler = create_scheduler(max_model_len=32, num_kv_blocks=8)
+    fine, too_long = RequestSpec(prompt_len=4, output_len=2), RequestSpec(32, 1)
+    with pytest.raises(InputError, match="request 1: prompt_len 32"):
+        scheduler.add_requests([0, 1, 2], [fine, too_long, fine])
+    with pytest.raises(ValueError, match="repeat"):
+        scheduler.add_requests([0, 0], [fine, fine])
+    with pytest.raises(ValueError, match="2 request ids for 1 specs"):
+        scheduler.add_requests([0, 1], [fine])
+    assert scheduler.num_waiting == 0
+    scheduler.add_requests([0, 1], [fine, fine])
+    with pytest.raises(ValueError, match="request 1 is already"):
+        scheduler.add_requests([2, 1], [fine, fine])
+    assert scheduler.num_waiting == 2
+    scheduler.check_invariants()
+
+
+def test_async_admission_lets_a_preempted_request_with_a_step_in_flight_pass():
+    """Async with two steps in flight: a request preempted while one of its steps is in flight
+    waits at the head of the queue (its recompute length is unknown) while the requests behind
+    it are admitted FCFS; the queue keeps its order otherwise."""
+    for seed in range(200):
+        rng = np.random.default_rng(seed)
+        scheduler = create_scheduler(
+            scheduling="async",
+            k_max=2,
+            num_kv_blocks=int(rng.integers(8, 14)),
+            block_size=4,
+            max_model_len=32,
+            max_num_batched_tokens=int(rng.integers(8, 40)),
+            max_num_seqs=4,
+        )
+        for req_id in range(8):
+            prompt_len = int(rng.integers(1, 12))
+            output_len = int(rng.integers(2, 33 - prompt_len))
+            scheduler.add_request(req_id, RequestSpec(prompt_len, output_len))
+        in_flight = []
+        for _ in range(60):
+            # white box: the waiting queue's request ids in order, and who has outputs pending
+            waiting = [int(scheduler._req_id[slot]) for slot in scheduler._waiting]
+            pending = [scheduler._num_placeholders[slot] > 0 for slot in scheduler._waiting]
+            if any(pending) and len(waiting) >= 3 and len(in_flight) < 2:
+                plan = scheduler.plan_step()
+                admitted = set(plan.new_req_ids) if plan is not None else set()
+                assert not admitted & {r for r, p in zip(waiting, pending, strict=True) if p}
+                after = [int(scheduler._req_id[slot]) for slot in scheduler._waiting]
+                assert after == [r for r in waiting if r not in admitted]
+                scheduler.check_invariants()
+                return
+            if len(in_flight) == 2 or (in_flight and rng.random() < 0.3):
+                batch = in_flight.pop(0)
+                num_decode = batch.num_decode_reqs
+                accepted = np.minimum(
+                    rng.integers(0, 3, num_decode), batch.num_spec_tokens[:num_decode]
+                )
+                scheduler.update(batch, StepOutcome(duration_s=0.01, num_accepted=accepted))
+                continue
+            plan = scheduler.plan_step()
+            if plan is None:
+                if not in_flight:
+                    break
+                continue
+            in_flight.append(scheduler.commit_step(plan, 2))
+    raise AssertionError("no seed led to a preempted request with a step in flight")
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    scheduling=st.sampled_from(["sync", "async"]),
+    num_kv_blocks=st.integers(8, 40),
+    max_num_seqs=st.integers(1, 6),
+    cuts=st.lists(st.integers(0, 12), max_size=4),
+)
+def test_requests_added_in_batches_schedule_as_added_one_by_one(
+    seed, scheduling, num_kv_blocks, max_num_seqs, cuts
+):
+    """Adding requests in batches changes nothing: the same batches, outputs and finish order
+    as one request per call (with preemptions where the pool is small)."""
+
+    def run(batched: bool) -> tuple[list[tuple[int, ...]], dict[int, int], list[int]]:
+        rng = np.random.default_rng(seed)
+        scheduler = create_scheduler(
+            scheduling=scheduling,
+            k_max=4,
+            max_num_batched_tokens=24,
+            num_kv_blocks=num_kv_blocks,
+            block_size=4,
+            max_model_len=32,
+            max_num_seqs=max_num_seqs,
+        )
+        prompts = rng.integers(1, 20, 12).tolist()
+        outputs = [int(rng.integers(1, 33 - p)) for p in prompts]
+        requests = create_requests(12, prompts, outputs)
+        if batched:
+            bounds = [0, *sorted(cuts), 12]
+            for start, stop in itertools.pairwise(bounds):
+                scheduler.add_requests(list(range(start, stop)), requests[start:stop])
+        else:
+            add_all(scheduler, requests)
+        executor = RandomAcceptanceExecutor(0.01, [0.8, 0.6, 0.4, 0.2], rng)
+        log = drive(scheduler, executor, StaticK(3))
+        return [tuple(batch.req_ids.tolist()) for batch in log.batches], log.emitted, log.finished
+
+    assert run(batched=True) == run(batched=False)
 
 
 @given(
