@@ -42,14 +42,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from itertools import islice
 
 import numpy as np
 
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.errors import InputError, require_choice
 from dsd.policies.types import K_TIMINGS, KTiming, SchedulingMode, StepView
-from dsd.sim.kv import KVBlockPool
+from dsd.sim.kv import KVBlockPool, cdiv
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -1090,70 +1089,41 @@ class Scheduler:
         """Admit waiting requests FCFS while budget, max_num_seqs and KV allow; a first chunk
         is at most `prefill_cap` tokens (0: no cap). KV must hold the whole (re)prompt, not only
         the first chunk (vLLM's scheduler_reserve_full_isl, on by default): a request is not
-        admitted to be preempted again before its prompt is done.
-
-        One request at a time in effect, computed a block of the queue's head at once: those
-        admitted are the candidates before the first that does not fit (prefix sums of the
-        budget and blocks they take), and the one that takes the budget's last tokens."""
+        admitted to be preempted again before its prompt is done."""
         cfg = self.config
         draft_slots = self._draft_slots
+        skipped: list[int] = []
         waiting = self._waiting
-        examined = 0  # waiting entries looked at (admitted or let pass)
-        num_admitted = 0
-        let_pass = False
-        while (
-            budget > draft_slots
-            and len(self._running) < cfg.max_num_seqs
-            and examined < len(waiting)
-        ):
-            seats = cfg.max_num_seqs - len(self._running)
-            block = np.array(list(islice(waiting, examined, examined + seats)), dtype=np.int64)
-            examined += block.shape[0]
-            # Preempted while a step of it was in flight (async): its outputs are not known
-            # yet, so its recompute length is not either. Let the others pass.
-            in_flight = self._num_placeholders[block] > 0  # [n]
-            if in_flight.any():
-                let_pass = True
-                block = block[~in_flight]
-            target = self._num_output[block] + self._prompt_len[block]  # [n] (re)prompt
-            want = np.minimum(target, prefill_cap) if prefill_cap else target  # [n]
-            cost = want + draft_slots  # [n] budget each takes when it gets all it wants
-            left = budget - (np.cumsum(cost) - cost) - draft_slots  # [n] budget it may take
-            chunk = np.minimum(want, left)  # [n]
-            covered = self._with_lookahead(chunk)  # [n]
-            need = self.kv.blocks_for(covered)  # [n] a waiting slot holds no blocks
-            free = self.kv.num_free_blocks - (np.cumsum(need) - need)  # [n] free before it
-            whole = self.kv.blocks_for(np.minimum(target, cfg.max_model_len))  # [n]
-            stop = (left <= 0) | (np.maximum(whole, need) > free)  # [n]
-            if not cfg.enable_chunked_prefill:
-                stop |= chunk < target
-            count = int(np.argmax(stop)) if stop.any() else block.shape[0]
-            short = chunk[:count] < want[:count]  # the budget ran out inside its chunk
-            if short.any():
-                count = int(np.argmax(short)) + 1
-            admitted = block[:count]
-            if count:
-                covered_all = self.kv.try_cover_many(admitted, covered[:count])
-                assert covered_all, "admission counted blocks the pool does not have"
-                self._state[admitted] = _RUNNING
-                self._in_prefill[admitted] = True
-                self._prefill_end[admitted] = target[:count]
-                slots = admitted.tolist()
-                self._running.extend(slots)
-                self._running_array = None
-                new_slots.extend(slots)
-                new_chunks.extend(chunk[:count].tolist())
-                budget -= int(chunk[:count].sum()) + draft_slots * count
-                num_admitted += count
-            if count < block.shape[0]:
+        while waiting and budget > draft_slots and len(self._running) < cfg.max_num_seqs:
+            slot = waiting[0]
+            if self._num_placeholders[slot]:
+                # Preempted while a step of it was in flight (async): its outputs are not
+                # known yet, so its recompute length is not either. Let the others pass.
+                skipped.append(waiting.popleft())
+                continue
+            target = int(self._num_output[slot] + self._prompt_len[slot])
+            chunk = min(target, budget - draft_slots)
+            if prefill_cap:
+                chunk = min(chunk, prefill_cap)
+            if chunk < target and not cfg.enable_chunked_prefill:
                 break
-        if num_admitted:
-            if let_pass:
-                admitted_set = set(new_slots)
-                self._waiting = deque(slot for slot in waiting if slot not in admitted_set)
-            else:
-                for _ in range(num_admitted):
-                    waiting.popleft()
+            full = min(target, cfg.max_model_len)
+            covered = int(self._with_lookahead(chunk))
+            if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
+                slot, covered
+            ):
+                break
+            waiting.popleft()
+            self._running.append(slot)
+            self._running_array = None
+            self._state[slot] = _RUNNING
+            self._in_prefill[slot] = True
+            self._prefill_end[slot] = target
+            new_slots.append(slot)
+            new_chunks.append(chunk)
+            budget -= chunk + draft_slots
+        if skipped:
+            waiting.extendleft(reversed(skipped))
         return budget
 
     def _with_lookahead(self, num_tokens: IntArray | int) -> IntArray:
