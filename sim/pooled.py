@@ -198,13 +198,17 @@ class PooledValues:
             runs.append(_SortedRun.in_memory(np.sort(np.concatenate(self._buffer))))
         mean = self._total(runs, lambda chunk: float(np.sum(chunk))) / self.count
         squares = self._total(runs, lambda chunk: float(np.sum((chunk - mean) ** 2)))
+
+        def kth(rank: int) -> float:
+            return self._kth(runs, rank)
+
         result = {
             "mean": mean,
-            "median": _median(self.count, lambda rank: self._kth(runs, rank)),
+            "median": _median(self.count, kth),
             "std": math.sqrt(squares / self.count),
         }
         for q in percentiles:
-            result[f"p{q}"] = _percentile(self.count, q, lambda rank: self._kth(runs, rank))
+            result[f"p{q}"] = _percentile(self.count, q, kth)
         return result
 
     @staticmethod
