@@ -40,6 +40,9 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dsd.backend.kv_cache import KVCache
+from dsd.backend.native import RowsMatmul, rows_matmul
+from dsd.backend.native import fits as native_fits
+from dsd.backend.native import pack as native_pack
 from dsd.common.errors import InputError
 
 # SDPA backends without a per-shape plan. torch prefers cuDNN attention on sm90/sm100 with a
@@ -373,61 +376,83 @@ def _onednn_linear_available() -> bool:
 
 # Rows the oneDNN weight layout is blocked for; fewer (2, 3) are padded up to it
 BLOCKED_ROWS = 4
+# Most rows the native product takes; more go to oneDNN. On the 2-core AMD EPYC host the native
+# product of 90 [1536, 576] weights beat oneDNN's up to 128 rows (176 against 208 ms at 64, 322
+# against 350 at 128) and lost at 256 (714 against 645): docs/backend.md.
+NATIVE_MAX_ROWS = 128
 
 
-def padded_rows(rows: int) -> int:
-    """Rows `CpuKernels` computes for a product of `rows` rows: 1 stays 1 on one thread (the
-    matrix-vector product), fewer than `BLOCKED_ROWS` are padded to it."""
-    if rows == 1 and torch.get_num_threads() == 1:
-        return 1
+def on_native(rows: int) -> bool:
+    """Whether `CpuKernels` with the native product runs a product of `rows` rows on it."""
+    return rows <= NATIVE_MAX_ROWS and torch.get_num_threads() == 1
+
+
+def padded_rows(rows: int, native: bool = False) -> int:
+    """Rows `CpuKernels` computes for a product of `rows` rows: the native product (`native`)
+    takes what `on_native` admits as it is, and on one thread 1 stays 1 (the matrix-vector
+    product); otherwise fewer than `BLOCKED_ROWS` are padded to it."""
+    if (native and on_native(rows)) or (rows == 1 and torch.get_num_threads() == 1):
+        return rows
     return max(rows, BLOCKED_ROWS)
 
 
 class CpuKernels:
     """Inference layouts of one float32 CPU weight [out, in] for `x @ weight.T`.
 
-    One row (B = T = 1 decoding) on one thread is a matrix-vector product, fastest when it reads
-    the weight contiguously along `out`: the weight's storage is switched in place to
-    column-major (the tensor keeps its shape and values; no second copy). That product runs on
+    With the native product (`backend.native`, one thread, AVX2), up to `NATIVE_MAX_ROWS` rows
+    run on it from its packed copy of the weight: a verification of K + 1 tokens, or a batch of
+    them, reads the weights once, so it costs about what one token does. More rows, or several
+    threads, go to oneDNN with the weight pre-blocked once (below). Memory: the packed and the
+    blocked copies, two weights' worth beside the weight itself.
+
+    Without it: one row (B = T = 1 decoding) on one thread is a matrix-vector product, fastest
+    when it reads the weight contiguously along `out`: the weight's storage is switched in place
+    to column-major (the tensor keeps its shape and values; no second copy). That product runs on
     one thread whatever torch's thread count, so with more threads one row goes the multi-row
     way, padded to 4 rows (on 2 threads a 1-token SmolLM2-135M forward went from 1.15-1.20x
     to 1.30-1.36x the speed of plain torch; docs/backend.md). Several rows (a verification of
     K + 1 tokens, a batch) go to oneDNN with the weight pre-blocked once: F.linear's small-M GEMM
     re-packs the weight on every call, which made a 5-token forward cost twice a 1-token one
     (docs/backend.md has the measurement). The blocked copy is the only extra memory (one
-    weight's worth). In-place changes to the weight are noticed and the blocked copy rebuilt.
-    Two or three rows are padded with zero rows to the four the blocked layout is made for:
-    oneDNN runs two rows on a slower kernel (a 2-token SmolLM2-135M forward took 65 ms against
-    49-56 ms for 1, 3 and 4 tokens; padded, 51 ms), which made K = 1 and B = 2 steps dearer
-    than K = 2 and B = 4 ones.
+    weight's worth). Two or three rows are padded with zero rows to the four the blocked layout
+    is made for: oneDNN runs two rows on a slower kernel (a 2-token SmolLM2-135M forward took
+    65 ms against 49-56 ms for 1, 3 and 4 tokens; padded, 51 ms), which made K = 1 and B = 2
+    steps dearer than K = 2 and B = 4 ones.
+
+    In-place changes to the weight are noticed and the copies rebuilt.
     """
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, native: RowsMatmul | None = None) -> None:
         if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError("CpuKernels: a 2-D float32 CPU weight is required")
-        with torch.no_grad():
-            weight.data = weight.data.t().contiguous().t()  # same shape, column-major storage
+        self.native = native if native is not None and native_fits(weight) else None
+        if self.native is None:
+            with torch.no_grad():
+                weight.data = weight.data.t().contiguous().t()  # same shape, column-major
         self.weight = weight
         self._pack()
 
     def _pack(self) -> None:
         self.version = self.weight._version
         self.blocked = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), BLOCKED_ROWS)
+        self.packed = native_pack(self.weight) if self.native is not None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight._version != self.version:
             self._pack()
         features = x.shape[-1]
         rows = x.numel() // features
+        if self.native is not None and self.packed is not None and on_native(rows):
+            return self.native(x, self.packed, self.weight.shape[0])
         if padded_rows(rows) == 1:  # one row on one thread: the matrix-vector product
             return F.linear(x, self.weight)
         if rows < BLOCKED_ROWS:
             flat = x.reshape(rows, features)
             flat = torch.cat([flat, flat.new_zeros(BLOCKED_ROWS - rows, features)])
-            padded: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            blocked: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
                 flat, self.blocked, None, "none", [], ""
             )
-            return padded[:rows].reshape(*x.shape[:-1], padded.shape[-1])
+            return blocked[:rows].reshape(*x.shape[:-1], blocked.shape[-1])
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             x, self.blocked, None, "none", [], ""
         )
@@ -551,8 +576,10 @@ class Attention(nn.Module):
             cache_k[slot_ids[:, None], positions] = k
             cache_v[slot_ids[:, None], positions] = v
             span = cache_k.shape[1] if kv_len is None else kv_len
-            keys = cache_k[slot_ids, :span]  # [B, S_kv, Hkv, D]
-            values = cache_v[slot_ids, :span]  # [B, S_kv, Hkv, D]
+            # index_select, not cache_k[slot_ids, :span]: on CPU advanced indexing gathers
+            # element by element (B = 8, 600 positions: 1.6 ms a layer's K against 0.27 ms)
+            keys = cache_k[:, :span].index_select(0, slot_ids)  # [B, S_kv, Hkv, D]
+            values = cache_v[:, :span].index_select(0, slot_ids)  # [B, S_kv, Hkv, D]
             key_positions = torch.arange(span, device=q.device).expand(batch, span)  # [B, S_kv]
         mask = key_positions[:, None, :] <= positions[:, :, None]  # [B, T, S_kv]
 
@@ -614,6 +641,7 @@ class Transformer(nn.Module):
             self.lm_head = Linear(config.hidden_size, config.vocab_size, device, dtype)
         self.tied_head_kernels: CpuKernels | None = None  # the tied head's, once prepared
         self.cpu_kernels = False  # prepare_cpu_kernels ran: linears run on `CpuKernels`
+        self.native_kernels = False  # ... and every one of them has the native product
         # Not a parameter and not in the state dict: derived from the config.
         self.register_buffer("inv_freq", rope_inv_freq(config).to(device), persistent=False)
 
@@ -711,32 +739,42 @@ class Transformer(nn.Module):
             logits = F.linear(hidden, self.embed_tokens.weight)
         return logits.float()
 
-    def prepare_cpu_kernels(self) -> bool:
+    def prepare_cpu_kernels(self, native: bool = True) -> bool:
         """Lay the weights out for CPU inference (`CpuKernels`); True if done.
 
         Only float32 CPU weights where torch has oneDNN's linear ops; otherwise (CUDA, other
-        dtypes) nothing changes and False is returned. Values are unchanged; logits agree with the
-        plain path to float32 rounding (the summation order differs).
+        dtypes) nothing changes and False is returned. `native`: use the native product where
+        it runs here (`backend.native`; False: oneDNN's and torch's kernels only, for
+        comparisons). Values are unchanged; logits agree with the plain path to float32
+        rounding (the summation order differs).
         """
         weight = self.embed_tokens.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
         if not _onednn_linear_available():
             return False
+        product = rows_matmul() if native else None
+        kernels = []
         for module in self.modules():
             if isinstance(module, Linear):
-                module.kernels = CpuKernels(module.weight)
+                module.kernels = CpuKernels(module.weight, product)
+                kernels.append(module.kernels)
         if self.lm_head is None:
-            self.tied_head_kernels = CpuKernels(weight)
+            self.tied_head_kernels = CpuKernels(weight, product)
+            kernels.append(self.tied_head_kernels)
         self.cpu_kernels = True
+        self.native_kernels = all(kernel.native is not None for kernel in kernels)
         return True
 
     def tokens_worth_computing(self, num_tokens: int) -> int:
-        """How many tokens a forward of `num_tokens` costs as many as: on `CpuKernels`, 2 or 3
-        (and 1 on several threads) cost what `BLOCKED_ROWS` do, since every linear pads them.
-        A caller with spare positions (trash) pads its block once instead (the engine's verify
-        forward: 2 tokens took 46.8 ms against 44.0 for 4 on SmolLM2-135M, docs/backend.md)."""
-        return padded_rows(num_tokens) if self.cpu_kernels else num_tokens
+        """How many tokens a forward of `num_tokens` costs as many as (`padded_rows`): on
+        `CpuKernels` without the native product, 2 or 3 (and 1 on several threads) cost what
+        `BLOCKED_ROWS` do, since every linear pads them. A caller with spare positions (trash)
+        pads its block once instead (the engine's verify forward: 2 tokens took 46.8 ms against
+        44.0 for 4 on SmolLM2-135M, docs/backend.md)."""
+        if not self.cpu_kernels:
+            return num_tokens
+        return padded_rows(num_tokens, self.native_kernels)
 
 
 def init_random_(model: Transformer, seed: int, std: float = 0.02) -> Transformer:

@@ -58,6 +58,7 @@ from dsd.backend.engine import AnyDraft, NgramDraft, SpecDecodeConfig, SpecDecod
 from dsd.backend.executor import engine_prefill_forward
 from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine, cublaslt_max_rows
 from dsd.backend.model import Transformer
+from dsd.backend.native import status as native_status
 from dsd.backend.pair import ModelPair
 from dsd.backend.real import torch_executor
 from dsd.backend.replay import replay_recording
@@ -1327,7 +1328,8 @@ def measure_host_overhead(
 def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Device name, dtype, versions, date, threads and load, for a profile's or report's
     metadata; on CUDA also the matrix library and TF32 setting (`matmul`): float32 step times
-    depend on them (reports/gpu/2026-11-28-h100)."""
+    depend on them (reports/gpu/2026-11-28-h100); on CPU in float32 whether the native product
+    runs (`matmul`, `backend.native.status`)."""
     matmul: dict[str, Any] = {}
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
@@ -1341,6 +1343,8 @@ def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, 
         }
     else:
         device_name = f"cpu ({cpu_model()})"
+        if dtype == torch.float32:  # the few-row products' kernel (`backend.native`)
+            matmul = {"matmul": {"native_product": native_status()}}
     versions = {"python": sys.version.split()[0], "torch": torch.__version__}
     for package in ("dsd", "numpy"):
         try:

@@ -1,16 +1,21 @@
 """Target forward time per verify width T (1 + K tokens) on CPU: plain torch vs the CPU kernels.
 
 What an SD step costs on CPU is mostly the target's forward over T = 1 + K tokens of one row,
-with the KV cache at a fixed context. The plain model runs torch's `F.linear`; the prepared one
-(`Transformer.prepare_cpu_kernels`, what every loaded pair uses) reads 1-row projections from
-column-major weights and multi-row ones from oneDNN's prepacked layout. The two models are timed
-interleaved (plain, prepared, plain, ...), each `--iters` forwards per turn after a warm-up, for
-`--repeats` turns; the figure per (model, T) is the median over turns of the turn's median.
+with the KV cache at a fixed context. Three models with the same weights:
+- plain: torch's `F.linear`;
+- onednn: `Transformer.prepare_cpu_kernels(native=False)`: 1-row projections from column-major
+  weights, multi-row ones from oneDNN's prepacked layout;
+- native: `prepare_cpu_kernels()`, what every loaded pair uses: the native product
+  (`backend.native`) where it runs, else the same as onednn.
+They are timed interleaved (plain, onednn, native, plain, ...), each `--iters` forwards per turn
+after a warm-up, for `--repeats` turns; the figure per (model, T) is the median over turns of
+the turn's median.
 
     OMP_NUM_THREADS=1 python benchmarks/cpu_kernels.py --model smollm2-135m --threads 1
 
-Prints one row per T (ms plain, ms prepared, speedup, and T's cost over T = 1 for each) and the
-machine (CPU, threads, load before and after).
+Prints one row per T (ms per model with the turns' range, each prepared model's speedup over
+plain, and T's cost over T = 1 per model), the native product's status and the machine (CPU,
+threads, load before and after).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import time
 import numpy as np
 import torch
 
+from dsd.backend import native
 from dsd.backend.model import Transformer, new_kv_cache
 from dsd.backend.pair import build_model
 from dsd.backend.threads import set_threads, thread_settings
@@ -69,10 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    # The same weights in torch's own layout: a fresh copy, never prepared.
+    # The same weights in torch's own layout: fresh copies, prepared without the native product
+    # or not at all.
+    state = {k: v.contiguous() for k, v in prepared.state_dict().items()}
     plain = Transformer(prepared.config).eval()
-    plain.load_state_dict({k: v.contiguous() for k, v in prepared.state_dict().items()})
-    models = {"plain": plain, "prepared": prepared}
+    plain.load_state_dict(state)
+    onednn = Transformer(prepared.config).eval()
+    onednn.load_state_dict(state)
+    onednn.prepare_cpu_kernels(native=False)
+    models = {"plain": plain, "onednn": onednn, "native": prepared}
     for model in models.values():  # warm-up: allocator, oneDNN primitives, page faults
         for width in widths:
             _forward_ms(model, width, args.context, 2)
@@ -88,18 +99,23 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU {cpu_model()}; threads {thread_settings()}; "
         f"load {load_before:.2f} -> {load_average():.2f}"
     )
-    print(f"{'T':>3} {'plain ms':>16} {'prepared ms':>16} {'speedup':>8} {'T/1 plain':>10} "
-          f"{'T/1 prepared':>13}")  # fmt: skip
+    print(f"native product: {native.status()}")
+    names = list(models)
+    print(f"{'T':>3} " + " ".join(f"{name + ' ms':>18}" for name in names)
+          + "".join(f" {name + '/plain':>12}" for name in names[1:])
+          + "".join(f" {'T/1 ' + name:>11}" for name in names))  # fmt: skip
     first = {name: np.median(turns[(name, widths[0])]) for name in models}
     for width in widths:
         cells = {name: np.array(turns[(name, width)]) for name in models}
         med = {name: float(np.median(values)) for name, values in cells.items()}
-        spread = {name: f"{values.min():.1f}-{values.max():.1f}" for name, values in cells.items()}
         print(
-            f"{width:>3} {med['plain']:>6.1f} ({spread['plain']:>9}) "
-            f"{med['prepared']:>6.1f} ({spread['prepared']:>9}) "
-            f"{med['plain'] / med['prepared']:>7.2f}x "
-            f"{med['plain'] / first['plain']:>10.2f} {med['prepared'] / first['prepared']:>13.2f}"
+            f"{width:>3} "
+            + " ".join(
+                f"{med[name]:>6.1f} ({cells[name].min():>4.1f}-{cells[name].max():>4.1f})"
+                for name in names
+            )
+            + "".join(f" {med['plain'] / med[name]:>11.2f}x" for name in names[1:])
+            + "".join(f" {med[name] / first[name]:>11.2f}" for name in names)
         )
     return 0
 

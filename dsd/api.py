@@ -1069,11 +1069,13 @@ def hardware_report(
         acceptance_model="empirical",
     )
     loads.append(load_average())
+    environment = environment_metadata(pair.device, pair.dtype)
     record.update(
         {
             "command": invocation.command_line(),
             "device": device,
-            "device_name": environment_metadata(pair.device, pair.dtype)["device"],
+            "device_name": environment["device"],
+            **({"matmul": environment["matmul"]} if "matmul" in environment else {}),
             "quick": quick,
             "plan": dataclasses.asdict(plan),
             "time_budget_s": time_budget_s,

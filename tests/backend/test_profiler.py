@@ -433,18 +433,23 @@ def test_points_are_timed_in_a_fresh_random_order_each_round(target, monkeypatch
 
 
 def test_the_profile_records_what_the_cpu_kernels_pad(target, monkeypatch) -> None:
-    """`forward_tokens`: plain linears compute what they are given; the CPU kernels pad 2-3
-    rows to 4, and one row too on several threads. The profile records it."""
+    """`forward_tokens`: plain linears compute what they are given; the CPU kernels on oneDNN
+    pad 2-3 rows to 4, and one row too on several threads; the native product pads nothing on
+    one thread. The profile records it."""
     assert forward_tokens(target) == []
     kernels = tiny_target(seed=0)
-    if not kernels.prepare_cpu_kernels():
+    if not kernels.prepare_cpu_kernels(native=False):
         pytest.skip("this torch has no oneDNN linear ops")
+    native = tiny_target(seed=0)
+    native.prepare_cpu_kernels()
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert forward_tokens(kernels) == [1, 4, 4]
+        assert forward_tokens(native) == ([] if native.native_kernels else [1, 4, 4])
         torch.set_num_threads(2)
         assert forward_tokens(kernels) == [4, 4, 4]
+        assert forward_tokens(native) == [4, 4, 4]
     finally:
         torch.set_num_threads(threads)
     _fake_timing(monkeypatch, lambda point, index: _physical(point))
@@ -859,12 +864,16 @@ def test_profile_precision_benchmark_live_and_on_a_report(load_benchmark, capsys
     assert err.count("error:") == 2 and "Traceback" not in err
 
 
-def test_environment_metadata_names_the_matrix_library_on_cuda_only() -> None:
+def test_environment_metadata_names_the_cpu_product_in_float32_only() -> None:
     """float32 step times on CUDA depend on cuBLAS vs cuBLASLt and TF32
-    (reports/gpu/2026-11-28-h100), so a profile and a report record them there."""
+    (reports/gpu/2026-11-28-h100), and on CPU on whether the native product runs, so a
+    profile and a report record them."""
+    from dsd.backend.native import status
     from dsd.backend.profiler import environment_metadata
 
-    assert "matmul" not in environment_metadata(torch.device("cpu"), torch.float32)
+    cpu = environment_metadata(torch.device("cpu"), torch.float32)
+    assert cpu["matmul"] == {"native_product": status()}
+    assert "matmul" not in environment_metadata(torch.device("cpu"), torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -25,6 +25,8 @@ from mock_models import (
 
 from dsd.backend.engine import Draft, NgramDraft, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.model import new_kv_cache
+from dsd.backend.native import rows_matmul
+from dsd.backend.native import status as native_status
 from dsd.backend.ngram import NgramConfig
 from dsd.backend.profiler import forward_tokens
 from dsd.sim.latency import padding_tokens
@@ -258,14 +260,20 @@ def test_verify_forward_is_widened_with_trash_to_what_the_kernels_pad_to(
     assert results[0] == results[1]
 
 
+@pytest.mark.parametrize(("native", "width_of_two"), [(False, 4), (True, 2)])
 def test_prepared_target_steps_equal_target_greedy_at_every_small_width(  # type: ignore[no-untyped-def]
-    target, close_draft
+    target, close_draft, native: bool, width_of_two: int, torch_threads
 ) -> None:
-    """A real target on `CpuKernels` (verify blocks of 2 and 3 tokens widened to 4 with trash):
-    output token for token the plain target's greedy decode, at B = 1, 2, 3 and K = 0..3."""
+    """A real target on `CpuKernels`, output token for token the plain target's greedy decode
+    at B = 1, 2, 3 and K = 0..3: on oneDNN (verify blocks of 2 and 3 tokens widened to 4 with
+    trash), and on the native product where it runs here (nothing widened)."""
+    if native and rows_matmul() is None:
+        pytest.skip(f"native product: {native_status()}")
+    torch_threads(1)
     prepared = tiny_target(seed=0)
-    assert prepared.prepare_cpu_kernels()
-    assert prepared.tokens_worth_computing(2) == 4
+    assert prepared.prepare_cpu_kernels(native=native)
+    assert prepared.native_kernels is native
+    assert prepared.tokens_worth_computing(2) == width_of_two
     rng = np.random.default_rng(11)
     prompts = [random_prompt(rng, n) for n in (5, 9, 4)]
     for rows in (1, 2, 3):
