@@ -15,8 +15,9 @@ head is tied to the embedding). Qwen3's per-head `self_attn.{q,k}_norm.weight` e
 are the real/imaginary parts), so HF weights work unchanged. Norms compute in float32 like HF.
 
 On CPU, `Transformer.prepare_cpu_kernels()` lays the float32 weights out for inference
-(`CpuKernels`): the few-token forwards that SD verification runs are bound by how matmuls
-with a handful of rows are done, not by attention.
+(`CpuKernels`: the native product of `backend.native` for few rows on one thread, oneDNN
+otherwise): the few-token forwards that SD verification runs are bound by how matmuls with a
+handful of rows are done, not by attention.
 
 On CUDA the forwards keep SDPA off cuDNN attention (`attention_backends`): it builds an
 execution plan for every new (batch, key length, ...) shape, and a decode step's key length is new

@@ -7,8 +7,9 @@ oneDNN and MKL products of 2-16 rows cost 1.6-2.5x one row, where the weights' m
 the same for all, should dominate (docs/backend.md has the measurement).
 
 The shared library is compiled once per source and compiler (about a second) into
-`<cache dir>/native/` (`common.disk_memo.cache_dir`; with the cache off, a temporary folder for
-the process) and loaded with ctypes. Set `DSD_NATIVE_KERNELS=off` to run without it.
+`<cache dir>/native/` (`common.disk_memo.cache_dir`; with the cache off, a temporary folder
+removed once the library is loaded) and loaded with ctypes. Set `DSD_NATIVE_KERNELS=off` to
+run without it.
 
 Not here: several threads, other dtypes or instruction sets, or where the product is used
 (`backend.model.CpuKernels`).
@@ -16,6 +17,7 @@ Not here: several threads, other dtypes or instruction sets, or where the produc
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -82,14 +84,19 @@ def _load() -> tuple[RowsMatmul | None, str]:
     if compiler is None:
         return None, "not built: no C compiler (cc, gcc or $CC)"
     try:
-        library = ctypes.CDLL(str(_build(compiler)))
+        library = _compiled_library(compiler)
+    except subprocess.CalledProcessError as exc:
+        detail = (exc.stderr or "").strip().splitlines()
+        return None, f"not built: {compiler} failed" + (f": {detail[0]}" if detail else "")
     except (OSError, subprocess.SubprocessError) as exc:
-        return None, f"not built: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        return None, f"not built: {exc}"
     function = library.dsd_rows_matmul
     function.restype = None
     function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 3
 
     def product(x: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            raise ValueError(f"native product: float32 CPU input required, got {x.dtype}")
         features = x.shape[-1]
         flat = x.reshape(-1, features).contiguous()
         result = torch.empty(flat.shape[0], out_features, dtype=torch.float32)
@@ -102,29 +109,33 @@ def _load() -> tuple[RowsMatmul | None, str]:
     return product, "native (AVX2, one thread)"
 
 
-def _build(compiler: str) -> Path:
-    """The compiled library for this source, flags and compiler: reused, or built atomically."""
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + repr((FLAGS, compiler)).encode()).hexdigest()[:16]
-    name = f"rows_matmul-{key}.so"
+def _compiled_library(compiler: str) -> ctypes.CDLL:
+    """The library for this source, flags and compiler: from the cache, else built into it;
+    with the cache off or unusable, built into a temporary folder removed once loaded."""
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((FLAGS, compiler)).encode()).hexdigest()
+    name = f"rows_matmul-{key[:16]}.so"
     shared = cache_dir()
-    if shared is not None and (shared / "native" / name).exists():
-        return shared / "native" / name
-    try:
-        if shared is None:
-            raise OSError("the cache is off")
-        folder = shared / "native"
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:  # no cache to keep it in: this process builds its own
-        folder = Path(tempfile.mkdtemp(prefix="dsd-native-"))
+    if shared is not None:
+        with contextlib.suppress(OSError):  # unwritable, or a broken entry: build privately
+            return ctypes.CDLL(str(_build(compiler, shared / "native", name)))
+    with tempfile.TemporaryDirectory(prefix="dsd-native-") as folder:
+        return ctypes.CDLL(str(_build(compiler, Path(folder), name)))
+
+
+def _build(compiler: str, folder: Path, name: str) -> Path:
+    """folder/name, compiled unless it exists; written whole (concurrent builders each write
+    their own file and rename it, the last one wins)."""
     library = folder / name
-    partial = folder / f".{library.name}.{os.getpid()}"
+    if library.exists():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".{name}.{os.getpid()}"
     try:
         subprocess.run(  # noqa: S603 (the user's own compiler, on our source)
             [compiler, *FLAGS, str(SOURCE), "-o", str(partial)],
             check=True, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        os.replace(partial, library)  # concurrent builders each write whole, the last one wins
+        os.replace(partial, library)
     finally:
         partial.unlink(missing_ok=True)
     return library

@@ -115,7 +115,7 @@ def test_a_failing_compiler_leaves_torch_kernels_with_a_reason(
     monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("CC", "false")
     assert native.rows_matmul() is None
-    assert native.status().startswith("not built: ")
+    assert native.status() == "not built: false failed"
     # and a model prepared there runs on oneDNN, padded as before
     model = Transformer(tiny_config())
     assert model.prepare_cpu_kernels()
@@ -143,6 +143,23 @@ def test_the_build_is_cached_by_source_and_compiler(
     with mock.patch.object(native.subprocess, "run") as run:
         assert native.rows_matmul() is not None
     run.assert_not_called()  # the second process reuses the library
+
+
+@needs_native
+def test_with_the_cache_off_the_build_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_native: Callable[[], tuple[Any, str]],
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("DSD_CACHE_DIR", "off")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    tempfile_dir = native.tempfile.tempdir
+    native.tempfile.tempdir = None  # re-read TMPDIR
+    try:
+        assert native.rows_matmul() is not None
+    finally:
+        native.tempfile.tempdir = tempfile_dir
+    assert list(tmp_path.iterdir()) == []
 
 
 @needs_native
