@@ -377,10 +377,10 @@ def _onednn_linear_available() -> bool:
 
 # Rows the oneDNN weight layout is blocked for; fewer (2, 3) are padded up to it
 BLOCKED_ROWS = 4
-# Most rows the native product takes; more go to oneDNN. On the 2-core AMD EPYC host the native
-# product of 90 [1536, 576] weights beat oneDNN's up to 128 rows (176 against 208 ms at 64, 322
-# against 350 at 128) and lost at 256 (714 against 645): docs/backend.md.
-NATIVE_MAX_ROWS = 128
+# Most rows the native product takes; more go to oneDNN. Whole SmolLM2-135M forwards on the
+# 2-core AMD EPYC host: native 1.32x oneDNN's speed at 32 tokens, equal at 64, 0.91x at 128
+# (`benchmarks/cpu_kernels.py`, docs/backend.md).
+NATIVE_MAX_ROWS = 64
 
 
 def on_native(rows: int) -> bool:

@@ -3,7 +3,7 @@
 `rows_matmul()` returns the product `x @ weight.T` over a packed weight (`pack`), or None where
 it cannot run here; `status()` says which, in one line, for reports. It runs on one thread, on
 x86-64 CPUs with AVX2 and FMA, float32 only. Why it exists: on a 2-core AMD EPYC host torch's
-oneDNN and MKL products of 2-16 rows cost 1.6-2.5x one row, where the weights' memory traffic,
+oneDNN and MKL products of 2-16 rows cost 1.5-2x one row, where the weights' memory traffic,
 the same for all, should dominate (docs/backend.md has the measurement).
 
 The shared library is compiled once per source and compiler (about a second) into
