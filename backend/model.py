@@ -402,7 +402,7 @@ class CpuKernels:
 
     With the native product (`backend.native`, one thread, AVX2), up to `NATIVE_MAX_ROWS` rows
     run on it from its packed copy of the weight: a verification of K + 1 tokens, or a batch of
-    them, reads the weights once, so it costs about what one token does. More rows, or several
+    them, reads the weights once, so it costs little more than one token. More rows, or several
     threads, go to oneDNN with the weight pre-blocked once (below). Memory: the packed and the
     blocked copies, two weights' worth beside the weight itself.
 
