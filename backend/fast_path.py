@@ -36,7 +36,7 @@ Two runners share the padding and key bookkeeping:
 The CUDA matrix library per shape (an experiment, off unless `DSD_CUBLASLT_MAX_ROWS` is set): in
 float32 cuBLAS runs the target's narrow products on a kernel 3x slower for 7-16 rows, where
 cuBLASLt does not, but a step of 20 or more tokens ran 1.2-2.5 ms slower on cuBLASLt
-(reports/gpu/2026-11-28-h100). With `DSD_CUBLASLT_MAX_ROWS=N` a fixed-shape step whose target
+(results/gpu/2026-11-28-h100). With `DSD_CUBLASLT_MAX_ROWS=N` a fixed-shape step whose target
 forward has at most N rows (bucket x (K + 1)) runs, and is captured, with cuBLASLt, and every
 other with cuBLAS (`step_blas_library`). Not yet measured on a GPU; float32 rounding may differ
 between the libraries, so the GPU tests check tokens against the reference with it set.

@@ -49,7 +49,7 @@ from dsd.common.errors import InputError
 # SDPA backends without a per-shape plan. torch prefers cuDNN attention on sm90/sm100 with a
 # recent cuDNN, and cuDNN caches one built plan per (batch, query length, key length, ...): a
 # miss costs tens of ms of host time. A decode step reads a key length it never read before.
-# On an H100 (reports/gpu/2026-11-26-h100) the cells that ran a (B, K) first took 46-94 ms a
+# On an H100 (results/gpu/2026-11-26-h100) the cells that ran a (B, K) first took 46-94 ms a
 # step, and later cells with the same shapes 23-27 ms (profiled: 19-23): the cost of a build
 # per step, by that pattern (not yet re-measured with this context).
 _NO_PER_SHAPE_PLANS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]

@@ -811,7 +811,7 @@ class TimingRounds:
             )
         metadata = dict(self.base.metadata)
         # The prefill samples in round order, kept because the mean prices TTFT and one slow
-        # sample moves it: on the H200 (reports/gpu/2026-11-27-h200) the rounds' prefill means
+        # sample moves it: on the H200 (results/gpu/2026-11-27-h200) the rounds' prefill means
         # sat 3-5 ms above their medians, where the runs' prefills showed no such tail.
         metadata["timing_rounds"] = {
             **self.counts(),
@@ -1328,7 +1328,7 @@ def measure_host_overhead(
 def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Device name, dtype, versions, date, threads and load, for a profile's or report's
     metadata; on CUDA also the matrix library and TF32 setting (`matmul`): float32 step times
-    depend on them (reports/gpu/2026-11-28-h100); on CPU in float32 whether the native product
+    depend on them (results/gpu/2026-11-28-h100); on CPU in float32 whether the native product
     runs (`matmul`, `backend.native.status`)."""
     matmul: dict[str, Any] = {}
     if device.type == "cuda":

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 output_len=args.output_len,
             )
             # One untimed run per arm first: on an H200 the first run at each C was 6-16x
-            # slower than the next ones (reports/gpu/2026-11-26-h200), cold costs that
+            # slower than the next ones (results/gpu/2026-11-26-h200), cold costs that
             # belong to no arm
             for arm in ARMS:
                 _measured(pair, config, arm)

@@ -18,12 +18,12 @@ whole grid (two-way random-effects ANOVA, one run a cell) the variance of the wo
 on the gap averaged over the acceptance streams: what stays however the acceptance is drawn
 while each seed draws its own workload ("floor"), and a one-sided 95% upper bound on it (from
 the workload mean square, whose expectation is n times the floor's variance plus the
-interaction's). `--k-timing same-step` is what reports/crn/before.json and after.json ran
+interaction's). `--k-timing same-step` is what results/crn/before.json and after.json ran
 with (next-step is the default since commit 5f4c391); `--requests` shrinks the rollout (a
 quick check; the figures are for 64).
 
-    python benchmarks/crn_bound.py --seeds 8 --json reports/crn/bound.json
-    python benchmarks/crn_bound.py --k-timing same-step --json reports/crn/bound_same_step.json
+    python benchmarks/crn_bound.py --seeds 8 --json results/crn/bound.json
+    python benchmarks/crn_bound.py --k-timing same-step --json results/crn/bound_same_step.json
 
 One process, n * n * 10 runs. Simulated time only: the figures do not depend on the machine.
 """

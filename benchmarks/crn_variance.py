@@ -58,7 +58,7 @@ POINTS: dict[str, dict[str, Any]] = {
 }
 
 
-# reports/crn's before and after trees predate K timing: every step verified its own K. Ask for
+# results/crn's before and after trees predate K timing: every step verified its own K. Ask for
 # that ("same-step") where the tree has the field (next-step is the default since), so the
 # committed figures reproduce on either tree.
 SAME_STEP: dict[str, Any] = (

@@ -12,7 +12,7 @@ Three measurements, printed and written as one JSON (device, versions, command):
 `--dry-run` runs every code path with a tiny shape on CPU (seconds) and checks nothing about
 speed; it is what the test suite runs. This script only measures; it asserts no target.
 
-    python benchmarks/engine_gpu.py --out reports/gpu/engine_gpu.json
+    python benchmarks/engine_gpu.py --out results/gpu/engine_gpu.json
     python benchmarks/engine_gpu.py --dry-run --out /tmp/engine_gpu.json
 """
 
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--fast-path", default="cuda-graphs", help="off, eager, cuda-graphs")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--out", default="reports/gpu/engine_gpu.json", help="JSON to write")
+    parser.add_argument("--out", default="results/gpu/engine_gpu.json", help="JSON to write")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU, no targets")
     args = parser.parse_args(argv)
     args.batch_size_list = [int(b) for b in args.batch_sizes.split(",") if b.strip()]

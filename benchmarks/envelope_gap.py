@@ -21,8 +21,8 @@ both engines (prompt chunks in the decode forward, or in one of their own), inte
 and prints each SPEC's separate-over-fused gap in mean TPOT, measured and simulated.
 
     python benchmarks/envelope_gap.py --target smollm2-135m --draft ngram:2-6 \\
-        --profile reports/validation/2026-11-25-cpu-smollm2/profile.json \\
-        --price-with reports/validation/2026-11-25-cpu-smollm2/profile_retimed.json \\
+        --profile results/validation/2026-11-25-cpu-smollm2/profile.json \\
+        --price-with results/validation/2026-11-25-cpu-smollm2/profile_retimed.json \\
         --concurrency 8 --static 0,1,2 --policy goodput --repeats 5 --json out.json
 
 On a shared CPU: pin threads (`--threads`, default 1), keep the machine quiet; the command

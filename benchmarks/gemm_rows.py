@@ -1,8 +1,8 @@
 """Time a target's matrix products at M = 1..32 rows, per dtype: which row counts get a slow kernel.
 
-Why: on an H100 with SmolLM2-135M in float32 on CUDA graphs (reports/gpu/2026-11-27-h100) a step
+Why: on an H100 with SmolLM2-135M in float32 on CUDA graphs (results/gpu/2026-11-27-h100) a step
 that verified 7-16 tokens took 8.5-9.4 ms, while 6 or fewer took 3.9-5.7 ms and 20 or more
-6.1-7.9 ms. On an H200 (reports/gpu/2026-11-27-h200) this found why: float32 (TF32 off) runs
+6.1-7.9 ms. On an H200 (results/gpu/2026-11-27-h200) this found why: float32 (TF32 off) runs
 the k and v products at 7-16 rows on a kernel over twice as slow. Each distinct weight shape of
 one forward (q, k, v, o, gate, up, down per layer, and the LM head) is multiplied by an [M, in]
 activation `--calls` times in a row; a forward's products are the sum over its layers. Also
@@ -47,7 +47,7 @@ def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, int, int]]:
         "lm_head": (hidden, config.vocab_size, 1),
         # Not in the engine's forward (yet): q, k and v as one product, and gate with up. Timed
         # because on the H200 the k/v product alone took a slow float32 kernel at 7-16 rows
-        # (reports/gpu/2026-11-27-h200), and fusing also halves the launches of those layers.
+        # (results/gpu/2026-11-27-h200), and fusing also halves the launches of those layers.
         "qkv fused": (hidden, (config.num_heads + 2 * config.num_kv_heads) * head_dim, layers),
         "gate+up fused": (hidden, 2 * config.intermediate_size, layers),
     }

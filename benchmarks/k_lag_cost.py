@@ -22,7 +22,7 @@ Steps and verified tokens per run are deterministic for policies that learn from
 (greedy drafts and outputs), so a gap there is the lag's work plus timing noise.
 
     python benchmarks/k_lag_cost.py --target smollm2-135m --draft ngram:2-6 --concurrency 1,4 \
-        --profile reports/validation/2026-11-25-cpu-smollm2/profile.json --repeats 5
+        --profile results/validation/2026-11-25-cpu-smollm2/profile.json --repeats 5
 
 On a shared CPU: pin threads (`--threads`, default 1) and keep the machine quiet; the command
 records the load average before and after.

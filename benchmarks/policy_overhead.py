@@ -18,7 +18,7 @@ always include static:K_max (the baseline), goodput, online and per-request.
     python benchmarks/policy_overhead.py [--profile P] [--policy SPEC ...] [--batch-sizes 1,2,8]
         [--steps 2000] [--repeats 5]
     python benchmarks/policy_overhead.py --target smollm2-135m --draft ngram:2-6 \
-        --profile reports/validation/2026-11-27f-cpu-smollm2/profile.json --batch-sizes 1,2,4,8,16
+        --profile results/validation/2026-11-27f-cpu-smollm2/profile.json --batch-sizes 1,2,4,8,16
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import ParametricLatencyModel, PrefillCost
 
-PROFILE = "reports/validation/2026-11-25-cpu-smollm2/profile_retimed.json"
+PROFILE = "results/validation/2026-11-25-cpu-smollm2/profile_retimed.json"
 
 
 def _verify_slope_ms(profile: Profile) -> float:

@@ -17,7 +17,7 @@ re-timed ratio over its context's median ratio, for the points `metadata.quality
 names and for the rest. The profiler once re-timed only a context's failing points, in another
 stretch of the machine's drift than the rest: two groups apart.
 
-    python benchmarks/profile_precision.py --reports reports/validation/2026-11-27-cpu-smollm2
+    python benchmarks/profile_precision.py --reports results/validation/2026-11-27-cpu-smollm2
 
 It measures; it changes nothing.
 """

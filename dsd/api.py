@@ -855,7 +855,7 @@ FULL_HARDWARE_PLAN = HardwarePlan(
     speedup_repeats=3,
     speedup_k=(4, 6),
     # none by default: ngram:3-10 static:10 measured 1.75x and 1.42x against ngram:2-6
-    # static:4's 1.55x and 1.62x in two runs of one hour (reports/engine/2026-11-28-cpu-b1-drafts)
+    # static:4's 1.55x and 1.62x in two runs of one hour (results/engine/2026-11-28-cpu-b1-drafts)
     speedup_extra_arms=(),
     prompts_per_concurrency=2,
     trials=5,

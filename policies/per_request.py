@@ -15,7 +15,7 @@ Acceptance model (per request, learned online; `acceptance`, docs/policies.md ha
   accepted a is a success at depths 1..a and a failure at a + 1 when a < d; r_i(j) = s_i *
   prod_{m <= i} E_post[c_mj], so an unseen request reads the profile and no rate exceeds the
   draft rate s_i. Depths are learned apart: a model that pooled them read one fully accepted
-  draft as every depth nearly certain (reports/gpu/2026-11-27-h200, docs/policies.md).
+  draft as every depth nearly certain (results/gpu/2026-11-27-h200, docs/policies.md).
 
 Allocation. The objective is expected output tokens per ms of step time,
 sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table

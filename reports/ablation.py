@@ -1,6 +1,6 @@
 """The fidelity ablation (docs/fidelity.md): each modelled effect switched off, one at a time.
 
-    python -m dsd.reports.ablation --out reports/fidelity
+    python -m dsd.reports.ablation --out results/fidelity
 
 runs the published PR #32374 profile (policies/profiles/pr32374_llama31_8b_eagle_h100.json)
 with the PR's protocol: MT-Bench prompts (256 output tokens), closed loop, num_prompts = 20*C

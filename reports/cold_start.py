@@ -61,7 +61,7 @@ class Case:
 
     workload: str  # reports.policy_eval workload name
     point: str  # its point label
-    envelope_k: int  # the envelope's static K there (reports/policies/report.md)
+    envelope_k: int  # the envelope's static K there (results/policies/report.md)
     steps: tuple[int, ...]  # step indices forced
     k: int  # K played on them
     why: str  # what the deviation stands for
@@ -117,7 +117,7 @@ def markdown(results: list[tuple[Case, list[float]]]) -> str:
     lines = [
         "# The cost of early wrong K on two lockstep workloads (simulated, PR #32374 H100 profile)",
         "",
-        "Command: `python -m dsd.reports.cold_start --out reports/policies` (the envelope's static "
+        "Command: `python -m dsd.reports.cold_start --out results/policies` (the envelope's static "
         "K, with K overridden on the listed steps; gap = mean TPOT against the same run "
         f"unforced, per seed; seeds 0..n-1, n >= {MIN_SEEDS} and enough for "
         f"{MIN_REQUESTS_PER_POINT} requests; the K verified at the listed steps is forced: "

@@ -374,7 +374,7 @@ def _markdown(results: Results, out: Path, seconds: float, num_workers: int) -> 
     lines = [
         "# K policies vs the static-K envelope (simulated, PR #32374 H100 profile)",
         "",
-        "Command: `python -m dsd.reports.policy_eval --out reports/policies` (seeds 0..n-1 per "
+        "Command: `python -m dsd.reports.policy_eval --out results/policies` (seeds 0..n-1 per "
         f"point, n from {MIN_SEEDS}, doubled while some dynamic row's 95% half-width exceeds "
         f"{100 * CI_TARGET:g}%, at most {MAX_SEEDS}; n in each column header; {num_workers} "
         f"worker processes, took {seconds:.0f} s). "
@@ -472,7 +472,7 @@ def _plot(results: Results, out: Path) -> None:
 def report_arguments(doc: str | None) -> argparse.Namespace:
     """--out (folder, created) and --workers of the policy reports' scripts."""
     parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("reports/policies"))
+    parser.add_argument("--out", type=Path, default=Path("results/policies"))
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

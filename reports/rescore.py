@@ -12,7 +12,7 @@ concurrency N` runs those on N x C prompts instead of the cell's own). With the 
 trials.csv it also prints the Level line (`reports.validation.level_lines`) of the simulated side
 as committed and as re-run:
 
-    python -m dsd.reports.rescore reports/validation/2026-11-25-cpu-smollm2 \
+    python -m dsd.reports.rescore results/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
 
 A profile made before prompt keys were recorded gets them from the acceptance workload its

@@ -10,7 +10,7 @@
 #
 #   --phase LIST     comma-separated, of install, tests, bench, report, all (default all). install
 #                    runs first whenever another phase is asked for: it skips wheels already there.
-#   --results DIR    the one results folder (default reports/gpu/<UTC date>-<device>, device from
+#   --results DIR    the one results folder (default results/gpu/<UTC date>-<device>, device from
 #                    nvidia-smi, e.g. h100; "cpu" in a dry run; <UTC date>b-<device>, c, ... where
 #                    an earlier session's folder of that name is in the tree). A later call on the
 #                    same machine appends to the folder its first call began.
@@ -19,7 +19,7 @@
 #   --quick          pass --quick to the hardware report on the GPU too.
 #   --dtype D        the hardware report's dtype (default float32: on an H100 it decoded
 #                    SmolLM2 1.5x faster than bf16 and token-identical to plain decoding, which
-#                    bf16 is not; reports/gpu/2026-11-26b-h100). In a dry run: float32.
+#                    bf16 is not; results/gpu/2026-11-26b-h100). In a dry run: float32.
 #   --fast-path P    the hardware report's decode path: off (default), eager, cuda-graphs
 #                    (a dry run on CPU takes eager for cuda-graphs).
 #   --trials N       pass --trials N to the hardware report (real runs per cell); its
@@ -195,12 +195,12 @@ if [[ -z $RESULTS ]]; then
     previous=$(find "$SHADOW_ROOT" -mindepth 1 -maxdepth 1 -type d -name "*-$DEVICE" 2>/dev/null |
         sort | tail -1 || true)
     if [[ -n $previous ]]; then
-        RESULTS=reports/gpu/$(basename "$previous")
+        RESULTS=results/gpu/$(basename "$previous")
     else # a fresh machine: a folder of its own, never one an earlier session committed
-        RESULTS=reports/gpu/$(date -u +%F)-$DEVICE
+        RESULTS=results/gpu/$(date -u +%F)-$DEVICE
         for suffix in b c d e f g h i j k; do
             [[ -e $RESULTS ]] || break
-            RESULTS=reports/gpu/$(date -u +%F)$suffix-$DEVICE
+            RESULTS=results/gpu/$(date -u +%F)$suffix-$DEVICE
         done
     fi
 fi
@@ -539,7 +539,7 @@ print("; ".join(parts))
 EOF
     )"
     # The target's matrix products at 1..32 rows per dtype (why a float32 step of 7-16 tokens
-    # was slow on the H100, reports/gpu/2026-11-27-h100): about 30 s
+    # was slow on the H100, results/gpu/2026-11-27-h100): about 30 s
     args=(benchmarks/gemm_rows.py --device cuda --out "$RESULTS/gemm_rows.json")
     if [[ $DRY_RUN == 1 ]]; then
         args=(benchmarks/gemm_rows.py --device cpu --rows 1,2 --modes float32 --calls 1

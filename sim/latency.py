@@ -915,7 +915,7 @@ class FixedShapeSteps(_StepCostWrapper):
     row's span rounded up to a kv bucket. So a step costs what the inner model charges for
     bucket(D) rows at that K whose attention reads that span: on an H100 with SmolLM2-135M a
     step over 3 rows costs what 4 rows cost, which is not what the B = 2 and B = 4 points
-    interpolate to where the profile is not linear in B (reports/gpu/2026-11-27-h100).
+    interpolate to where the profile is not linear in B (results/gpu/2026-11-27-h100).
 
     The span is priced at the profiled context whose steps read it: a profile measured on the
     same fixed shapes (`profile_fixed_shapes`) read the span of each of its contexts (contexts 65

@@ -317,18 +317,18 @@ def test_a_fresh_machine_never_writes_into_a_folder_an_earlier_session_committed
     shutil.copy(SESSION, repo / "scripts" / SESSION.name)
     today = datetime.datetime.now(datetime.UTC).date()
     for day in (today, today + datetime.timedelta(days=1)):  # a run may cross midnight
-        committed = repo / "reports" / "gpu" / f"{day}-cpu"
+        committed = repo / "results" / "gpu" / f"{day}-cpu"
         committed.mkdir(parents=True)
         (committed / "NOTE.md").write_text("an earlier session\n")
     args = ["--dry-run", "--target", tmp_path / "site", "--phase", "install", "--budget", "5"]
     first = run_script(repo / "scripts" / SESSION.name, tmp_path, *args)
     assert first.returncode == 0, first.stderr
     folder = re.search(r"results: (\S+)", first.stdout)
-    assert folder and re.fullmatch(r".*/reports/gpu/\d{4}-\d\d-\d\db-cpu", folder[1]), first.stdout
+    assert folder and re.fullmatch(r".*/results/gpu/\d{4}-\d\d-\d\db-cpu", folder[1]), first.stdout
     # a later call on the same (warm) machine adds to the folder the first call began
     second = run_script(repo / "scripts" / SESSION.name, tmp_path, *args)
     assert re.search(r"results: (\S+)", second.stdout)[1] == folder[1]  # type: ignore[index]
     for day in (today, today + datetime.timedelta(days=1)):
-        assert sorted(p.name for p in (repo / "reports" / "gpu" / f"{day}-cpu").iterdir()) == [
+        assert sorted(p.name for p in (repo / "results" / "gpu" / f"{day}-cpu").iterdir()) == [
             "NOTE.md"
         ]

@@ -179,7 +179,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("hardware-report")
     def hardware_report_command(
-        out: Annotated[str, typer.Option(help="Report folder, e.g. reports/validation/DATE-cpu.")],
+        out: Annotated[str, typer.Option(help="Report folder, e.g. results/validation/DATE-cpu.")],
         device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
         target: Annotated[str, typer.Option(help="Target model spec.")] = "smollm2-135m",
         draft: Annotated[str, typer.Option(help="Draft spec.")] = "ngram:2-6",

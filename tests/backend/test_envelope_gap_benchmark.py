@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE = ROOT / "reports" / "validation" / "2026-11-25-cpu-smollm2" / "profile.json"
+PROFILE = ROOT / "tests/data/profiles/cpu_smollm2_ngram_2026-11-25.json"
 
 
 def test_every_spec_runs_each_repeat_and_its_tpot_splits_at_prefill_steps(

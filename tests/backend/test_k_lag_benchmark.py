@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILE = ROOT / "reports" / "validation" / "2026-11-25-cpu-smollm2" / "profile.json"
+PROFILE = ROOT / "tests/data/profiles/cpu_smollm2_ngram_2026-11-25.json"
 
 
 def test_real_mode_pairs_both_timings_and_records_their_work(

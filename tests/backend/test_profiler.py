@@ -852,7 +852,7 @@ def test_profile_precision_benchmark_live_and_on_a_report(load_benchmark, capsys
     printed = capsys.readouterr().out
     assert "n= 5:" in printed and "n=10" not in printed  # 10 rounds: two 5-round blocks only
     assert set(json.loads(out.read_text())["blocks"]) == {"5"}
-    report = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27-cpu-smollm2"
+    report = Path(__file__).resolve().parents[2] / "results/validation/2026-11-27-cpu-smollm2"
     assert module.main(["--reports", str(report)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2  # one per context
@@ -866,7 +866,7 @@ def test_profile_precision_benchmark_live_and_on_a_report(load_benchmark, capsys
 
 def test_environment_metadata_names_the_cpu_product_in_float32_only() -> None:
     """float32 step times on CUDA depend on cuBLAS vs cuBLASLt and TF32
-    (reports/gpu/2026-11-28-h100), and on CPU on whether the native product runs, so a
+    (results/gpu/2026-11-28-h100), and on CPU on whether the native product runs, so a
     profile and a report record them."""
     from dsd.backend.native import status
     from dsd.backend.profiler import environment_metadata

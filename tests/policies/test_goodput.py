@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -10,6 +12,8 @@ from policy_factories import fixture_profile, h100_profile, make_profile
 
 from dsd.policies.goodput import GoodputPolicy, ItlTable, acceptance_lengths, goodput_table
 from dsd.policies.range_table import synthetic_view
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def test_h100_batch_size_1_by_hand() -> None:
@@ -144,14 +148,12 @@ def test_goodput_scores_a_greedy_profiles_draft_sequences_unless_asked_for_rates
     """The CPU report's SmolLM2 + n-gram profile: per-step rates measured at K_max = 6 say
     K = 6 at B = 2; walking the recorded sequences at each K (copy spans take more steps at
     small K) says K = 3, the K the simulator's static sweep finds best there."""
-    from pathlib import Path
 
     from dsd.policies.goodput import sequence_acceptance
     from dsd.policies.profile_io import load_profile
     from dsd.policies.spec import parse_policy
 
-    path = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
-    profile = load_profile(path / "profile.json")
+    profile = load_profile(DATA / "profiles/cpu_smollm2_ngram_2026-11-25.json")
     by_spec = {
         spec: parse_policy(spec, profile=profile, k_max=6, max_num_seqs=8)
         for spec in ("goodput", "goodput:acceptance=sequences", "goodput:acceptance=rates")

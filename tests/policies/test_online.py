@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -17,6 +19,8 @@ from dsd.policies.online import (
 )
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.types import KPolicy, StepFeedback
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 BATCH_SIZE = 4
 K_MAX = 5
@@ -170,12 +174,10 @@ def test_bad_online_config_is_an_input_error(kwargs: dict[str, float], fragment:
 
 
 def _cpu_profile():  # type: ignore[no-untyped-def]
-    from pathlib import Path
 
     from dsd.policies.profile_io import load_profile
 
-    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
-    return load_profile(folder / "profile.json")
+    return load_profile(DATA / "profiles/cpu_smollm2_ngram_2026-11-25.json")
 
 
 def test_online_starts_from_goodputs_table_with_sequences_and_from_the_rates_without() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +24,8 @@ from dsd.policies.per_request import (
 from dsd.policies.profile import Profile
 from dsd.policies.range_table import synthetic_view
 from dsd.policies.types import StepFeedback, StepView
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _view(req_ids: list[int], step: int = 0, k_max: int = 5) -> StepView:
@@ -409,12 +412,10 @@ def _sequence_profile(sequences) -> Profile:  # type: ignore[no-untyped-def]
 
 
 def _cpu_report_profile() -> Profile:
-    from pathlib import Path
 
     from dsd.policies.profile_io import load_profile
 
-    path = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27f-cpu-smollm2"
-    return load_profile(path / "profile.json")
+    return load_profile(DATA / "profiles/cpu_smollm2_ngram_2026-11-27f.json")
 
 
 _SEQUENCES = st.lists(

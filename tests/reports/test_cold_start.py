@@ -39,4 +39,4 @@ def test_table_has_one_row_per_case_with_the_seed_range() -> None:
     assert rows[0].endswith("| +0.42% [-0.25, +1.00] |")
     # the prose quotes the spans to the table's precision (one decimal made "+0.4 to +0.4%")
     assert "one such step costs +0.42 to +0.42% of mean TPOT" in text
-    assert "python -m dsd.reports.cold_start --out reports/policies" in text
+    assert "python -m dsd.reports.cold_start --out results/policies" in text

@@ -154,9 +154,9 @@ def test_runs_on_the_pr_profile_reserve_what_its_eagle_drafter_does(tmp_path: Pa
 
 
 def test_the_committed_goal_table_is_what_the_committed_results_render_to() -> None:
-    """reports/policies/report.md's goal table comes from its results.json; a point where a
+    """results/policies/report.md's goal table comes from its results.json; a point where a
     policy is strictly better shows by how much (an interval can exclude 0 by a hair)."""
-    folder = Path(__file__).resolve().parents[2] / "reports" / "policies"
+    folder = Path(__file__).resolve().parents[2] / "results" / "policies"
     results = json.loads((folder / "results.json").read_text())
     rendered = policy_eval._markdown(results, folder, seconds=0.0, num_workers=2)
     section = "## Goals per policy and workload"

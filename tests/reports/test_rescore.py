@@ -58,7 +58,7 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
 
     from dsd.reports.rescore import rescore
 
-    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-25-cpu-smollm2"
     lines = rescore(folder, ["empirical"], policies=("goodput",))
     assert lines[0].endswith(
         "as run: goodput:acceptance=rates, online:acceptance=rates, per-request:acceptance=rates"
@@ -86,7 +86,7 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
 def test_prompts_per_concurrency_needs_a_policy(capsys) -> None:
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-25-cpu-smollm2"
     argv = [str(folder), "--acceptance-model", "empirical", "--prompts-per-concurrency", "4"]
     assert main(argv) == 2
     assert capsys.readouterr().err == "error: --prompts-per-concurrency needs --policy and N >= 1\n"
@@ -95,7 +95,7 @@ def test_prompts_per_concurrency_needs_a_policy(capsys) -> None:
 def test_a_bad_policy_spec_is_refused_before_any_simulation(capsys) -> None:
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-25-cpu-smollm2"
+    folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-25-cpu-smollm2"
     argv = [str(folder), "--acceptance-model", "empirical", "--policy", "goodput:acceptance=x"]
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -111,7 +111,7 @@ def test_the_committed_level_reads_cells_and_trials() -> None:
 
     from dsd.reports.rescore import committed_level_lines
 
-    folder = Path(__file__).resolve().parents[2] / "reports/validation/2026-11-27c-cpu-smollm2"
+    folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-27c-cpu-smollm2"
     rows = list(csv.DictReader((folder / "cells.csv").open()))
     trials = list(csv.DictReader((folder / "trials.csv").open()))
     (line,) = committed_level_lines(rows, trials)

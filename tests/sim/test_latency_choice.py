@@ -22,6 +22,7 @@ from dsd.sim.latency_choice import (
     select_latency_model,
 )
 
+DATA = Path(__file__).resolve().parents[1] / "data"
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"
 
 
@@ -32,8 +33,7 @@ def h100_profile() -> Profile:
 def cpu_profile() -> Profile:
     """SmolLM2-135M + n-gram on the 2-core CPU, quiet, 40 steps a point: neither model holds
     between its B within 12% (docs/models.md 1.2)."""
-    root = Path(__file__).resolve().parents[2]
-    return load_profile(root / "reports/engine/2026-11-26c-cpu-profile/profile.json")
+    return load_profile(DATA / "profiles/cpu_smollm2_ngram_40steps_2026-11-26c.json")
 
 
 def h100_itl(batch_size: int, k: int) -> float:
