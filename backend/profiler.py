@@ -18,59 +18,41 @@ Measurements, all on the real SD engine (`backend.engine` or its fast path):
   lookup may draft fewer) and that accepted a >= i, and per request its (d, a) histogram and
   its own unconditional rates.
 
-- **host overhead of the engine loop**: the real loop `dsd validate` runs (`sim.engine.Engine`
-  with the wall clock, `sim.scheduler`, a static policy, `backend.executor.TorchExecutor`) on
-  short closed-loop workloads at C = B for every profiled B, once at K = 0 and once at K_max.
-  Per iteration: loop wall time minus the time inside the model forwards (`engine.step`,
-  `engine.prefill` and `engine.step_with_prefill`, timed by thin wrappers). That difference
-  (scheduler plan/commit/update, policy choose_k/observe, metrics, the executor's Python
-  bookkeeping, SimPy) is what the step timing above does not see. `fit_host_overhead` fits
-  intercept + per_row x B by least squares (non-negative) on the per-B medians, separately
-  for steps without and with drafts. After each step of these runs, one learning policy in
-  turn (or static:K_max, the baseline) runs one synthetic choose_k + observe, timed and left
-  out of the iteration: each policy's own host time as it costs in the loop, with the caches
-  the step left (`policies.host_time`), kept per policy in `host_overhead.policies`.
+- **host overhead of the engine loop**: `backend.host_overhead` (what a loop step costs beyond
+  its forwards, and each learning policy's own host time).
 
 The decode ITL covers the engine step only (draft, verify, accept, the one host sync); the loop's
 host work is the separate host-overhead model, which the simulator adds per step.
-This module does not parse flags, build models, tokenize or write files (`dsd profile` does).
+This module does not parse flags, build models or write files (`dsd profile` does); it tokenizes
+only the acceptance prompt set (`dataset_prompts`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import functools
 import math
-import platform
-import sys
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata as importlib_metadata
 from typing import Any, TypeVar
 
 import numpy as np
-import scipy.optimize
 import torch
 
 from dsd.backend.engine import AnyDraft, NgramDraft, SpecDecodeConfig, SpecDecodeEngine, StepResult
+from dsd.backend.environment import environment_metadata, forward_tokens
 from dsd.backend.executor import engine_prefill_forward
-from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine, cublaslt_max_rows
+from dsd.backend.fast_path import FAST_PATH_KINDS, build_spec_decode_engine
 from dsd.backend.model import Transformer
-from dsd.backend.native import status as native_status
 from dsd.backend.pair import ModelPair
-from dsd.backend.real import torch_executor
 from dsd.backend.replay import replay_recording
-from dsd.backend.threads import thread_settings
-from dsd.common.arrays import BoolArray, FloatArray, IntArray
+from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
-from dsd.common.machine import cpu_model, load_average
+from dsd.common.machine import load_average
 from dsd.common.progress import Advance
-from dsd.policies.host_time import TIMED_POLICIES, fit_policy_host_lines, policy_steppers
+from dsd.policies.host_time import TIMED_POLICIES, fit_policy_host_lines
 from dsd.policies.profile import (
-    HostOverhead,
-    HostOverheadLine,
     LatencyPoint,
     PrefillInDecodePoint,
     PrefillPoint,
@@ -83,17 +65,10 @@ from dsd.policies.profile_quality import (
     check_prefill,
     problems_line,
 )
-from dsd.sim.build import build_engine
-from dsd.sim.config import DEFAULT_BLOCK_SIZE, RunConfig
-from dsd.sim.engine import LoopConfig
 from dsd.sim.latency_choice import leave_one_knot_out
-from dsd.sim.resolve import ResolvedRun, resolve
-from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.registry import build_workload
-from dsd.traces.workload import RequestSpec, Workload
 
 Point = TypeVar("Point", bound=Hashable)  # what one timed measurement is of: (B, K), a size
-_Result = TypeVar("_Result")  # what a timed engine method returns
 
 
 @dataclass(frozen=True)
@@ -245,7 +220,7 @@ class AcceptanceCounts:
     extra: dict[str, Any] = field(default_factory=dict)  # free-form notes
 
 
-def _device_sync(device: torch.device) -> None:
+def device_sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -290,10 +265,10 @@ class ProfileQualityError(InputError):
 
 
 def _timed_ms(device: torch.device, work: Callable[[], object]) -> float:
-    _device_sync(device)
+    device_sync(device)
     start_s = time.perf_counter()
     work()
-    _device_sync(device)
+    device_sync(device)
     return (time.perf_counter() - start_s) * 1000.0
 
 
@@ -323,7 +298,7 @@ def decode_prompt(
     avoid_ids: Sequence[int],
 ) -> IntArray:
     """Synthetic ids for a decode point's slot: a prompt of `context_len` tokens and the token
-    that follows it (which replaces the sampled first token, see `_DecodeSlots`). Random, or
+    that follows it (which replaces the sampled first token, see `DecodeSlots`). Random, or
     for an n-gram draft a random block repeated, so that the lookup always finds K drafts (the
     cost of verifying K is what a latency point means; acceptance does not matter here)."""
     vocab = engine.target.config.vocab_size
@@ -334,7 +309,7 @@ def decode_prompt(
     return np.resize(block, context_len + 1).astype(np.int64)  # [context_len + 1]
 
 
-class _DecodeSlots:
+class DecodeSlots:
     """max(B) prefilled slots of one context length; B = b steps the first b of them, and every
     timed step is truncated back so each one sees the same context."""
 
@@ -391,7 +366,7 @@ class _DecodeSlots:
             return self.time_step((b, k))
         engine = self.engine
         if kind == "prefill":
-            return _time_prefill(engine, rng, avoid_ids, num_tokens)
+            return time_prefill(engine, rng, avoid_ids, num_tokens)
         vocab = engine.target.config.vocab_size
         slot = np.array(
             [engine.alloc_slot(synthetic_ids(rng, num_tokens, vocab, avoid_ids))], dtype=np.int64
@@ -436,7 +411,7 @@ def time_mixed_steps(
     synthetic ids and orders (default: seeded by `config.seed`)."""
     rng = np.random.default_rng(config.seed) if rng is None else rng
     avoid = special_ids(engine.target)
-    decode = _DecodeSlots(engine, config, rng, avoid, context_len)
+    decode = DecodeSlots(engine, config, rng, avoid, context_len)
     try:
         return _timed_rounds(
             lambda item: decode.time_mixed(item, rng, avoid),
@@ -535,7 +510,7 @@ def measure_decode(
     keys = [(b, k) for b in measured_bs for k in sorted(config.spec_tokens)]
     points: list[LatencyPoint] = []
     for context_len in sorted(config.context_lens):
-        slots = _DecodeSlots(engine, config, rng, avoid_ids, context_len)
+        slots = DecodeSlots(engine, config, rng, avoid_ids, context_len)
         heaviest = (max(measured_bs), config.k_max)
         warmup_steps.append(
             warm_up(functools.partial(slots.time_step, heaviest), config.num_warmup)
@@ -551,7 +526,7 @@ def measure_decode(
             progress = functools.partial(_round_done, on_progress, pass_label, uncounted)
             samples = _timed_rounds(slots.time_step, keys, config, rng, progress)
             steady, speeds = divide_round_drift(samples)
-            found = [_latency_point(b, k, slots.known, steady[(b, k)]) for b, k in keys]
+            found = [latency_point(b, k, slots.known, steady[(b, k)]) for b, k in keys]
             problems = check_latency(found, config.quality_limits)
             if len(problems) <= kept_problems:
                 kept, kept_problems, kept_speeds = found, len(problems), speeds
@@ -636,225 +611,7 @@ def special_ids(target: Transformer) -> list[int]:
     return sorted(int(token) for token in specials if token is not None)
 
 
-class TimingRounds:
-    """A profile's decode, prefill and prefill-in-decode points timed again between the real
-    runs of a validation.
-
-    A shared machine drifts: the same B = 1 decode step of SmolLM2-135M ran at 63-94 ms
-    (median of 40 steps) within two minutes on the 2-core CPU, and 59 vs 82 ms three hours
-    apart. A profile timed before an hour of real runs prices them at another speed than they
-    ran at. So `dsd validate` calls `round()` before the first real run and after every one:
-    each round times a random `share` of the profile's decode points (B, K, context) and
-    prefill sizes, the profiler's way (same slots, same truncation), in a fresh random order.
-    `profile()` is the profile with those samples in place of its own timing: measured over the
-    same stretch of the machine's time as the runs, it is what the simulator's latency model
-    for them is fitted from (policies keep the profile they ran with). The drift is faster than
-    a run, though (a fixed step's 10-second means moved by 10% within two minutes:
-    benchmarks/machine_drift.py), so while a closed-loop run steps, `probe()` also times one
-    decode point between its steps into a round of its own (`open_window()`). `speed(rounds)`
-    says how fast the machine ran in some rounds against the whole: the median over their
-    samples of sample / that point's median over all rounds (> 1: slower). The points are timed
-    on the runs' decode path (`fast_path`), each step shape run once before any round (a CUDA
-    graph's capture is no sample).
-    """
-
-    def __init__(
-        self,
-        target: Transformer,
-        draft: AnyDraft | None,
-        profile: Profile,
-        *,
-        share: float = 0.25,
-        seed: int = 0,
-        fast_path: str = "off",
-    ) -> None:
-        contexts = sorted({p.context_len for p in profile.latency if p.context_len})
-        if not contexts or any(p.context_len is None for p in profile.latency):
-            raise InputError("timing rounds: the profile records no context for its points")
-        if not 0 < share <= 1:
-            raise InputError(f"timing rounds: share must be in (0, 1], got {share}")
-        self.base = profile
-        self.share = share
-        self.decode_keys = sorted(
-            {(p.context_len or 0, p.batch_size, p.num_spec_tokens) for p in profile.latency}
-        )
-        self.prefill_sizes = sorted({p.num_tokens for p in profile.prefill})
-        # (decode rows, chunk tokens) of the prefill-in-decode points, timed as the profiler
-        # does: a fused step beside rows of the shortest context, minus the decode step alone
-        # (on a path that runs no fused steps the runs pay no such cost: nothing to time)
-        self.in_decode_keys = (
-            sorted({(p.decode_rows, p.num_tokens) for p in profile.prefill_in_decode})
-            if engine_prefill_forward(fast_path) == "fused"
-            else []
-        )
-        k_max = max(k for _c, _b, k in self.decode_keys)
-        batch_sizes = sorted({b for _c, b, _k in self.decode_keys})
-        # The profiler records known tokens (context + the first sampled token) per row
-        contexts_in_cache = [context - 1 for context in contexts]
-        config = ProfileConfig(
-            batch_sizes=tuple(batch_sizes) if 1 in batch_sizes else (1, *batch_sizes),
-            spec_tokens=tuple(sorted({0, 1, k_max})),
-            context_lens=tuple(contexts_in_cache),
-        )
-        engine = build_spec_decode_engine(
-            target,
-            draft if k_max > 0 else None,
-            SpecDecodeConfig(
-                # max(B) decode slots per context, and one for a prefill
-                num_slots=max(batch_sizes) * len(contexts) + 1,
-                max_model_len=max(
-                    max(contexts) + k_max + 2,
-                    max(self.prefill_sizes, default=1) + 2,
-                    max((n for _d, n in self.in_decode_keys), default=1) + 2,
-                ),
-                k_max=max(k_max, 1),
-                seed=seed,
-            ),
-            fast_path,
-        )
-        self._engine = engine
-        self._rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(7,)))
-        avoid = special_ids(target)
-        self._avoid = avoid
-        self._slots = {
-            context: _DecodeSlots(engine, config, self._rng, avoid, context - 1)
-            for context in contexts
-        }
-        for slots in self._slots.values():
-            warm_up(functools.partial(slots.time_step, (max(batch_sizes), k_max)), 3)
-        if fast_path != "off":  # every fixed shape once: captures happen here, not in a round
-            for context, b, k in self.decode_keys:
-                self._slots[context].time_step((b, k))
-        self._decode: dict[tuple[int, int, int], list[tuple[int, float]]] = {
-            key: [] for key in self.decode_keys
-        }
-        self._prefill: dict[int, list[tuple[int, float]]] = {n: [] for n in self.prefill_sizes}
-        self._in_decode: dict[tuple[int, int], list[tuple[int, float]]] = {
-            key: [] for key in self.in_decode_keys
-        }
-        self._probe_cycles: dict[int, list[tuple[int, int, int]]] = {}
-        self.num_rounds = 0  # round indices handed out, windows included
-        self.num_windows = 0
-
-    def round(self) -> int:
-        """Time a random share of the points once each (shuffled); returns the round's index."""
-        index = self.num_rounds
-        todo: list[tuple[str, Any]] = [("decode", key) for key in self.decode_keys]
-        todo += [("prefill", size) for size in self.prefill_sizes]
-        todo += [("in_decode", key) for key in self.in_decode_keys]
-        count = max(1, math.ceil(self.share * len(todo)))
-        for choice in self._rng.permutation(len(todo))[:count]:
-            kind, key = todo[int(choice)]
-            if kind == "decode":
-                context, b, k = key
-                self._decode[key].append((index, self._slots[context].time_step((b, k))))
-            elif kind == "in_decode":
-                rows, num_tokens = key
-                slots = self._slots[min(self._slots)]
-                decode_ms = slots.time_step((rows, 0))
-                fused = ("fused", rows, 0, num_tokens)
-                added_ms = slots.time_mixed(fused, self._rng, self._avoid) - decode_ms
-                self._in_decode[key].append((index, added_ms))
-            else:
-                elapsed_ms = _time_prefill(self._engine, self._rng, self._avoid, key)
-                self._prefill[key].append((index, elapsed_ms))
-        self.num_rounds += 1
-        return index
-
-    def open_window(self) -> int:
-        """A new round that times nothing itself: `probe()` fills it while a real run steps
-        (`backend.validate`); returns its index."""
-        self.num_rounds += 1
-        self.num_windows += 1
-        return self.num_rounds - 1
-
-    def probe(self, window: int, max_batch: int) -> float:
-        """Time the next of the decode points with B <= max_batch (each once, in a shuffled
-        cycle per max_batch) into round `window`; returns the wall ms it took, timing
-        included. A run's steps interleaved with these probes see the machine at the same
-        moments, so `speed([window])` is the machine's speed during that run."""
-        cycle = self._probe_cycles.get(max_batch)
-        if not cycle:
-            keys = [key for key in self.decode_keys if key[1] <= max(max_batch, 1)]
-            cycle = [keys[int(i)] for i in self._rng.permutation(len(keys))]
-            self._probe_cycles[max_batch] = cycle
-        key = cycle.pop()
-        context, b, k = key
-        start_s = time.perf_counter()
-        self._decode[key].append((window, self._slots[context].time_step((b, k))))
-        return (time.perf_counter() - start_s) * 1000.0
-
-    def profile(self) -> Profile:
-        """The base profile with every point's timing from the rounds (points no round timed
-        keep the base's)."""
-        latency = []
-        for point in self.base.latency:
-            context = point.context_len or 0
-            key = (context, point.batch_size, point.num_spec_tokens)
-            samples = [ms for _round, ms in self._decode[key]]
-            latency.append(
-                _latency_point(point.batch_size, point.num_spec_tokens, context, samples)
-                if samples
-                else point
-            )
-        prefill = []
-        for prefill_point in self.base.prefill:
-            size = prefill_point.num_tokens
-            samples = [ms for _round, ms in self._prefill[size]]
-            prefill.append(_prefill_point(size, samples) if samples else prefill_point)
-        in_decode = []
-        for in_decode_point in self.base.prefill_in_decode:
-            rows_tokens = (in_decode_point.decode_rows, in_decode_point.num_tokens)
-            samples = [ms for _round, ms in self._in_decode.get(rows_tokens, [])]
-            in_decode.append(
-                _in_decode_point(*rows_tokens, samples) if samples else in_decode_point
-            )
-        metadata = dict(self.base.metadata)
-        # The prefill samples in round order, kept because the mean prices TTFT and one slow
-        # sample moves it: on the H200 (results/gpu/2026-11-27-h200) the rounds' prefill means
-        # sat 3-5 ms above their medians, where the runs' prefills showed no such tail.
-        metadata["timing_rounds"] = {
-            **self.counts(),
-            "prefill_samples_ms": {
-                str(size): [round(ms, 4) for _round, ms in samples]
-                for size, samples in self._prefill.items()
-            },
-        }
-        return dataclasses.replace(
-            self.base,
-            latency=tuple(latency),
-            prefill=tuple(prefill),
-            prefill_in_decode=tuple(in_decode),
-            metadata=metadata,
-        )
-
-    def counts(self) -> dict[str, Any]:
-        """What was timed so far: timing rounds (windows not counted), their share of the
-        points, and the probed runs (one window each; runs interleaved share one)."""
-        return {
-            "rounds": self.num_rounds - self.num_windows,
-            "share": self.share,
-            "probed_runs": self.num_windows,
-        }
-
-    def speed(self, rounds: Sequence[int]) -> float:
-        """Median of sample / its point's median over all rounds, over the samples taken in
-        `rounds` (> 1: the machine ran slower then than over the whole); NaN without any."""
-        wanted = set(rounds)
-        ratios = []
-        for samples in [*self._decode.values(), *self._prefill.values()]:
-            if not samples:
-                continue
-            median = float(np.median([ms for _round, ms in samples]))
-            ratios += [ms / median for round_index, ms in samples if round_index in wanted]
-        return float(np.median(ratios)) if ratios else float("nan")
-
-    def free(self) -> None:
-        for slots in self._slots.values():
-            slots.free()
-
-
-def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) -> LatencyPoint:
+def latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) -> LatencyPoint:
     median, p10, p90 = _percentiles(samples_ms)
     return LatencyPoint(
         batch_size=b,
@@ -868,7 +625,7 @@ def _latency_point(b: int, k: int, context_len: int, samples_ms: list[float]) ->
     )
 
 
-def _time_prefill(
+def time_prefill(
     engine: SpecDecodeEngine, rng: np.random.Generator, avoid_ids: Sequence[int], num_tokens: int
 ) -> float:
     """Wall ms of one prefill of a synthetic prompt of `num_tokens` tokens in one chunk."""
@@ -884,7 +641,7 @@ def _time_prefill(
     return elapsed_ms
 
 
-def _prefill_point(num_tokens: int, samples_ms: list[float]) -> PrefillPoint:
+def prefill_point(num_tokens: int, samples_ms: list[float]) -> PrefillPoint:
     return PrefillPoint(
         num_tokens=num_tokens,
         median_ms=max(_percentiles(samples_ms)[0], 1e-6),
@@ -914,11 +671,11 @@ def measure_prefill_in_decode(
         decode = np.asarray(samples[("decode", d, 0, 0)])
         for n in sizes:
             added = np.asarray(samples[("fused", d, 0, n)]) - decode  # [rounds], paired
-            points.append(_in_decode_point(d, n, added.tolist()))
+            points.append(in_decode_point(d, n, added.tolist()))
     return points
 
 
-def _in_decode_point(
+def in_decode_point(
     decode_rows: int, num_tokens: int, added_ms: list[float]
 ) -> PrefillInDecodePoint:
     """A prefill-in-decode point from per-round added times (the median, >= 0)."""
@@ -941,11 +698,11 @@ def measure_prefill(
     timed in a fresh random order each round; a prefill that falls as the prompt grows is
     measured again (all sizes) up to `config.max_remeasure` times."""
     sizes = sorted(config.prefill_token_counts)
-    time_prefill = functools.partial(_time_prefill, engine, rng, avoid_ids)
+    time_size = functools.partial(time_prefill, engine, rng, avoid_ids)
     points: list[PrefillPoint] = []
     for attempt in range(config.max_remeasure + 1):
-        samples = _timed_rounds(time_prefill, sizes, config, rng)
-        points = [_prefill_point(size, samples[size]) for size in sizes]
+        samples = _timed_rounds(time_size, sizes, config, rng)
+        points = [prefill_point(size, samples[size]) for size in sizes]
         if on_progress is not None:
             on_progress(f"prefill, pass {attempt + 1}", 0 if attempt == 0 else 1)
         if not check_prefill(points, config.quality_limits):
@@ -1036,346 +793,6 @@ def measure_acceptance(
         outcome_requests=tuple(sampled),
         output_ids=tuple(outputs),
     )
-
-
-@dataclass(frozen=True, slots=True)
-class HostOverheadSample:
-    """One iteration of the engine loop, split into model forwards and the rest."""
-
-    batch_size: int  # B of the step (decode rows + prefill chunks)
-    has_spec: bool  # some decode row drafted K > 0
-    iteration_ms: float  # wall time of the whole loop iteration (what the wall clock advanced)
-    forward_ms: float  # time inside the model forwards of the step (engine.step + prefill)
-    # wall time planning the step (admissions, plan, policy, commit; Engine.planning_ms)
-    planning_ms: float = 0.0
-
-    @property
-    def overhead_ms(self) -> float:
-        return self.iteration_ms - self.forward_ms
-
-
-class ForwardTimer:
-    """Wraps one SpecDecodeEngine's forwards (`step`, `prefill`, `step_with_prefill`) with a
-    clock and sums their time.
-
-    The wrappers are instance attributes that shadow the methods, so the engine and the
-    executor are unchanged. On CUDA the device is synchronized before each clock read.
-    """
-
-    def __init__(self, engine: SpecDecodeEngine, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._device = engine.device
-        self._total_s = 0.0
-        for name in ("step", "prefill", "step_with_prefill"):
-            setattr(engine, name, self._timed(getattr(engine, name)))
-
-    def _timed(self, method: Callable[..., _Result]) -> Callable[..., _Result]:
-        def timed(*args: Any) -> _Result:
-            start_s = self._start()
-            out = method(*args)
-            self._stop(start_s)
-            return out
-
-        return timed
-
-    def _start(self) -> float:
-        _device_sync(self._device)
-        return self._clock()
-
-    def _stop(self, start_s: float) -> None:
-        _device_sync(self._device)
-        self._total_s += self._clock() - start_s
-
-    def take_ms(self) -> float:
-        """Forward ms summed since the last call (and reset)."""
-        total_ms, self._total_s = self._total_s * 1000.0, 0.0
-        return total_ms
-
-
-class _ForwardTimedExecutor:
-    """An `Executor` that records, per step, B, whether it drafts, and its forward ms; and runs
-    `after_step` (if any) after each step, recording its ms apart."""
-
-    def __init__(
-        self,
-        inner: Executor,
-        take_forward_ms: Callable[[], float],
-        after_step: Callable[[], object] | None = None,
-    ) -> None:
-        self.inner = inner
-        self.take_forward_ms = take_forward_ms
-        self.after_step = after_step
-        # step_index -> (B, has_spec, forward ms)
-        self.records: dict[int, tuple[int, bool, float]] = {}
-        self.after_step_ms: dict[int, float] = {}  # step_index -> ms in after_step
-
-    def add_request(self, req_id: int, spec: RequestSpec) -> None:
-        self.inner.add_request(req_id, spec)
-
-    def execute(self, batch: ScheduledBatch) -> StepOutcome:
-        self.take_forward_ms()  # drop anything timed outside a step
-        outcome = self.inner.execute(batch)
-        forward_ms = self.take_forward_ms()
-        self.records[batch.step_index] = (batch.batch_size, batch.has_drafts, forward_ms)
-        if self.after_step is not None:
-            start_s = time.perf_counter()
-            self.after_step()
-            self.after_step_ms[batch.step_index] = (time.perf_counter() - start_s) * 1000.0
-        return outcome
-
-
-def loop_host_samples(
-    resolved: ResolvedRun,
-    executor: Executor,
-    take_forward_ms: Callable[[], float],
-    after_step: Callable[[], object] | None = None,
-) -> list[HostOverheadSample]:
-    """Run a resolved run through the engine loop with the wall clock; one sample per iteration.
-
-    `take_forward_ms()` returns the model-forward ms since its last call (a `ForwardTimer`'s
-    `take_ms`); iteration time is the wall time the loop advanced for the step, less the time
-    in `after_step`, which runs after each step (the policy timing of `measure_host_overhead`).
-    """
-    timed = _ForwardTimedExecutor(executor, take_forward_ms, after_step)
-    engine = build_engine(resolved, timed, LoopConfig(clock="wall", time_planning=True))
-    steps = engine.run().steps
-    samples = []
-    for step_index, duration_s in zip(
-        steps["step_index"].tolist(), steps["duration_s"].tolist(), strict=True
-    ):
-        batch_size, has_spec, forward_ms = timed.records[int(step_index)]
-        samples.append(
-            HostOverheadSample(
-                batch_size=batch_size,
-                has_spec=has_spec,
-                iteration_ms=float(duration_s) * 1000.0
-                - timed.after_step_ms.get(int(step_index), 0.0),
-                forward_ms=forward_ms,
-                planning_ms=engine.planning_ms.get(int(step_index), 0.0),
-            )
-        )
-    return samples
-
-
-def host_overhead_run(batch_size: int, k: int, config: ProfileConfig) -> tuple[RunConfig, Workload]:
-    """One loop run of `measure_host_overhead`: static K at C = max_num_seqs = B over 2 x B
-    synthetic requests of min(context_lens) prompt tokens (the config and its workload)."""
-    output_len = config.host_overhead_output_len
-    prompt_len = min(config.context_lens)
-    k_max = config.k_max
-    max_model_len = prompt_len + output_len + k_max + 1
-    workload = Workload(
-        name=f"host-overhead-B{batch_size}",
-        requests=tuple(
-            RequestSpec(prompt_len=prompt_len, output_len=output_len) for _ in range(2 * batch_size)
-        ),
-        max_concurrency=batch_size,
-    )
-    run_config = RunConfig(
-        policy=f"static:{k}",
-        dataset=workload.name,
-        k_max=k_max,
-        max_num_seqs=batch_size,
-        max_model_len=max_model_len,
-        num_kv_blocks=batch_size * -(-max_model_len // DEFAULT_BLOCK_SIZE),
-        seed=config.seed,
-    )
-    return run_config, workload
-
-
-def _fit_line(
-    batch_sizes: np.ndarray, medians_ms: np.ndarray, counts: np.ndarray
-) -> tuple[HostOverheadLine, np.ndarray]:
-    """Non-negative least squares of medians ~ intercept + per_row x B, weighted by sqrt(count).
-
-    One distinct B: no slope can be seen, so per_row is 0 and the intercept the weighted mean.
-    Returns the line and the residuals [groups].
-    """
-    weights = np.sqrt(counts.astype(np.float64))  # [G]
-    if np.unique(batch_sizes).size >= 2:
-        design = np.stack([np.ones_like(medians_ms), batch_sizes.astype(np.float64)], axis=1)
-    else:
-        design = np.ones((medians_ms.size, 1))  # [G, 1]
-    coef, _ = scipy.optimize.nnls(design * weights[:, None], medians_ms * weights)
-    fitted = design @ coef  # [G]
-    per_row = float(coef[1]) if coef.size > 1 else 0.0
-    return HostOverheadLine(intercept_ms=float(coef[0]), per_row_ms=per_row), medians_ms - fitted
-
-
-def fit_host_overhead(samples: Sequence[HostOverheadSample]) -> HostOverhead:
-    """Fit intercept + per_row x B per class (steps without / with drafts) -> HostOverhead.
-
-    Each (class, B) group is summarised by its median overhead (one slow iteration, e.g. a
-    garbage collection, must not tilt the line); the groups are fitted by non-negative least
-    squares weighted by their sample counts. A class with no samples takes the other's line.
-    `residual_ms` is the RMS of the group medians about their line.
-    """
-    if not samples:
-        raise ValueError("host overhead: no loop iterations to fit")
-    batch = np.array([s.batch_size for s in samples], dtype=np.int64)  # [S]
-    spec = np.array([s.has_spec for s in samples], dtype=bool)  # [S]
-    overhead = np.array([s.overhead_ms for s in samples], dtype=np.float64)  # [S]
-    planning = np.array([s.planning_ms for s in samples], dtype=np.float64)  # [S]
-    if not (np.all(np.isfinite(overhead)) and np.all(np.isfinite(planning))):
-        raise ValueError("host overhead: a sample is not finite")
-    (plain, drafting), residuals = _fit_class_lines(batch, spec, overhead)
-    (planning_plain, planning_spec), _ = _fit_class_lines(batch, spec, planning)
-    return HostOverhead(
-        plain=plain,
-        spec=drafting,
-        residual_ms=float(np.sqrt(np.mean(residuals**2))),
-        num_steps=len(samples),
-        max_batch_size=int(batch.max()),
-        planning_plain=planning_plain,
-        planning_spec=planning_spec,
-    )
-
-
-def _fit_class_lines(
-    batch: IntArray, spec: BoolArray, values: FloatArray
-) -> tuple[tuple[HostOverheadLine, HostOverheadLine], FloatArray]:
-    """((plain line, spec line), residuals per (class, B) group) of per-sample ms `values`:
-    each (class, B) group's median, lines fitted by weighted non-negative least squares; a
-    class with no samples takes the other's line."""
-    lines: dict[bool, HostOverheadLine] = {}
-    residuals: list[FloatArray] = []
-    for has_spec in (False, True):
-        mask = spec == has_spec
-        if not mask.any():
-            continue
-        group_b = np.unique(batch[mask])  # [G]
-        medians = np.array([np.median(values[mask & (batch == b)]) for b in group_b])  # [G]
-        counts = np.array([int((mask & (batch == b)).sum()) for b in group_b])  # [G]
-        lines[has_spec], group_residuals = _fit_line(group_b, medians, counts)
-        residuals.append(group_residuals)
-    plain = lines.get(False, lines.get(True))
-    drafting = lines.get(True, lines.get(False))
-    assert plain is not None and drafting is not None  # samples is non-empty
-    return (plain, drafting), np.concatenate(residuals)
-
-
-class _PolicyTurns:
-    """One synthetic step of one policy in turn per call (static:K_max, the baseline, among
-    them), timed: `samples_us[(spec, D)]`. Called after each real step, so each policy step
-    meets the caches a step leaves, as in the engine loop (`policies.host_time`)."""
-
-    def __init__(
-        self, profile: Profile, num_decode: int, max_num_seqs: int, warmup_steps: int = 200
-    ) -> None:
-        specs = [f"static:{profile.k_max}", *TIMED_POLICIES]
-        self.steppers = list(
-            policy_steppers(profile, specs, num_decode, max_num_seqs, warmup_steps).items()
-        )
-        self.num_decode = num_decode
-        self.turn = 0
-        self.samples_us: dict[tuple[str, int], list[float]] = {
-            (spec, num_decode): [] for spec in specs
-        }
-
-    def __call__(self) -> None:
-        spec, stepper = self.steppers[self.turn % len(self.steppers)]
-        self.turn += 1
-        self.samples_us[spec, self.num_decode].append(stepper.step() * 1e6)
-
-
-def measure_host_overhead(
-    target: Transformer,
-    draft: AnyDraft | None,
-    config: ProfileConfig,
-    on_progress: Advance | None = None,
-    policy_profile: Profile | None = None,
-) -> tuple[HostOverhead, list[HostOverheadSample], dict[tuple[str, int], list[float]]]:
-    """The loop runs of the module docstring -> (fitted model, raw samples, policy samples).
-
-    Per profiled B and K in (0, K_max): 2 x B synthetic requests of min(context_lens) prompt
-    tokens and `host_overhead_output_len` output tokens (EOS ignored), closed loop at C = B,
-    max_num_seqs = B, a fresh TorchExecutor (the same fast path as the profile) each run.
-    With `policy_profile` (and K_max > 0), the learning policies built on it are timed after
-    each step at D = B (`_PolicyTurns`): their samples in us per (spec, B), else none.
-    """
-    samples: list[HostOverheadSample] = []
-    policy_samples_us: dict[tuple[str, int], list[float]] = {}
-    for batch_size in sorted(config.batch_sizes):
-        turns = (
-            _PolicyTurns(policy_profile, batch_size, max(config.batch_sizes))
-            if policy_profile is not None and config.k_max > 0
-            else None
-        )
-        for k in (0, config.k_max):
-            run_config, workload = host_overhead_run(batch_size, k, config)
-            resolved = resolve(run_config, workload=workload)
-            resolved = dataclasses.replace(
-                resolved, prefill_forward=engine_prefill_forward(config.fast_path)
-            )
-            executor = torch_executor(
-                resolved,
-                target,
-                draft,
-                temperature=config.temperature,
-                ignore_eos=True,
-                fast_path=config.fast_path,
-            )
-            timer = ForwardTimer(executor.engine, time.perf_counter)
-            samples += loop_host_samples(resolved, executor, timer.take_ms, turns)
-            del executor, timer
-            if on_progress is not None:
-                on_progress(f"host overhead B={batch_size} K={k}")
-        if turns is not None:
-            policy_samples_us.update(turns.samples_us)
-    return fit_host_overhead(samples), samples, policy_samples_us
-
-
-def environment_metadata(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Device name, dtype, versions, date, threads and load, for a profile's or report's
-    metadata; on CUDA also the matrix library and TF32 setting (`matmul`): float32 step times
-    depend on them (results/gpu/2026-11-28-h100); on CPU in float32 whether the native product
-    runs (`matmul`, `backend.native.status`)."""
-    matmul: dict[str, Any] = {}
-    if device.type == "cuda":
-        device_name = torch.cuda.get_device_name(device)
-        matmul = {
-            "matmul": {
-                "blas": str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1],
-                "tf32": torch.backends.cuda.matmul.allow_tf32,
-                # the fast path's steps of at most this many rows on cuBLASLt (0: off)
-                "cublaslt_max_rows": cublaslt_max_rows(),
-            }
-        }
-    else:
-        device_name = f"cpu ({cpu_model()})"
-        if dtype == torch.float32:  # the few-row products' kernel (`backend.native`)
-            matmul = {"matmul": {"native_product": native_status()}}
-    versions = {"python": sys.version.split()[0], "torch": torch.__version__}
-    for package in ("dsd", "numpy"):
-        try:
-            versions[package] = importlib_metadata.version(package)
-        except importlib_metadata.PackageNotFoundError:
-            versions[package] = "unknown"
-    return {
-        "device": device_name,
-        "device_type": device.type,
-        "dtype": str(dtype).removeprefix("torch."),
-        "versions": versions,
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "platform": platform.platform(),
-        "threads": thread_settings(),
-        "load_average": load_average(),
-        **matmul,
-    }
-
-
-# Token counts `forward_tokens` asks the target about (its CPU kernels pad up to 4)
-FORWARD_TOKENS_SCAN = 16
-
-
-def forward_tokens(target: Transformer) -> list[int]:
-    """What the target's forward of 1, 2, ... tokens computes, up to the last count its kernels
-    pad ([] where none is padded): the profile's `metadata["forward_tokens"]`, which the
-    parametric latency model prices (`sim.latency.forward_tokens_of`). Read on the thread
-    setting the profile is measured with (one row on one thread is not padded)."""
-    widths = [target.tokens_worth_computing(n) for n in range(1, FORWARD_TOKENS_SCAN + 1)]
-    padded = [n for n, width in enumerate(widths, start=1) if width != n]
-    return widths[: max(padded)] if padded else []
 
 
 def profile_pair(
@@ -1528,6 +945,8 @@ def profile_pair(
     if config.host_overhead_output_len == 0:
         return profile
     # The learning policies are timed built on this very profile (their tables read it)
+    from dsd.backend.host_overhead import measure_host_overhead  # imports this module
+
     host_overhead, _samples, policy_samples_us = measure_host_overhead(
         target, draft, config, on_progress, profile if config.time_policy_host else None
     )

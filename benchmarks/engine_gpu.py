@@ -30,9 +30,10 @@ import numpy as np
 import torch
 
 from dsd.backend.engine import Draft, SpecDecodeConfig
+from dsd.backend.environment import environment_metadata
 from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
-from dsd.backend.profiler import environment_metadata, synthetic_ids
+from dsd.backend.profiler import synthetic_ids
 from dsd.common.atomic import atomic_write_text
 
 

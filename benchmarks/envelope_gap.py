@@ -1,8 +1,8 @@
 """Dynamic policies against static K on the real engine: paired gaps, split at prefill steps.
 
 The workload of the CPU hardware report's cells (2 x C InstructCoder prompts, 96 output tokens,
-EOS ignored, greedy, sync; `dsd.api.hardware_cell_config`). Each repeat runs every SPEC of a
-concurrency at once, interleaved a step at a time (`dsd.sim.engine.run_interleaved`: each
+EOS ignored, greedy, sync; `dsd.validation.plan.hardware_cell_config`). Each repeat runs every
+SPEC of a concurrency at once, interleaved a step at a time (`dsd.sim.engine.run_interleaved`: each
 engine's clock holds only its own steps), so the drift of a shared machine over seconds lands
 on every SPEC alike; the engines' order rotates from repeat to repeat. Per SPEC, medians over
 the repeats of
@@ -86,7 +86,9 @@ class _Runs:
         self.pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
 
     def config(self, policy: str, concurrency: int) -> RunConfig:
-        return self.api.hardware_cell_config(
+        from dsd.validation.plan import hardware_cell_config
+
+        return hardware_cell_config(
             self.profile,
             policy,
             concurrency,
@@ -104,14 +106,14 @@ class _Runs:
 
     def measured(self, arms: list[Arm]) -> list[dict[str, float]]:
         """The real runs of `arms`, interleaved a step at a time."""
-        from dsd.backend.validate import measured_runs
+        from dsd.validation.cells import measured_runs
 
         runs = measured_runs([self.resolved(arm) for arm in arms], self.pair)
         return [_figures(run.metrics, run.steps) for run in runs]
 
     def simulated(self, arm: Arm) -> dict[str, float]:
-        from dsd.backend.validate import simulated_run
         from dsd.sim.resolve import with_latency_from
+        from dsd.validation.cells import simulated_run
 
         resolved = self.resolved(arm)
         if self.price_with is not None:

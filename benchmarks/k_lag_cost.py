@@ -94,7 +94,9 @@ class _RealLag:
         self.pair = api.load_pair(args.target, args.draft, device=args.device, threads=args.threads)
 
     def _config(self, policy: str, concurrency: int, k_timing: str) -> RunConfig:
-        return self.api.hardware_cell_config(self.profile, policy, concurrency, k_timing=k_timing)
+        from dsd.validation.plan import hardware_cell_config
+
+        return hardware_cell_config(self.profile, policy, concurrency, k_timing=k_timing)
 
     def _measured(self, config: RunConfig) -> dict[str, float]:
         from dsd.backend.real import real_engine, resolve_real
@@ -109,7 +111,7 @@ class _RealLag:
 
     def _simulated(self, config: RunConfig) -> float:
         from dsd.backend.real import resolve_real
-        from dsd.backend.validate import simulated_run
+        from dsd.validation.cells import simulated_run
 
         return float(simulated_run(resolve_real(config, self.pair)).metrics["mean_tpot_ms"])
 

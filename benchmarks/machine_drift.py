@@ -7,7 +7,7 @@ memory and compute). Each is timed on its own, in wall and in thread CPU time. P
 `--window-s` seconds it prints both means and the run's mean divided by the probe's (scaled to
 the probe's median), then:
 - the spread (max - min) / median of the run's window means, raw and divided by the probe's:
-  how much of the drift an interleaved probe explains (what `backend.validate.SpeedProbes`
+  how much of the drift an interleaved probe explains (what `validation.cells.SpeedProbes`
   relies on);
 - the correlation of the run's and the probe's window means;
 - the correlation of wall and thread CPU time per step, and the CPU steal over the run (from

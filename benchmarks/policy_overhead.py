@@ -93,8 +93,9 @@ def in_loop(
     """The policies timed after each step of the profiler's host-overhead runs of the pair."""
     import torch
 
+    from dsd.backend.host_overhead import measure_host_overhead
     from dsd.backend.pair import load_pair
-    from dsd.backend.profiler import ProfileConfig, measure_host_overhead
+    from dsd.backend.profiler import ProfileConfig
 
     torch.set_num_threads(threads)
     pair = load_pair(target, draft)

@@ -34,7 +34,8 @@ import numpy as np
 from dsd.common.arrays import FloatArray
 from dsd.common.errors import InputError
 
-GRID_B = (1, 2, 4, 8, 16)  # the hardware report's profiled B and K (dsd.api.FULL_HARDWARE_PLAN)
+# the hardware report's profiled B and K (dsd.validation.plan.FULL_HARDWARE_PLAN)
+GRID_B = (1, 2, 4, 8, 16)
 GRID_K = (0, 1, 2, 4, 6)
 BLOCKS = (5, 10, 20)
 
@@ -66,12 +67,7 @@ def live(args: argparse.Namespace) -> int:
     from dsd import api
     from dsd.backend.engine import SpecDecodeConfig
     from dsd.backend.fast_path import build_spec_decode_engine
-    from dsd.backend.profiler import (
-        MixedItem,
-        ProfileConfig,
-        divide_round_drift,
-        time_mixed_steps,
-    )
+    from dsd.backend.profiler import MixedItem, ProfileConfig, divide_round_drift, time_mixed_steps
     from dsd.backend.threads import thread_settings
     from dsd.common.machine import cpu_model, load_average
     from dsd.common.progress import print_label

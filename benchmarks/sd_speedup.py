@@ -2,7 +2,7 @@
 
 Each "arm" is a draft and a K policy (`none` is plain decoding, K = 0); the timing protocol
 (shared target, rotated arm order per repeat, warm-up, paired speedups, token-for-token check
-against the first arm) is `dsd.reports.speedup`. Printed per arm: mean TPOT (vLLM's: mean over
+against the first arm) is `dsd.validation.speedup`. Printed per arm: mean TPOT (vLLM's: mean over
 requests) as median and range over repeats, the speedup over the first arm (median and range of
 the per-repeat ratios), acceptance length and rate, and whether the generated tokens equal the
 first arm's. Recorded with `--out`: every run, torch threads and thread variables, the 1-minute
@@ -30,7 +30,7 @@ from dsd import api
 from dsd.backend.threads import thread_settings
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model
-from dsd.reports.speedup import Arm, measure_arms, speedup_table
+from dsd.validation.speedup import Arm, measure_arms, speedup_table
 
 DEFAULT_ARMS = ("none", "ngram:2-4 static:4", "ngram:2-6 static:6")
 

@@ -26,12 +26,14 @@ What this module does not do: run anything, print, or decide what a result means
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -360,3 +362,26 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
         f"scheduling: {result['scheduling']}; seed {result['seed']}"
     )
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What `simulate` and `run` return. `requests` and `steps` are DataFrames built when first
+    read (so a run printed as JSON never loads pandas)."""
+
+    metrics: dict[str, Any]  # result.json: vLLM bench keys, ours, the run's settings
+    run: RunResult  # what the engine measured (its tables as numpy columns)
+    resolved: ResolvedRun  # the config with every default chosen
+    learned_profile: Profile | None  # the profile a learning policy (bandit) built, else None
+    out: Path | None  # the folder written (result.json, requests.csv, steps.parquet, ...)
+    output_ids: dict[int, list[int]] | None = None  # real runs: req_id -> generated token ids
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (requests.csv: asked and measured)."""
+        return request_frame(self.run, self.resolved)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per step; empty when `keep_steps` is off or steps streamed."""
+        return self.run.steps

@@ -28,19 +28,12 @@ from dsd.sim.acceptance import (
 from dsd.sim.config import AcceptanceKind, RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
 from dsd.sim.executor import FittedExecutor, LatencyJitter
-from dsd.sim.latency import (
-    FixedShapeSteps,
-    LatencyModelKind,
-    PaddedAttention,
-    PaddedPrefill,
-    ParametricLatencyModel,
-    PrefillCost,
-    TableLatencyModel,
-)
+from dsd.sim.latency import LatencyModelKind, ParametricLatencyModel, PrefillCost, TableLatencyModel
 from dsd.sim.latency_choice import fit_latency_model
 from dsd.sim.replay import ReplayAcceptance, ReplayRecording
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
 from dsd.sim.types import AcceptanceModel, Executor, LatencyModel
 
 

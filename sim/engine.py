@@ -512,7 +512,7 @@ def run_interleaved(
     from when its engine resumed: a step never includes the other engines' steps (nor what
     `between`, called after every step, does), and a machine whose speed drifts over seconds
     slows every engine alike (A/B measurements on a shared machine: `benchmarks/envelope_gap.py`;
-    speed probes inside a validation's trials: `backend.validate`)."""
+    speed probes inside a validation's trials: `validation.cells`)."""
     if not all(engine.workload.closed_loop for engine in engines):
         raise ValueError("run_interleaved needs closed-loop workloads (every arrival at 0)")
     for engine in engines:

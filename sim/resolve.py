@@ -301,7 +301,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
 
 def with_latency_from(resolved: ResolvedRun, timing: Profile) -> ResolvedRun:
     """The run with its latency model fitted from `timing` (the same points re-timed, e.g. by
-    `backend.profiler.TimingRounds`) instead of its profile; policy, acceptance and host
+    `validation.retime.TimingRounds`) instead of its profile; policy, acceptance and host
     overhead keep the run's own profile."""
     config = resolved.config
     try:

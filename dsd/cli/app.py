@@ -9,11 +9,13 @@ failed command leaves nothing half-written.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import typer
 
 from dsd.cli import export, report, run, simulate, traces, validate, zoo
+from dsd.cli.flags import flag_of
 from dsd.common import invocation
 from dsd.common.errors import InputError, WorkerDied
 
@@ -51,6 +53,18 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def flag_message(message: str, argv: list[str]) -> str:
+    """The API's errors name fields (`threads: ...`, `time_budget_s 0: ...`); where the user
+    typed that field's flag, the command line says the flag instead (`--threads: ...`)."""
+    match = re.match(r"([a-z][a-z0-9_]*)(?=[: ])", message)
+    if match is None:
+        return message
+    flag = flag_of(match.group(1))
+    if flag not in {arg.split("=", 1)[0] for arg in argv}:
+        return message
+    return flag + message[match.end() :]
+
+
 def _path_of(error: OSError) -> str:
     """The path an OS error is about (the second one of a rename when the first is missing)."""
     path = error.filename if error.filename is not None else error.filename2
@@ -58,7 +72,8 @@ def _path_of(error: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    invocation.record(sys.argv[1:] if argv is None else argv)
+    argv_given = sys.argv[1:] if argv is None else argv
+    invocation.record(argv_given)
     try:
         result = app(args=argv, prog_name="dsd", standalone_mode=False)
     except typer.Exit as exc:
@@ -71,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     except ClickException as exc:  # bad flags, missing options, bad values
         fail(exc.format_message())
     except InputError as exc:
-        fail(str(exc))
+        fail(flag_message(str(exc), argv_given))
     except WorkerDied as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None

@@ -184,6 +184,27 @@ SEED: FlagGroup = {
 
 WORKLOAD = {**REQUESTS, **ARRIVALS}
 PAIR_FLAGS = frozenset(PAIR)
+# API fields of commands' own parameters whose flag is not the field's name with dashes
+OWN_FIELD_FLAGS = {
+    "time_budget_s": "--time-budget",
+    "speedup_arms": "--speedup-arm",
+    "file_format": "--format",
+}
+
+
+def flag_of(field: str) -> str:
+    """The flag a user types for an API field (`k_max` -> `--num-spec-tokens`)."""
+    for group in (SOURCE, REQUEST_SHAPE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, PAIR, REAL, SEED):
+        if field in group:
+            info = group[field].annotation.__metadata__[0]
+            # with Annotated, typer keeps the first spelling as `default`, the rest as param_decls
+            spelled = [
+                decl
+                for decl in (info.default, *info.param_decls)
+                if isinstance(decl, str) and decl.startswith("--")
+            ]
+            return spelled[0] if spelled else "--" + field.replace("_", "-")
+    return OWN_FIELD_FLAGS.get(field, "--" + field.replace("_", "-"))
 
 
 def command(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
+from typing import Any
 
 
 class InputError(ValueError):
@@ -54,3 +56,11 @@ def require_choice(value: object, name: str, choices: tuple[str, ...]) -> None:
     """InputError `<name>: choose from a, b, c; got <value>` unless `value` is one of `choices`."""
     if value not in choices:
         raise InputError(f"{name}: choose from {', '.join(choices)}; got {value!r}")
+
+
+def require_unique(name: str, values: Sequence[Any]) -> None:
+    """At least one value and no value twice (a list flag such as --max-concurrency)."""
+    if not values:
+        raise InputError(f"{name}: give at least one value")
+    if len(set(values)) != len(values):
+        raise InputError(f"{name}: duplicate values in {list(values)}")

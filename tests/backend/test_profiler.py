@@ -15,13 +15,12 @@ from hypothesis import strategies as st
 from mock_models import perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine
+from dsd.backend.environment import forward_tokens
 from dsd.backend.fast_path import FastSpecDecodeEngine, build_spec_decode_engine
 from dsd.backend.profiler import (
     MIN_POINTS_FOR_ROUND_SPEED,
     ProfileConfig,
-    TimingRounds,
     divide_round_drift,
-    forward_tokens,
     measure_acceptance,
     profile_pair,
 )
@@ -29,6 +28,7 @@ from dsd.common.errors import InputError
 from dsd.policies.host_time import TIMED_POLICIES
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile, save_profile
+from dsd.validation.retime import TimingRounds
 
 
 @pytest.fixture(scope="module")
@@ -193,9 +193,9 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch, after_step
     is left out of the iterations."""
     import types
 
-    import dsd.backend.profiler
+    import dsd.backend.host_overhead
     import dsd.sim.engine
-    from dsd.backend.profiler import fit_host_overhead, loop_host_samples
+    from dsd.backend.host_overhead import fit_host_overhead, loop_host_samples
     from dsd.sim.config import RunConfig
     from dsd.sim.resolve import resolve
     from dsd.traces.workload import RequestSpec, Workload
@@ -203,7 +203,9 @@ def test_loop_fit_recovers_a_known_host_overhead_exactly(monkeypatch, after_step
     clock = FakeClock()
     # The loop's wall clock reads the fake clock: iteration time = host + forward, exactly.
     monkeypatch.setattr(dsd.sim.engine, "time", types.SimpleNamespace(perf_counter=clock))
-    monkeypatch.setattr(dsd.backend.profiler, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(
+        dsd.backend.host_overhead, "time", types.SimpleNamespace(perf_counter=clock)
+    )
     after_step = None if after_step_ms is None else (lambda: clock.advance_ms(after_step_ms))
     samples = []
     for batch_size in (1, 3, 6):
@@ -244,7 +246,7 @@ def test_loop_fit_splits_off_the_planning_part(monkeypatch) -> None:
     import types
 
     import dsd.sim.engine
-    from dsd.backend.profiler import fit_host_overhead, loop_host_samples
+    from dsd.backend.host_overhead import fit_host_overhead, loop_host_samples
     from dsd.sim.config import RunConfig
     from dsd.sim.resolve import resolve
     from dsd.sim.scheduler import Scheduler
@@ -282,13 +284,13 @@ def test_loop_fit_splits_off_the_planning_part(monkeypatch) -> None:
 
 
 def _sample(batch_size: int, has_spec: bool, overhead_ms: float):
-    from dsd.backend.profiler import HostOverheadSample
+    from dsd.backend.host_overhead import HostOverheadSample
 
     return HostOverheadSample(batch_size, has_spec, iteration_ms=5.0 + overhead_ms, forward_ms=5.0)
 
 
 def test_fit_ignores_a_slow_outlier_iteration_per_batch_size() -> None:
-    from dsd.backend.profiler import fit_host_overhead
+    from dsd.backend.host_overhead import fit_host_overhead
 
     samples = []
     for batch_size in (1, 2, 4, 8):
@@ -312,7 +314,7 @@ def test_fit_ignores_a_slow_outlier_iteration_per_batch_size() -> None:
     ],
 )
 def test_fit_edge_cases(points, expected_plain, expected_spec) -> None:
-    from dsd.backend.profiler import fit_host_overhead
+    from dsd.backend.host_overhead import fit_host_overhead
 
     model = fit_host_overhead([_sample(b, s, ms) for b, s, ms in points])
     if expected_plain is None:
@@ -323,14 +325,14 @@ def test_fit_edge_cases(points, expected_plain, expected_spec) -> None:
 
 
 def test_fit_refuses_no_samples() -> None:
-    from dsd.backend.profiler import fit_host_overhead
+    from dsd.backend.host_overhead import fit_host_overhead
 
     with pytest.raises(ValueError, match="no loop iterations"):
         fit_host_overhead([])
 
 
 def test_real_loop_samples_cover_both_classes_and_are_positive(target) -> None:
-    from dsd.backend.profiler import measure_host_overhead
+    from dsd.backend.host_overhead import measure_host_overhead
 
     draft = Draft(perturbed_copy(target, noise_std=0.006, seed=1))
     config = small_config(host_overhead_output_len=6)
@@ -382,14 +384,14 @@ def _fake_timing(monkeypatch, cost_ms) -> list[tuple[int, int]]:
     from dsd.backend import profiler
 
     calls: list[tuple[int, int]] = []
-    real = profiler._DecodeSlots.time_step
+    real = profiler.DecodeSlots.time_step
 
     def fake(self, point):  # type: ignore[no-untyped-def]
         real(self, point)
         calls.append(point)
         return float(cost_ms(point, len(calls) - 1))
 
-    monkeypatch.setattr(profiler._DecodeSlots, "time_step", fake)
+    monkeypatch.setattr(profiler.DecodeSlots, "time_step", fake)
     return calls
 
 
@@ -868,8 +870,8 @@ def test_environment_metadata_names_the_cpu_product_in_float32_only() -> None:
     """float32 step times on CUDA depend on cuBLAS vs cuBLASLt and TF32
     (results/gpu/2026-11-28-h100), and on CPU on whether the native product runs, so a
     profile and a report record them."""
+    from dsd.backend.environment import environment_metadata
     from dsd.backend.native import status
-    from dsd.backend.profiler import environment_metadata
 
     cpu = environment_metadata(torch.device("cpu"), torch.float32)
     assert cpu["matmul"] == {"native_product": status()}
@@ -878,7 +880,7 @@ def test_environment_metadata_names_the_cpu_product_in_float32_only() -> None:
 
 @pytest.mark.gpu
 def test_environment_metadata_reads_the_preferred_matrix_library(monkeypatch) -> None:
-    from dsd.backend.profiler import environment_metadata
+    from dsd.backend.environment import environment_metadata
 
     monkeypatch.delenv("DSD_CUBLASLT_MAX_ROWS", raising=False)
     before = torch.backends.cuda.preferred_blas_library()

@@ -24,11 +24,11 @@ from mock_models import (
 )
 
 from dsd.backend.engine import Draft, NgramDraft, SpecDecodeEngine, target_greedy_decode
+from dsd.backend.environment import forward_tokens
 from dsd.backend.model import new_kv_cache
 from dsd.backend.native import rows_matmul
 from dsd.backend.native import status as native_status
 from dsd.backend.ngram import NgramConfig
-from dsd.backend.profiler import forward_tokens
 from dsd.sim.latency import padding_tokens
 
 

@@ -136,12 +136,12 @@ def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[st
         # max_num_seqs 0
         (
             ["policy", "explain", "--profile", str(H100), "--max-num-seqs", "0"],
-            "max_num_seqs: must be an integer in [1, 1048576]",
+            "--max-num-seqs: must be an integer in [1, 1048576]",
         ),
         # max_num_seqs far past any engine: used to allocate a dense table and crash
         (
             ["export", "vllm", "--profile", str(H100), "--max-num-seqs", str(10**20)],
-            "max_num_seqs: must be an integer in [1, 1048576]",
+            "--max-num-seqs: must be an integer in [1, 1048576]",
         ),
         # missing required option
         pytest.param(["export", "vllm", "--profile", str(H100)], "--max-num-seqs"),

@@ -49,7 +49,11 @@ COMMAND_IDS = [" ".join(path) for path, _, _ in COMMANDS]
 ALL_GROUPS = {
     name: group
     for name, group in vars(flags).items()
-    if name.isupper() and isinstance(group, dict) and name not in ("WORKLOAD",)
+    if name.isupper()
+    and isinstance(group, dict)
+    and group
+    and all(isinstance(flag, flags.Flag) for flag in group.values())
+    and name not in ("WORKLOAD",)
 }
 
 
@@ -276,14 +280,18 @@ BAD_FLAG_COMMANDS: tuple[list[str], ...] = (
     ["traces", "export", "rl-rollout", "--out", "{tmp}/w.jsonl"],
     ["run", "--target", "tiny", "--out", "{tmp}/run"],  # checked before any model
 )
-# (bad flags, the one error line every command prints)
+# (bad flags, the one error line every command prints: the flag where the user typed the
+# field's own flag, else the field the check is about)
 BAD_FLAGS: tuple[tuple[list[str], str], ...] = (
-    (["--rollout-dist", "x"], "error: rollout_dist: choose from lognormal, pareto; got 'x'"),
-    (["--fraction", "2"], "error: fraction: must be in (0, 1], got 2.0"),
-    (["--random-range-ratio", "1"], "error: random_range_ratio: must be in [0, 1), got 1.0"),
+    (["--rollout-dist", "x"], "error: --rollout-dist: choose from lognormal, pareto; got 'x'"),
+    (["--fraction", "2"], "error: --fraction: must be in (0, 1], got 2.0"),
+    (["--random-range-ratio", "1"], "error: --random-range-ratio: must be in [0, 1), got 1.0"),
     (["--rollout-max", "0"], "error: max_output_len: must be >= 1, got 0"),
     # several bad: the random lengths are checked before the trace options and the rollout
-    (["--rollout-max", "0", "--end-s", "0", "--random-input-len", "0"], "error: random_input_len"),
+    (
+        ["--rollout-max", "0", "--end-s", "0", "--random-input-len", "0"],
+        "error: --random-input-len",
+    ),
 )
 
 

@@ -1,9 +1,7 @@
 """`dsd profile` and `dsd validate` end to end on CPU with a tiny pair (the pipeline smoke test).
 
 The commands are registered on a bare typer app (dsd.cli.app adds the error contract); bad
-input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2. (Not named
-test_validate.py: tests/backend/test_validate.py exists and pytest's default import mode needs
-unique test-module basenames.)
+input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2.
 """
 
 from __future__ import annotations
@@ -151,7 +149,7 @@ def test_validate_against_vllm_file(app, tmp_path) -> None:
         (["validate", "--profile", "p.json"], "--target"),
         ([*PROFILE_ARGS[:-2], "--iters", "0", "--out", "x.json"], "num_iters"),
         ([*PROFILE_ARGS, "--out", "x.json", "--batch-sizes", "1,a"], "--batch-sizes"),
-        ([*PROFILE_ARGS, "--out", "x.json", "--format", "yaml"], "--format"),
+        ([*PROFILE_ARGS, "--out", "x.json", "--format", "yaml"], "file_format"),
         ([*PROFILE_ARGS, "--out", "x.json", "--draft", "none"], "needs a draft"),
     ],
 )

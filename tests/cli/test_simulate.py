@@ -287,11 +287,14 @@ def test_speculative_config_becomes_a_table_policy(
         ),
         (["--profile", str(H100), "--policy", "goodput", "--max-concurrency", "0"], ">= 1"),
         (["--profile", str(H100), "--speculative-config", "{oops"], "invalid JSON"),  # bad JSON
-        ([*GOODPUT, "--speculative-method", "medusa"], "speculative_method: choose"),
+        ([*GOODPUT, "--speculative-method", "medusa"], "--speculative-method: choose"),
         ([*GOODPUT, "--scheduler", "sglang"], "scheduler: choose"),
         ([*GOODPUT, "--host-planning-ms", "0.5"], "must be a part of host_overhead_ms"),
         # found by the CLI fuzz test: a KV cache sized by it overflowed torch
-        ([*GOODPUT, "--num-spec-tokens", "99999999999999999999"], "k_max: must be an integer"),
+        (
+            [*GOODPUT, "--num-spec-tokens", "99999999999999999999"],
+            "--num-spec-tokens: must be an integer",
+        ),
         (
             [*GOODPUT, "--scheduler", "vllm", "--k-timing", "same-step"],
             "verifies a step's K at the next step",
@@ -389,7 +392,7 @@ def test_scheduler_vllm_without_vllm_is_one_line(
     code, out, err = run_cli(["simulate", *GOODPUT, *SMALL, "--scheduler", "vllm"], capsys)
     assert code == 2 and out == ""
     assert err.strip() == (
-        "error: scheduler vllm: vLLM is not installed (pip install --no-deps vllm==0.33.0, as "
+        "error: --scheduler vllm: vLLM is not installed (pip install --no-deps vllm==0.33.0, as "
         "the README's setup does)"
     )
 

@@ -65,7 +65,10 @@ def test_export_writes_vllm_custom_jsonl(
     ("argv", "message"),
     [
         (["traces", "show", "nope"], "error: unknown workload 'nope'"),  # unknown name
-        (["traces", "show", "azure-code", "--time-scale", "0"], "error: time_scale"),  # bad option
+        (
+            ["traces", "show", "azure-code", "--time-scale", "0"],
+            "error: --time-scale",
+        ),  # bad option
         (
             ["traces", "export", "mt-bench", "--out", "x.txt"],
             "error: x.txt: output must end in .jsonl",

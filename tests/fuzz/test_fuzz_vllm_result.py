@@ -1,4 +1,4 @@
-"""Fuzz the `vllm bench serve --save-result` reader (`backend.validate.load_vllm_result`) and
+"""Fuzz the `vllm bench serve --save-result` reader (`validation.cells.load_vllm_result`) and
 `dsd validate --measured FILE`, which reads it.
 
 Files start from valid result documents (the small fixture with `request_rate` "inf", and a
@@ -33,8 +33,8 @@ from fuzz_helpers import (
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from dsd.backend.validate import VllmBenchResult, load_vllm_result
 from dsd.common.errors import InputError
+from dsd.validation.vllm_result import VllmBenchResult, load_vllm_result
 
 VLLM_RESULT = REPO_ROOT / "tests" / "data" / "vllm_bench_result_small.json"
 SMALL_DOCUMENT = json.loads(VLLM_RESULT.read_text(encoding="utf-8"))

@@ -18,9 +18,6 @@ from dsd.policies.profile import LatencyPoint, PrefillInDecodePoint, PrefillPoin
 from dsd.policies.profile_io import load_profile
 from dsd.sim.latency import (
     PARAM_NAMES,
-    FixedShapeSteps,
-    PaddedAttention,
-    PaddedPrefill,
     ParametricLatencyModel,
     PrefillCost,
     TableLatencyModel,
@@ -31,6 +28,7 @@ from dsd.sim.latency import (
 )
 from dsd.sim.latency_choice import fit_latency_model
 from dsd.sim.shapes import StepShapes
+from dsd.sim.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
 from dsd.sim.types import ScheduledBatch
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"

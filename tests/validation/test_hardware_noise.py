@@ -1,9 +1,9 @@
-"""reports.hardware: cells that did identical work are named, and their gap called noise."""
+"""validation.hardware: cells that did identical work are named, and their gap called noise."""
 
 from __future__ import annotations
 
-from dsd.backend.validate import CellResult
-from dsd.reports.hardware import crossover, hardware_markdown, identical_work
+from dsd.validation.cells import CellResult
+from dsd.validation.hardware import crossover, hardware_markdown, identical_work
 
 
 def _cell(policy: str, tpot_ms: float, k_histogram: dict[int, int], accepted: int) -> CellResult:
@@ -97,7 +97,7 @@ def test_the_speed_adjusted_crossover_divides_every_trial_by_its_machine_speed()
 def test_the_level_is_the_median_over_every_trial_of_simulated_over_measured() -> None:
     """Trials of one cell spread by drift (0.8-1.25x); the median over all trials says where
     the simulator sits, from the cells' trials or from trials.csv rows alike."""
-    from dsd.reports.validation import level_lines
+    from dsd.validation.report import level_lines
 
     def cell(policy: str, tpots: list[float], simulated: float) -> CellResult:
         trials = tuple({"mean_tpot_ms": tpot} for tpot in tpots)
@@ -123,7 +123,7 @@ def test_step_split_names_each_policys_time_outside_the_executor() -> None:
 
     import pandas as pd
 
-    from dsd.reports.validation import step_split_lines
+    from dsd.validation.report import step_split_lines
 
     def cell(policy: str, concurrency: int, outside_ms: float) -> object:
         steps = pd.DataFrame(
@@ -166,7 +166,7 @@ def test_the_gaps_paired_by_trial_hold_the_shared_drift_out() -> None:
 
 
 def test_a_goal_figure_never_prints_the_bound_it_missed_or_met_by_a_hair() -> None:
-    from dsd.reports.hardware import _against_bound
+    from dsd.validation.hardware import _against_bound
 
     assert _against_bound(1.4990, 1.5, 2) == "1.499"  # missed: not "1.50"
     assert _against_bound(1.5004, 1.5, 2) == "1.5004"  # met, and says so

@@ -9,10 +9,10 @@ SPEC`, repeatable: also each SPEC's simulated gap to the best static K on each c
 workload, every K = 0..k_max simulated; once on mean TPOT and once on the TPOT of the decode
 steps alone, without the steps that also ran other requests' prefills; `--prompts-per-
 concurrency N` runs those on N x C prompts instead of the cell's own). With the report's
-trials.csv it also prints the Level line (`reports.validation.level_lines`) of the simulated side
+trials.csv it also prints the Level line (`validation.report.level_lines`) of the simulated side
 as committed and as re-run:
 
-    python -m dsd.reports.rescore results/validation/2026-11-25-cpu-smollm2 \
+    python -m dsd.validation.rescore results/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
 
 A profile made before prompt keys were recorded gets them from the acceptance workload its
@@ -60,8 +60,8 @@ def keyed_profile(profile: Profile) -> tuple[Profile, str]:
 def committed_level_lines(rows: list[dict[str, str]], trials: list[dict[str, str]]) -> list[str]:
     """The Level line of a report's simulated side as it wrote it: cells.csv `rows`, trials.csv
     `trials` (nothing without trials)."""
-    from dsd.backend.validate import CellResult
-    from dsd.reports.validation import level_lines
+    from dsd.validation.cells import CellResult
+    from dsd.validation.report import level_lines
 
     tpot = "mean_tpot_ms"
     cells = [
@@ -91,12 +91,12 @@ def rescore(
     from dsd.backend.pair import load_pair
     from dsd.backend.real import resolve_real
     from dsd.backend.threads import set_threads
-    from dsd.backend.validate import CellResult, simulated_run
     from dsd.policies.spec import parse_policy
-    from dsd.reports.validation import level_lines, tpot_error_summary
     from dsd.sim.config import RunConfig
     from dsd.sim.resolve import with_latency_from
     from dsd.traces.registry import WorkloadOptions
+    from dsd.validation.cells import CellResult, simulated_run
+    from dsd.validation.report import level_lines, tpot_error_summary
 
     config: dict[str, Any] = json.loads((folder / "config.json").read_text())
     # each cell's limits as the report resolved them, by (policy, C)

@@ -1,4 +1,5 @@
-"""reports.rescore: prompt keys for a profile that predates them; refusing a non-report folder."""
+"""validation.rescore: prompt keys for a profile that predates them; refusing a non-report
+folder."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import dataclasses
 import re
 
 from dsd.policies.profile import LatencyPoint, Profile
-from dsd.reports.rescore import keyed_profile, main
 from dsd.traces.registry import build_workload
+from dsd.validation.rescore import keyed_profile, main
 
 
 def _profile(num_outcomes: int, **metadata: object) -> Profile:
@@ -56,7 +57,7 @@ def test_the_committed_cpu_report_rescores_as_measured_and_prices_policies() -> 
     static K of a K = 0..k_max sweep per concurrency."""
     from pathlib import Path
 
-    from dsd.reports.rescore import rescore
+    from dsd.validation.rescore import rescore
 
     folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-25-cpu-smollm2"
     lines = rescore(folder, ["empirical"], policies=("goodput",))
@@ -109,7 +110,7 @@ def test_the_committed_level_reads_cells_and_trials() -> None:
     import csv
     from pathlib import Path
 
-    from dsd.reports.rescore import committed_level_lines
+    from dsd.validation.rescore import committed_level_lines
 
     folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-27c-cpu-smollm2"
     rows = list(csv.DictReader((folder / "cells.csv").open()))

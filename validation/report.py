@@ -1,7 +1,7 @@
 """Write a validation report into one folder: report.md, cells.csv, trials.csv, steps.csv, PNGs
 and config.json.
 
-Input is a list of `backend.validate.CellResult`-like objects (policy, max_concurrency,
+Input is a list of `validation.cells.CellResult`-like objects (policy, max_concurrency,
 measured / simulated metric dicts, optional step tables, `error_pct(key)`). Every file is written
 atomically (a temp file in the same folder, then os.replace). This module runs nothing and
 fits nothing; it only formats.
@@ -35,7 +35,7 @@ REPORT_METRICS: tuple[tuple[str, str], ...] = (
 
 
 class Cell(Protocol):
-    """What the report reads of a cell (backend.validate.CellResult)."""
+    """What the report reads of a cell (validation.cells.CellResult)."""
 
     @property
     def policy(self) -> str: ...

@@ -7,10 +7,10 @@
   >= 1.5x with identical tokens; K* non-increasing in C; goodput and online within 2% of the
   envelope at every C; median |TPOT error| <= 3% and max <= 8% over the cells;
 - the files: report.md (summary, goals met or missed, tables, machine, threads, load, exact
-  commands), cells.csv, trials.csv, steps.csv and validation.md (`reports.validation`),
+  commands), cells.csv, trials.csv, steps.csv and validation.md (`validation.report`),
   crossover.csv, speedup.json, config.json, and the plots.
 
-Measured TPOT per cell is the median over its trials (`backend.validate.CellResult`).
+Measured TPOT per cell is the median over its trials (`validation.cells.CellResult`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from typing import Any
 
 from dsd.common.atomic import atomic_write_text
 from dsd.reports.paired import paired_gap
-from dsd.reports.speedup import SpeedupResult, speedup_table
-from dsd.reports.validation import (
+from dsd.validation.report import (
     Cell,
     as_number,
     cell_tables,
@@ -43,6 +42,7 @@ from dsd.reports.validation import (
     step_split_lines,
     tpot_error_summary,
 )
+from dsd.validation.speedup import SpeedupResult, speedup_table
 
 SPEEDUP_GOAL = 1.5  # B = 1 TPOT ratio of the best draft arm over plain decoding
 ENVELOPE_GAP_GOAL_PCT = 2.0  # goodput / online TPOT above the best static K, at every C

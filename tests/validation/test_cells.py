@@ -1,4 +1,4 @@
-"""backend.validate + reports.validation: vLLM result files, real vs simulated cells, the report."""
+"""validation.cells + validation.report: vLLM result files, real vs simulated cells, the report."""
 
 from __future__ import annotations
 
@@ -17,27 +17,27 @@ from mock_models import mock_pair, perturbed_copy, random_prompt, tiny_target
 
 from dsd.backend.engine import Draft
 from dsd.backend.fast_path import EnginePool
-from dsd.backend.profiler import ProfileConfig, TimingRounds, profile_pair
+from dsd.backend.profiler import ProfileConfig, profile_pair
 from dsd.backend.real import resolve_real
-from dsd.backend.validate import (
+from dsd.common.errors import InputError
+from dsd.policies.profile_io import save_profile
+from dsd.sim.config import RunConfig
+from dsd.sim.resolve import with_latency_from
+from dsd.traces.datasets import RandomLengths
+from dsd.validation.cells import (
     CellResult,
     SpeedProbes,
     compare_cell,
     interleaved_groups,
-    load_vllm_result,
     measured_runs,
     median_metrics,
-    parse_vllm_result,
     simulated_run,
     validate_against_vllm,
     validation_cells,
 )
-from dsd.common.errors import InputError
-from dsd.policies.profile_io import save_profile
-from dsd.reports.validation import write_validation_report
-from dsd.sim.config import RunConfig
-from dsd.sim.resolve import with_latency_from
-from dsd.traces.datasets import RandomLengths
+from dsd.validation.report import write_validation_report
+from dsd.validation.retime import TimingRounds
+from dsd.validation.vllm_result import load_vllm_result, parse_vllm_result
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_RESULT = REPO / "tests" / "data" / "vllm_bench_result_small.json"
@@ -367,7 +367,7 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     """Each real run takes 10 s on a fake clock (two cells: 20 s a round). A round starts only
     if the mean round so far says it ends by the deadline; the first always runs, and every
     cell gets the same number of trials."""
-    import dsd.backend.validate as validate_module
+    import dsd.validation.cells as validate_module
 
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])

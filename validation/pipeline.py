@@ -1,0 +1,434 @@
+"""The validation pipeline: `run_cells` (every (policy, C) cell on the simulator and the real
+pair, with the record of how they ran), `validate` (those cells into a report folder),
+`hardware_report` (load, profile, B = 1 arms, cells, report, as named stages) and
+`validate_vllm` (the simulator against a `vllm bench serve` result). Flags and defaults are the
+CLI's and the API's; the cells are `validation.cells`, the writers `validation.report` and
+`validation.hardware`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dsd.common import invocation
+from dsd.common.errors import InputError, require_int, require_unique
+from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.profile import Profile
+from dsd.policies.profile_io import load_profile, save_profile
+from dsd.sim.run_fields import run_config
+from dsd.validation.plan import (
+    FULL_HARDWARE_PLAN,
+    QUICK_HARDWARE_PLAN,
+    REPORT_WRITE_RESERVE_S,
+    RETIMED_PROFILE_NAME,
+    validation_cell_config,
+)
+
+if TYPE_CHECKING:
+    from dsd.backend.pair import ModelPair
+    from dsd.validation.cells import CellResult
+
+DEFAULT_VALIDATE_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
+DEFAULT_VALIDATE_CONCURRENCY: tuple[int, ...] = (1, 4)
+
+
+def validate(
+    pair: ModelPair,
+    *,
+    profile: str,
+    out: str | Path,
+    policies: Sequence[str] = DEFAULT_VALIDATE_POLICIES,
+    max_concurrency: Sequence[int] = DEFAULT_VALIDATE_CONCURRENCY,
+    num_prompts_per_concurrency: int = 20,
+    trials: int = 3,
+    fast_path: str = "off",
+    allow_noisy_profile: bool = False,
+    retime: bool = True,
+    progress: ProgressFactory = no_progress,
+    **fields: Any,
+) -> list[CellResult]:
+    """Every (policy, C) cell on the simulator fitted from `profile` and on the real pair, with
+    num_prompts = per_concurrency x C and max_num_seqs = C (unless given); a report folder in
+    `out`. `fields` are run fields shared by every cell (dataset, output_len, seed, ...).
+    Each cell's real side runs `trials` times (rounds in which the cells of one C run
+    interleaved, `validation_cells`). `retime`: the profile's points are timed again around
+    every group of real runs and the simulated
+    side is priced by them (`validation.retime.TimingRounds`; `profile_retimed.json` in `out`).
+    A profile that fails the timing checks (`policies.profile_quality`) is refused before
+    anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
+    from dsd.validation.report import write_validation_report
+
+    cells, record, retimed = run_cells(
+        pair,
+        profile=profile,
+        policies=policies,
+        max_concurrency=max_concurrency,
+        num_prompts_per_concurrency=num_prompts_per_concurrency,
+        trials=trials,
+        fast_path=fast_path,
+        allow_noisy_profile=allow_noisy_profile,
+        retime=retime,
+        progress=progress,
+        **fields,
+    )
+    write_validation_report(out, cells, record)
+    if retimed is not None:
+        save_profile(retimed, Path(out) / RETIMED_PROFILE_NAME)
+    return cells
+
+
+def run_cells(
+    pair: ModelPair,
+    *,
+    profile: str,
+    policies: Sequence[str],
+    max_concurrency: Sequence[int],
+    num_prompts_per_concurrency: int,
+    trials: int,
+    fast_path: str,
+    allow_noisy_profile: bool,
+    retime: bool,
+    progress: ProgressFactory,
+    retime_share: float = 1.0,
+    deadline_s: float | None = None,
+    **fields: Any,
+) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
+    """The cells of `validate`, the record of how they ran (the report's config.json) and the
+    re-timed profile their simulated side was priced by (None: not re-timed)."""
+    from dsd.backend.environment import environment_metadata
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.real import resolve_real
+    from dsd.policies.profile_quality import check_profile, problems_line
+    from dsd.validation.cells import validation_cells
+    from dsd.validation.retime import TimingRounds
+
+    require_unique("policies", list(policies))
+    require_unique("max_concurrency", list(max_concurrency))
+    check_fast_path(fast_path, str(pair.device))
+    loaded_profile = load_profile(profile)
+    problems = check_profile(loaded_profile)
+    if problems and not allow_noisy_profile:
+        raise InputError(
+            f"profile {profile}: its timing fails the checks ({problems_line(problems)}); "
+            "profile again on a quiet machine, or --allow-noisy-profile"
+        )
+    if num_prompts_per_concurrency < 1:
+        raise InputError(
+            f"num_prompts_per_concurrency: must be >= 1, got {num_prompts_per_concurrency}"
+        )
+    configs = [
+        validation_cell_config(profile, spec, concurrency, num_prompts_per_concurrency, **fields)
+        for concurrency in max_concurrency
+        for spec in policies
+    ]
+    resolved = [resolve_real(config, pair, fast_path) for config in configs]
+    # Re-timing needs the profile's contexts (a vLLM-derived table has none)
+    retime_note = "on"
+    if retime and any(point.context_len is None for point in loaded_profile.latency):
+        retime, retime_note = False, "off: the profile records no context for its points"
+    elif not retime:
+        retime_note = "off (--no-retime)"
+    timing = (
+        TimingRounds(
+            pair.target,
+            pair.draft,
+            loaded_profile,
+            share=retime_share,
+            seed=configs[0].seed,
+            fast_path=fast_path,
+        )
+        if retime
+        else None
+    )
+    with progress(len(resolved) * trials, "validating") as advance:
+        cells = validation_cells(
+            resolved,
+            pair,
+            trials=trials,
+            fast_path=fast_path,
+            on_progress=advance,
+            timing=timing,
+            deadline_s=deadline_s,
+        )
+    retimed = None if timing is None else timing.profile()
+    if timing is not None:
+        timing.free()
+    first = configs[0]
+    report_config = {
+        "command": invocation.command_line(),
+        "profile": profile,
+        "target": pair.target_spec,
+        "draft": pair.draft_spec,
+        "policies": list(policies),
+        "max_concurrency": list(max_concurrency),
+        "dataset": first.dataset,
+        "num_prompts_per_concurrency": num_prompts_per_concurrency,
+        "trials": trials,
+        # fewer where a deadline (hardware-report --time-budget) stopped the rounds
+        "trials_done": len(cells[0].measured_trials),
+        "output_len": first.output_len,
+        "seed": first.seed,
+        "scheduling": first.scheduling,
+        "latency_model": first.latency_model,
+        "acceptance_model": first.acceptance_model,
+        "host_overhead_ms": first.host_overhead_ms,
+        "host_overhead_source": resolved[0].host_overhead_source,
+        "fast_path": fast_path,
+        # how the engine ran prefill chunks beside decode rows (rescore reads it; older
+        # reports lack it: "separate")
+        "prefill_forward": resolved[0].prefill_forward,
+        "ignore_eos": True,
+        "profile_problems": [str(problem) for problem in problems],
+        # what a plain `goodput` / `online` / `per-request` SPEC scored (rescore reads them;
+        # older reports lack them: "rates")
+        "goodput_acceptance": "sequences",
+        "online_acceptance": "sequences",
+        "per_request_acceptance": "sequences",
+        "retime": (
+            {"status": retime_note}
+            if timing is None
+            else {
+                "status": retime_note,
+                **timing.counts(),
+                "profile": RETIMED_PROFILE_NAME,
+            }
+        ),
+        **environment_metadata(pair.device, pair.dtype),
+        "cells": [
+            {
+                "policy": r.config.policy,
+                "max_concurrency": r.workload.max_concurrency,
+                "num_prompts": len(r.workload.requests),
+                "k_max": r.k_max,
+                "max_num_seqs": r.max_num_seqs,
+                "max_model_len": r.max_model_len,
+                "num_kv_blocks": r.num_kv_blocks,
+                "latency_model": r.latency_kind,
+                "host_overhead_source": r.host_overhead_source,
+            }
+            for r in resolved
+        ],
+    }
+    return cells, report_config, retimed
+
+
+def hardware_report(
+    *,
+    out: str | Path,
+    device: str = "cpu",
+    target: str = "smollm2-135m",
+    draft: str = "ngram:2-6",
+    dtype: str = "auto",
+    fast_path: str = "off",
+    threads: int | None = None,
+    dataset: str = "instructcoder",
+    quick: bool = False,
+    trials: int | None = None,
+    time_budget_s: float | None = None,
+    speedup_arms: Sequence[str] | None = None,
+    seed: int = 0,
+    progress: ProgressFactory = no_progress,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[Path]:
+    """The real-hardware report (docs/validation.md): load the pair, profile it, time the
+    speedup arms at B = 1, run every (policy, C) cell on the real engine (trials) and the
+    simulator, and write `validation.hardware`'s folder into `out`. `quick`: a small plan that
+    runs in about a minute (a dry run of the pipeline, not a measurement). `trials`: real runs
+    per cell instead of the plan's (a shorter run where time is short, e.g. a lent GPU); the
+    plan recorded in config.json says which. `time_budget_s`: seconds the whole report may
+    take (a lent GPU's call): the validation starts no trial round that would end past it, less
+    `REPORT_WRITE_RESERVE_S` (at least one round runs; config.json's `trials_done` says how
+    many did). `speedup_arms`: B = 1 arms beside the report's draft, 'DRAFT POLICY [K_MAX]'
+    (None: the plan's `speedup_extra_arms`). On CPU `threads` defaults to 1 (a shared
+    machine's cores are not all ours).
+    `dtype` and `fast_path` (the decode path: off, eager, cuda-graphs) hold for the profile, the
+    speedup arms and the cells alike."""
+    import datetime as dt
+    import time
+
+    from dsd.backend.environment import environment_metadata
+    from dsd.common.machine import load_average
+    from dsd.validation.hardware import write_hardware_report
+    from dsd.validation.speedup import Arm, measure_arms
+
+    plan = QUICK_HARDWARE_PLAN if quick else FULL_HARDWARE_PLAN
+    if trials is not None:
+        if trials < 1:
+            raise InputError(f"trials {trials}: must be at least 1")
+        plan = dataclasses.replace(plan, trials=trials)
+    if time_budget_s is not None and not time_budget_s > 0:
+        raise InputError(f"time_budget_s {time_budget_s}: must be > 0 seconds")
+    deadline_s = (
+        None if time_budget_s is None else time.monotonic() + time_budget_s - REPORT_WRITE_RESERVE_S
+    )
+    stage = on_stage or (lambda text: None)
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"out {out}: exists and is not a folder")
+    from dsd.backend.fast_path import check_fast_path
+    from dsd.backend.pair import check_draft_spec, load_pair
+    from dsd.backend.profiling import profile_to_file
+    from dsd.backend.threads import MAX_THREADS, set_threads
+
+    require_int(threads, "threads", 1, MAX_THREADS, optional=True)
+
+    check_draft_spec(draft)  # a bad spelling fails before anything loads
+    if speedup_arms is not None:
+        plan = dataclasses.replace(plan, speedup_extra_arms=tuple(speedup_arms))
+    extra_arms = [Arm.parse(text) for text in plan.speedup_extra_arms]
+    for arm in extra_arms:
+        if arm.draft == "none":
+            raise InputError("speedup_arms none: plain decoding is always the first arm")
+        check_draft_spec(arm.draft)
+    check_fast_path(fast_path, device)  # load_pair checks the device and dtype
+    if draft.strip() in ("", "none"):
+        raise InputError("draft: the hardware report needs a draft (e.g. ngram:2-6)")
+    if threads is None and device == "cpu":
+        threads = 1
+    started = dt.datetime.now(dt.UTC)
+    loads = [load_average()]
+    stage(f"loading {target} + {draft} on {device}")
+    set_threads(threads)
+    pair = load_pair(target, draft, device=device, dtype=dtype, seed=seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    profile_path = folder / "profile.json"
+    k_max = max(plan.k_values)
+    stage(f"profiling into {profile_path}")
+    profile_to_file(
+        pair,
+        out=profile_path,
+        batch_sizes=plan.batch_sizes,
+        k=sorted({0, 1, *plan.k_values}),
+        context_lens=plan.context_lens,
+        prefill_tokens=plan.prefill_tokens,
+        dataset=dataset,
+        num_prompts=plan.acceptance_prompts,
+        output_len=plan.output_len,
+        warmup=plan.profile_warmup,
+        iters=plan.profile_iters,
+        allow_noisy=plan.allow_noisy_profile,
+        # the cells run every request to its length (vllm bench --ignore-eos); so do the
+        # acceptance prompts, whose draft sequences the cells' simulated side replays
+        ignore_eos=True,
+        seed=seed,
+        fast_path=fast_path,
+        progress=progress,
+    )
+    loads.append(load_average())
+    stage("timing the B = 1 speedup arms")
+    arms = [
+        Arm("none", "static:0", 0),
+        *(Arm(draft, f"static:{k}", k) for k in plan.speedup_k),
+        Arm(draft, "goodput", k_max),
+        *extra_arms,
+    ]
+    speedup_config = run_config(
+        policy="static:0",
+        profile=str(profile_path),
+        dataset=dataset,
+        num_prompts=plan.speedup_prompts,
+        max_concurrency=1,
+        output_len=plan.output_len,
+        seed=seed,
+    )
+    with progress(len(arms) * plan.speedup_repeats, "speedup at B=1") as advance:
+        speedup = measure_arms(
+            pair,
+            arms,
+            speedup_config,
+            repeats=plan.speedup_repeats,
+            fast_path=fast_path,
+            on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
+        )
+    loads.append(load_average())
+    stage("validating: every (policy, C) cell, real and simulated")
+    policies = [*(f"static:{k}" for k in plan.k_values), *plan.dynamic_policies]
+    cells, record, retimed = run_cells(
+        pair,
+        profile=str(profile_path),
+        policies=policies,
+        max_concurrency=plan.concurrency,
+        num_prompts_per_concurrency=plan.prompts_per_concurrency,
+        trials=plan.trials,
+        fast_path=fast_path,
+        allow_noisy_profile=plan.allow_noisy_profile,
+        retime=True,
+        retime_share=plan.retime_share,
+        progress=progress,
+        dataset=dataset,
+        output_len=plan.output_len,
+        k_max=k_max,
+        seed=seed,
+        deadline_s=deadline_s,
+        # The cells' prompts are among the profiled ones: each is simulated with its own
+        # measured draft outcomes (sim.acceptance.EmpiricalAcceptance matches prompt keys).
+        acceptance_model="empirical",
+    )
+    loads.append(load_average())
+    environment = environment_metadata(pair.device, pair.dtype)
+    record.update(
+        {
+            "command": invocation.command_line(),
+            "device": device,
+            "device_name": environment["device"],
+            **({"matmul": environment["matmul"]} if "matmul" in environment else {}),
+            "quick": quick,
+            "plan": dataclasses.asdict(plan),
+            "time_budget_s": time_budget_s,
+            "started": started.isoformat(timespec="seconds"),
+            "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            "load_during": {"min": min(loads), "max": max(loads), "samples": loads},
+            "speedup_prompts": plan.speedup_prompts,
+            "speedup_repeats": plan.speedup_repeats,
+        }
+    )
+    stage(f"writing {folder}")
+    written = [profile_path]
+    if retimed is not None:
+        save_profile(retimed, folder / RETIMED_PROFILE_NAME)
+        written.append(folder / RETIMED_PROFILE_NAME)
+    return [*written, *write_hardware_report(folder, config=record, speedup=speedup, cells=cells)]
+
+
+def validate_vllm(
+    measured: str | Path,
+    *,
+    profile: str,
+    policy: str,
+    out: str | Path | None = None,
+    **fields: Any,
+) -> CellResult:
+    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics."""
+    import math
+
+    from dsd.validation.cells import validate_against_vllm
+    from dsd.validation.report import write_validation_report
+    from dsd.validation.vllm_result import load_vllm_result
+
+    seed = int(fields.get("seed", 0))
+    result = load_vllm_result(measured, seed=seed)
+    # The file's workload replaces the dataset's: a one-request placeholder keeps resolve cheap.
+    config = run_config(profile=profile, policy=policy, dataset="random", num_prompts=1, **fields)
+    cell = validate_against_vllm(result, config)
+    if out is not None:
+        write_validation_report(
+            out,
+            [cell],
+            {
+                "command": invocation.command_line(),
+                "measured": str(measured),
+                "profile": profile,
+                "policy": policy,
+                "seed": seed,
+                "request_rate": "inf" if math.isinf(result.request_rate) else result.request_rate,
+                "burstiness": result.burstiness,
+                "host_overhead_ms": config.host_overhead_ms,
+                "host_overhead_source": cell.host_overhead_source,
+                "num_requests": len(result.workload.requests),
+                "vllm_run": result.info,
+            },
+            title=f"Validation: simulator vs {Path(result.source).name}",
+        )
+    return cell
