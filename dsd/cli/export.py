@@ -83,8 +83,11 @@ def export_trtllm(
     draft_model: DraftModel = None,
     out: Out = None,
 ) -> None:
-    """Print TensorRT-LLM's extra_llm_api_options (trtllm-serve --config FILE): max_batch_size
-    and speculative_config with draft_len_schedule, the same K at every B as `export vllm`.
+    """Print TensorRT-LLM's draft_len_schedule for a policy.
+
+    The object is TensorRT-LLM's extra_llm_api_options (trtllm-serve --config FILE):
+    max_batch_size and speculative_config with draft_len_schedule, the same K at every B as
+    `export vllm`.
 
     max_draft_len is the K at B=1; a table with a larger K at some B, or K=0 at B=1, cannot be
     expressed and is refused. Without --method, add speculative_config.decoding_type yourself.
@@ -106,8 +109,10 @@ def export_sglang(
     draft_model: DraftModel = None,
     out: Out = None,
 ) -> None:
-    """Print SGLang's --speculative-adaptive-config: one slot per range of `export vllm`'s
-    table, keyed by its first B, with that range's K as the only candidate step.
+    """Print SGLang's --speculative-adaptive-config for a policy.
+
+    One slot per range of `export vllm`'s table, keyed by its first B, with that range's K as
+    the only candidate step.
 
     The launch flags go to stderr. SGLang picks a slot by the batch size padded to its next
     captured CUDA graph: the table holds at every B only when each range's last B (but the
