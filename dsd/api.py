@@ -27,6 +27,10 @@ from typing import TYPE_CHECKING, Any
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int, require_unique
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.engine_configs import compiled_table
+from dsd.policies.engine_configs import export_sglang as export_sglang
+from dsd.policies.engine_configs import export_trtllm as export_trtllm
+from dsd.policies.engine_configs import sglang_launch_note as sglang_launch_note  # for the CLI
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374
@@ -433,10 +437,8 @@ def export_vllm(
     draft_model: str | None = None,
 ) -> dict[str, Any]:
     """vLLM's --speculative-config for a policy compiled to a range table on a profile."""
-    loaded = _load_profile(profile)
-    chosen = _parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
-    table = compile_range_table(chosen, loaded.k_max, max_num_seqs)
-    return speculative_config(table, loaded.k_max, method=method, draft_model=draft_model)
+    table, k_max = compiled_table(profile, max_num_seqs, policy)
+    return speculative_config(table, k_max, method=method, draft_model=draft_model)
 
 
 def export_pr32374(profile: str | Path) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""`dsd export vllm` and `dsd policy explain` (`dsd.api.export_vllm`, `dsd.api.explain_policy`).
+"""`dsd export vllm|trtllm|sglang` and `dsd policy explain` (`dsd.api.export_*`,
+`dsd.api.explain_policy`).
 
 `export vllm` prints vLLM's `--speculative-config` for a policy (default: goodput on the
 profile) compiled to a range table for a max_num_seqs, or the profile as PR #32374's
-`dynamic_speculative_config.json` (`--format dsd-json`). `policy explain` prints B -> K*, AL,
-ITL and goodput.
+`dynamic_speculative_config.json` (`--format dsd-json`). `export trtllm` and `export sglang`
+print the same table as TensorRT-LLM's `draft_len_schedule` and SGLang's adaptive config.
+`policy explain` prints B -> K*, AL, ITL and goodput.
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ from typing import Annotated
 import typer
 
 export_app = typer.Typer(
-    help="Export profiles and policies to vLLM's formats.", no_args_is_help=True
+    help="Export profiles and policies to vLLM's, TensorRT-LLM's and SGLang's formats.",
+    no_args_is_help=True,
 )
 policy_app = typer.Typer(help="Inspect K policies.", no_args_is_help=True)
 
 ProfileFile = Annotated[Path, typer.Option(help="Profile JSON (native or PR #32374).")]
 MaxNumSeqs = Annotated[int, typer.Option(help="vLLM's max_num_seqs (the largest B).")]
 PolicySpec = Annotated[str, typer.Option(help="Policy SPEC (see docs/policies.md).")]
+Method = Annotated[
+    str | None, typer.Option(help="vLLM spec method, e.g. eagle (mapped to the engine's name).")
+]
+DraftModel = Annotated[str | None, typer.Option(help="Draft model name/path.")]
+Out = Annotated[Path | None, typer.Option(help="Write here (atomically), not stdout.")]
 FORMATS = ("speculative-config", "dsd-json")
 
 
@@ -31,16 +39,15 @@ def export_vllm(
     profile: ProfileFile,
     max_num_seqs: MaxNumSeqs,
     policy: PolicySpec = "goodput",
-    method: Annotated[str | None, typer.Option(help="vLLM spec method, e.g. eagle.")] = None,
-    draft_model: Annotated[str | None, typer.Option(help="Draft model name/path.")] = None,
+    method: Method = None,
+    draft_model: DraftModel = None,
     output_format: Annotated[
         str, typer.Option("--format", help="speculative-config or dsd-json (PR #32374).")
     ] = "speculative-config",
-    out: Annotated[Path | None, typer.Option(help="Write here (atomically), not stdout.")] = None,
+    out: Out = None,
 ) -> None:
     """Print vLLM's --speculative-config for a policy, or the profile in PR #32374 form."""
     from dsd import api
-    from dsd.common.atomic import atomic_write_text
     from dsd.common.errors import require_choice
 
     require_choice(output_format, "--format", FORMATS)
@@ -55,10 +62,75 @@ def export_vllm(
             draft_model=draft_model,
         )
         text = json.dumps(config) + "\n"
+    _write(text, out)
+
+
+def _write(text: str, out: Path | None) -> None:
+    from dsd.common.atomic import atomic_write_text
+
     if out is None:
         sys.stdout.write(text)
     else:
         atomic_write_text(out, text)
+
+
+@export_app.command("trtllm")
+def export_trtllm(
+    profile: ProfileFile,
+    max_num_seqs: MaxNumSeqs,
+    policy: PolicySpec = "goodput",
+    method: Method = None,
+    draft_model: DraftModel = None,
+    out: Out = None,
+) -> None:
+    """Print TensorRT-LLM's draft_len_schedule for a policy.
+
+    The object is TensorRT-LLM's extra_llm_api_options (trtllm-serve --config FILE):
+    max_batch_size and speculative_config with draft_len_schedule, the same K at every B as
+    `export vllm`.
+
+    max_draft_len is the K at B=1; a table with a larger K at some B, or K=0 at B=1, cannot be
+    expressed and is refused. Without --method, add speculative_config.decoding_type yourself.
+    """
+    from dsd import api
+
+    config = api.export_trtllm(
+        profile, max_num_seqs=max_num_seqs, policy=policy, method=method, draft_model=draft_model
+    )
+    _write(json.dumps(config) + "\n", out)
+
+
+@export_app.command("sglang")
+def export_sglang(
+    profile: ProfileFile,
+    max_num_seqs: MaxNumSeqs,
+    policy: PolicySpec = "goodput",
+    method: Method = None,
+    draft_model: DraftModel = None,
+    out: Out = None,
+) -> None:
+    """Print SGLang's --speculative-adaptive-config for a policy.
+
+    One slot per range of `export vllm`'s table, keyed by its first B, with that range's K as
+    the only candidate step.
+
+    The launch flags go to stderr. SGLang picks a slot by the batch size padded to its next
+    captured CUDA graph: the table holds at every B only when each range's last B (but the
+    last range's) is in --cuda-graph-bs, or with --disable-cuda-graph; otherwise a B between two
+    captured sizes takes the K of the larger. --method: eagle, eagle3 or mtp.
+    """
+    from dsd import api
+
+    config = api.export_sglang(profile, max_num_seqs=max_num_seqs, policy=policy, method=method)
+    _write(json.dumps(config) + "\n", out)
+    note = api.sglang_launch_note(
+        config,
+        max_num_seqs,
+        method=method,
+        draft_model=draft_model,
+        config_path="FILE" if out is None else str(out),
+    )
+    sys.stderr.write(f"note: {note}\n")
 
 
 @policy_app.command("explain")

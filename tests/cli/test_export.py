@@ -227,3 +227,153 @@ def test_speculative_config_without_table_reads_as_static() -> None:
     assert (spec, k_max) == ("static:3", 3)
     policy = parse_policy(spec, profile=None, k_max=k_max, max_num_seqs=8)
     assert policy.choose_k(synthetic_view(8, 5)) == 3
+
+
+# --- dsd export trtllm / sglang: the same table, other engines' formats ----------------------
+
+
+def test_export_trtllm_h100_is_the_vllm_table_as_draft_len_schedule(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = _run(
+        ["export", "trtllm", "--profile", str(H100), "--max-num-seqs", "256"], capsys
+    )
+    assert (code, err) == (0, "")
+    # vLLM: [[1, 17, 3], [18, 110, 2], [111, 169, 1], [170, 256, 0]] (the test above)
+    assert json.loads(out) == {
+        "max_batch_size": 256,
+        "speculative_config": {
+            "max_draft_len": 3,
+            "draft_len_schedule": {"17": 3, "110": 2, "169": 1, "256": 0},
+        },
+    }
+
+
+def test_export_sglang_h100_slots_and_the_launch_note(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["export", "sglang", "--profile", str(H100), "--max-num-seqs", "256"]
+    code, out, err = _run([*argv, "--method", "eagle", "--draft-model", "yuhuili/EAGLE"], capsys)
+    assert code == 0
+    assert json.loads(out) == {
+        "1": {"candidate_steps": [3]},
+        "18": {"candidate_steps": [2]},
+        "111": {"candidate_steps": [1]},
+        "170": {"candidate_steps": [0]},
+    }
+    assert err == (
+        "note: launch SGLang with --speculative-algorithm EAGLE --speculative-draft-model-path "
+        "yuhuili/EAGLE --speculative-eagle-topk 1 --speculative-adaptive "
+        "--speculative-adaptive-config FILE --max-running-requests 256; SGLang pads a batch to "
+        "its next captured CUDA-graph size before choosing a slot, so include 17 110 169 in "
+        "--cuda-graph-bs (or pass --disable-cuda-graph), otherwise a B between two captured "
+        "sizes takes the K of the larger\n"
+    )
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "sglang"])
+def test_export_engine_with_out_file(
+    engine: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / f"{engine}.json"
+    argv = ["export", engine, "--profile", str(FIXTURE), "--max-num-seqs", "64"]
+    code, out, err = _run([*argv, "--policy", "static:2", "--out", str(out_file)], capsys)
+    assert (code, out) == (0, "")
+    written = json.loads(out_file.read_text())
+    if engine == "trtllm":
+        assert written["speculative_config"]["draft_len_schedule"] == {"64": 2}
+    else:
+        assert written == {"1": {"candidate_steps": [2]}}
+        assert f"--speculative-adaptive-config {out_file} " in err
+        assert "--cuda-graph-bs" not in err  # one slot: nothing for padding to shift
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "sglang"])
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        (["--policy", "x"], "unknown policy 'x'"),
+        (["--policy", "static:9"], "K=9 exceeds k_max 5"),
+        (["--policy", "table:[[2,4,1]]"], "must start at batch size 1"),
+        (["--policy", "static:0"], "policy static:0: K is 0 at every batch size"),
+        (["--method", "medusa"], "--method 'medusa'"),
+    ],
+)
+def test_export_engine_bad_input_is_one_error_line(
+    engine: str, extra: list[str], fragment: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_file = tmp_path / "config.json"
+    argv = ["export", engine, "--profile", str(H100), "--max-num-seqs", "4", *extra]
+    code, out, err = _run([*argv, "--out", str(out_file)], capsys)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "sglang"])
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--profile", "nope.json", "--max-num-seqs", "4"], "nope.json: no such file"),
+        (["--profile", str(H100), "--max-num-seqs", "0"], "max_num_seqs: must be an integer"),
+        (["--profile", str(H100)], "--max-num-seqs"),
+    ],
+)
+def test_export_engine_bad_profile_or_size(
+    engine: str, argv: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(["export", engine, *argv], capsys)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+
+
+def test_export_trtllm_refuses_a_table_it_cannot_express(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["export", "trtllm", "--profile", str(H100), "--max-num-seqs", "16"]
+    code, out, err = _run([*argv, "--policy", "table:[[1,4,1],[5,16,2]]"], capsys)
+    assert (code, out) == (2, "")
+    assert err == (
+        "error: policy table:[[1,4,1],[5,16,2]]: K=2 at B=5..16 is above K=1 at B=1; "
+        "TensorRT-LLM's draft_len_schedule needs the draft length at B=1 (max_draft_len) to be "
+        "the largest\n"
+    )
+
+
+@settings(max_examples=20, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(profile=random_profiles(), max_num_seqs=st.integers(1, 200))
+def test_engine_exports_give_the_vllm_k_at_every_b(
+    profile: Profile, max_num_seqs: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the command line: TensorRT-LLM's lookup (first key >= B) and SGLang's slot
+    routing (last key <= B, CUDA graphs off) of the printed configs against vLLM's table."""
+    profile_path = tmp_path / "profile.json"
+    save_profile(profile, profile_path)
+    argv = ["--profile", str(profile_path), "--max-num-seqs", str(max_num_seqs)]
+    code, out, err = _run(["export", "vllm", *argv], capsys)
+    assert code == 0, err
+    table = json.loads(out)["num_speculative_tokens_per_batch_size"]
+
+    def vllm_k(b: int) -> int:
+        return next(k for start, end, k in table if start <= b <= end)
+
+    expected = [vllm_k(b) for b in range(1, max_num_seqs + 1)]
+    code, out, err = _run(["export", "sglang", *argv], capsys)
+    if not any(expected):
+        assert code == 2 and "K is 0 at every batch size" in err
+        return
+    assert code == 0, err
+    slots = sorted((int(key), entry["candidate_steps"]) for key, entry in json.loads(out).items())
+    for b in range(1, max_num_seqs + 1):
+        steps = [s for key, s in slots if key <= b][-1]
+        assert steps == [expected[b - 1]], b
+    code, out, err = _run(["export", "trtllm", *argv], capsys)
+    if max(expected) > expected[0]:
+        assert code == 2 and "is above K=" in err
+        return
+    assert code == 0, err
+    schedule = sorted(
+        (int(b), k) for b, k in json.loads(out)["speculative_config"]["draft_len_schedule"].items()
+    )
+    for b in range(1, max_num_seqs + 1):
+        assert next(k for top, k in schedule if b <= top) == expected[b - 1], b
