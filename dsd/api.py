@@ -34,7 +34,6 @@ from dsd.policies.engine_configs import sglang_launch_note as sglang_launch_note
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374
-from dsd.policies.range_table import compile_range_table
 from dsd.policies.spec import parse_policy as _parse_policy
 from dsd.policies.spec import split_policy_list as _split_policy_list
 from dsd.policies.speculative_config import (

@@ -314,7 +314,7 @@ def test_export_engine_bad_input_is_one_error_line(
     ("argv", "fragment"),
     [
         (["--profile", "nope.json", "--max-num-seqs", "4"], "nope.json: no such file"),
-        (["--profile", str(H100), "--max-num-seqs", "0"], "max_num_seqs: must be an integer"),
+        (["--profile", str(H100), "--max-num-seqs", "0"], "--max-num-seqs: must be an integer"),
         (["--profile", str(H100)], "--max-num-seqs"),
     ],
 )
@@ -334,7 +334,7 @@ def test_export_trtllm_refuses_a_table_it_cannot_express(
     code, out, err = _run([*argv, "--policy", "table:[[1,4,1],[5,16,2]]"], capsys)
     assert (code, out) == (2, "")
     assert err == (
-        "error: policy table:[[1,4,1],[5,16,2]]: K=2 at B=5..16 is above K=1 at B=1; "
+        "error: --policy table:[[1,4,1],[5,16,2]]: K=2 at B=5..16 is above K=1 at B=1; "
         "TensorRT-LLM's draft_len_schedule needs the draft length at B=1 (max_draft_len) to be "
         "the largest\n"
     )
