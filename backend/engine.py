@@ -35,8 +35,8 @@ that reaches the end of the known tokens samples the next token. `step_with_pref
 step and other slots' chunks in ONE target forward (vLLM's mixed batch: the verify block and
 the chunks are two groups of `Transformer.forward_groups`), with the results of `step` then
 `prefill`. The engine knows nothing about
-requests, schedulers, tokenizers or wall time (`backend.executor` does), and has no CUDA-graph or
-compiled fast path yet.
+requests, schedulers, tokenizers or wall time (`backend.executor` does); this is the reference
+(eager) step, and `backend.fast_path` subclasses it with fixed shapes and CUDA graphs.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ from dsd.backend.sampling import (
     sample_tokens,
 )
 from dsd.common.arrays import BoolArray, IntArray
-from dsd.sim.latency import verify_width
-from dsd.sim.shapes import engine_cache_len
+from dsd.sim.models.latency import verify_width
+from dsd.sim.models.shapes import engine_cache_len
 
 
 @dataclass(frozen=True)

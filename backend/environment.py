@@ -65,7 +65,7 @@ FORWARD_TOKENS_SCAN = 16
 def forward_tokens(target: Transformer) -> list[int]:
     """What the target's forward of 1, 2, ... tokens computes, up to the last count its kernels
     pad ([] where none is padded): the profile's `metadata["forward_tokens"]`, which the
-    parametric latency model prices (`sim.latency.forward_tokens_of`). Read on the thread
+    parametric latency model prices (`sim.models.latency.forward_tokens_of`). Read on the thread
     setting the profile is measured with (one row on one thread is not padded)."""
     widths = [target.tokens_worth_computing(n) for n in range(1, FORWARD_TOKENS_SCAN + 1)]
     padded = [n for n, width in enumerate(widths, start=1) if width != n]

@@ -42,7 +42,7 @@ from dsd.backend.fast_path import EnginePool, build_spec_decode_engine
 from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
-from dsd.sim.latency import PREFILL_FORWARDS, PrefillForward
+from dsd.sim.models.latency import PREFILL_FORWARDS, PrefillForward
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 

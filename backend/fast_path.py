@@ -73,7 +73,7 @@ from dsd.backend.model import Transformer
 from dsd.backend.sampling import greedy_accept
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
-from dsd.sim.shapes import (  # the shapes, defined once for the engine and the simulator
+from dsd.sim.models.shapes import (  # the shapes, defined once for the engine and the simulator
     DEFAULT_MIN_KV_LEN,
     batch_buckets,
     bucket_for,

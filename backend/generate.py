@@ -75,7 +75,7 @@ class GenerationReport:
 
     @property
     def per_position_rates(self) -> list[float]:
-        """r_i = accepted_at_pos[i] / drafted_at_pos[i] (DESIGN §1)."""
+        """r_i = accepted_at_pos[i] / drafted_at_pos[i] (`policies.types`)."""
         return [
             a / d if d else 0.0
             for a, d in zip(self.accepted_at_pos, self.drafted_at_pos, strict=True)

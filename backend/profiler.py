@@ -65,7 +65,7 @@ from dsd.policies.profile_quality import (
     check_prefill,
     problems_line,
 )
-from dsd.sim.latency_choice import leave_one_knot_out
+from dsd.sim.models.latency_choice import leave_one_knot_out
 from dsd.traces.registry import build_workload
 
 Point = TypeVar("Point", bound=Hashable)  # what one timed measurement is of: (B, K), a size
@@ -552,7 +552,7 @@ def next_batch_sizes(
     """(batch sizes to measure next, worst held-out |error| % now) for adaptive profiling.
 
     Every interior profiled B is left out and predicted from the others by the ITL table
-    (`sim.latency.leave_one_knot_out`); if the worst |error| exceeds `target_pct`, the curve
+    (`sim.models.latency.leave_one_knot_out`); if the worst |error| exceeds `target_pct`, the curve
     bends there: the geometric midpoints between that B and its two neighbours are proposed
     (those not yet measured; none once neighbours are adjacent integers). ((), error) when done.
     """
@@ -869,7 +869,7 @@ def profile_pair(
     sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     if config.temperature == 0:
         # Greedy: what the draft proposes and the target accepts at each output position is a
-        # function of the prompt and the outputs alone, for any K (`sim.replay`)
+        # function of the prompt and the outputs alone, for any K (`sim.models.replay`)
         sampled = counts.outcome_requests
         recording = replay_recording(
             draft,

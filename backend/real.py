@@ -25,8 +25,8 @@ from dsd.sim.build import build_engine
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.metrics import StepSink
+from dsd.sim.models.shapes import StepShapes
 from dsd.sim.resolve import ResolvedRun, config_workload, resolve
-from dsd.sim.shapes import StepShapes
 
 
 def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> ResolvedRun:

@@ -1,15 +1,15 @@
-"""A real run's replay recording (`sim.replay.ReplayRecording`) from its prompts and outputs.
+"""A real run's replay recording (`sim.models.replay.ReplayRecording`) from its prompts and outputs.
 
 After a greedy (temperature 0) run, what the drafter would propose at every output position and
 how much of it the target accepted follow from the token ids alone:
 
 - n-gram lookup (`NgramDraft`): `backend.ngram.propose_ngram` over prompt + outputs[:p], no
-  model (`sim.replay.recording_from_proposals`);
+  model (`sim.models.replay.recording_from_proposals`);
 - a chain model draft (`Draft`: a separate model or `early-exit:N`): ONE teacher-forced draft
   forward over prompt + outputs per request. When drafts p..p+j-1 were accepted, the context of
   draft p+j is the target's own tokens, so that draft is the draft's argmax at that position of
   the teacher-forced pass; match[t] = (argmax after outputs[:t] == outputs[t]), and
-  matched[p] = the leading ones of match[p:] (`sim.replay.recording_from_matches`).
+  matched[p] = the leading ones of match[p:] (`sim.models.replay.recording_from_matches`).
 
 Then a simulated step at (p, K) drafts min(K, available[p]) and accepts min(that, matched[p]),
 what the engine did. Give the engine's own tokens (`TorchExecutor.prompt_ids` and
@@ -18,7 +18,7 @@ last step's acceptance unknown past the end (read as not matched). Exact up to f
 of the draft's logits between this pass and the engine's incremental one (an argmax near-tie).
 
 This module runs models; it does not run the engine, schedule, or write files
-(`sim.replay.save_replay_recording` does).
+(`sim.models.replay.save_replay_recording` does).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.ngram import propose_ngram
 from dsd.backend.pair import ModelPair
 from dsd.common.arrays import BoolArray, IntArray
-from dsd.sim.replay import (
+from dsd.sim.models.replay import (
     DEFAULT_REPLAY_CAP,
     ReplayRecording,
     recording_from_matches,

@@ -10,12 +10,12 @@ Checkpoint format (one folder per model): `config.json` (HF Llama keys + `dsd.to
 `model.safetensors` (HF names), `train.json` (see `TrainRecord`: seed, steps, loss curve, corpus,
 versions, held-out losses and acceptance). `dsd generate --target DIR` loads it; HF tools too.
 
-Held-out acceptance (greedy, DESIGN §1): on held-out windows the target continues greedily for
-`eval_tokens` tokens; the draft, fed the same sequence, matches at a position when its argmax
-equals the target's next token there. Greedy chain SD accepts the first i drafts of a step
-starting at t iff the draft matches at t..t+i-1 (accepted drafts are the target's own tokens,
-so the draft conditions on exactly this path), so r_i is the mean over windows and start
-positions t of the product of those i matches.
+Held-out acceptance (greedy; the vocabulary of `policies.types`): on held-out windows the target
+continues greedily for `eval_tokens` tokens; the draft, fed the same sequence, matches at a
+position when its argmax equals the target's next token there. Greedy chain SD accepts the first i
+drafts of a step starting at t iff the draft matches at t..t+i-1 (accepted drafts are the target's
+own tokens, so the draft conditions on exactly this path), so r_i is the mean over windows and
+start positions t of the product of those i matches.
 
 Deterministic for a seed on CPU: torch.manual_seed + name-keyed init + a numpy Generator for the
 data order. CUDA runs use bf16 autocast and are reproducible only up to kernel nondeterminism.

@@ -35,8 +35,7 @@ from typing import Any
 from dsd import api
 from dsd.backend.real import resolve_real, torch_executor
 from dsd.backend.threads import measured_run_settings
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.policies.profile import Profile
 from dsd.reports.paired import Gap, paired_gap

@@ -38,14 +38,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.policies.profile_io import load_profile
 from dsd.policies.spec import parse_policy
 from dsd.reports.paired import paired_gap
 from dsd.sim.config import RunConfig
-from dsd.sim.latency import PREFILL_FORWARDS, PrefillForward
+from dsd.sim.models.latency import PREFILL_FORWARDS, PrefillForward
 from dsd.sim.resolve import ResolvedRun
 
 TPOT = "mean_tpot_ms"

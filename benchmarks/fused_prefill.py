@@ -7,7 +7,7 @@ each round, per decode batch D, K and chunk size N: the decode step alone, the p
 and the step with the chunk both ways (`backend.profiler.time_mixed_steps`). It prints the
 medians, the chunk's added cost (per round: mixed step minus that round's decode step) and the
 simulator's prices read from this run's own prefill-alone timings: fused
-curve(N) - curve(1) (`sim.latency.PrefillCost.marginal_ms`), separate curve(N).
+curve(N) - curve(1) (`sim.models.latency.PrefillCost.marginal_ms`), separate curve(N).
 
     python benchmarks/fused_prefill.py --target smollm2-135m --draft ngram:2-6 \\
         --rows 1,4,8 --k 0,3 --tokens 32,128,512 --repeats 5

@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 
 MODES = ("float32", "float32-lt", "tf32", "bfloat16")
 

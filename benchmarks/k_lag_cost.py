@@ -35,8 +35,7 @@ import json
 import sys
 from typing import Any
 
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.reports.paired import Gap, paired_gap
 from dsd.sim.build import run_simulation

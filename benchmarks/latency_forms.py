@@ -10,7 +10,7 @@ It asks whether a step's cost on a CPU is a function of its token count (the GEM
 than of B and K apart, and how far the points themselves lie from any such function: its error
 fitted on all points is a floor for smooth forms in (T, B, context). Fitted by non-negative least
 squares on relative residuals; each interior B is held out and predicted as in
-`sim.latency_choice.leave_one_knot_out` (the measured side the mean over contexts per K).
+`sim.models.latency_choice.leave_one_knot_out` (the measured side the mean over contexts per K).
 docs/models.md 1.2 has the figures and why the form was not adopted.
 
     python benchmarks/latency_forms.py --profile P.json [--profile Q.json ...]
@@ -30,7 +30,7 @@ from dsd.common.arrays import FloatArray
 from dsd.common.errors import InputError
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency_choice import model_scores
+from dsd.sim.models.latency_choice import model_scores
 
 
 def _features(points: tuple[LatencyPoint, ...], knots: list[int]) -> FloatArray:

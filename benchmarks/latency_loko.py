@@ -23,8 +23,8 @@ from typing import Any
 
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import LatencyModelKind
-from dsd.sim.latency_choice import (
+from dsd.sim.models.latency import LatencyModelKind
+from dsd.sim.models.latency_choice import (
     fit_latency_model,
     knot_error_pct,
     leave_one_knot_out,

@@ -2,7 +2,7 @@
 
 dsd's torch engine runs a step's prefill chunks as one forward of P rows padded to the longest
 chunk W; the simulator prices it as one row's prefill plus the marginal cost of the other rows,
-curve(W) + (P - 1) x (curve(W + 1) - curve(1)) (`sim.latency.PaddedPrefill`), rather than as
+curve(W) + (P - 1) x (curve(W + 1) - curve(1)) (`sim.models.latency.PaddedPrefill`), rather than as
 one prompt of P x W tokens. This times, interleaved and repeated, one-row prefills of 1, W and
 P x W tokens and the P-row forwards, and prints each P-row forward's median against both
 prices (the curve read from this run's own one-row timings).

@@ -29,8 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 from dsd.policies.host_time import fit_policy_host_lines, policy_step_us
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile

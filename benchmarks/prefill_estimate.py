@@ -4,7 +4,7 @@ A profile that has prefill points (a `dsd profile` of the real engine) is stripp
 each prompt size's prefill latency is estimated three ways from what is left (the decode table):
 
     decode slope   ITL(1, 0) + (N - 1) x the ms per extra row of ITL(B, 0) between the two
-                   largest B (`sim.latency.PrefillCost`'s estimate today)
+                   largest B (`sim.models.latency.PrefillCost`'s estimate today)
     verify slope   ITL(1, 0) + (N - 1) x the ms per extra verified token at the largest B:
                    (ITL(B, K_max) - ITL(B, K')) / (B (K_max - K')), K' the next smaller K (the
                    same rows and contexts, only tokens added)
@@ -31,7 +31,7 @@ import numpy as np
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import ParametricLatencyModel, PrefillCost
+from dsd.sim.models.latency import ParametricLatencyModel, PrefillCost
 
 PROFILE = "results/validation/2026-11-25-cpu-smollm2/profile_retimed.json"
 

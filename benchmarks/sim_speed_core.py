@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 from dsd.sim.engine import Engine
-from dsd.sim.fakes import RandomAcceptanceExecutor, StaticK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.testing.fakes import RandomAcceptanceExecutor, StaticK
 from dsd.traces.workload import RequestSpec, Workload
 
 

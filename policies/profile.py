@@ -1,11 +1,12 @@
-"""The measured profile that policies and the simulator read (DESIGN §6).
+"""The measured profile that policies and the simulator read (docs/formats.md).
 
 A `Profile` holds what was measured of one (target, draft, device) setup: step latency points
 ITL(B, K, context), prefill points, per-position acceptance counts, per-request acceptance
 samples, how often the drafter proposes fewer than K tokens (n-gram lookup: `draft_rates` and
 per-request (drafted, accepted) histograms), an optional measured host-overhead model of the
 engine loop, and metadata. It is data
-only: loading/validation is in `policies.profile_io`, fitting latency models is in `sim.latency`,
+only: loading/validation is in `policies.profile_io`, fitting latency models is in
+`sim.models.latency`,
 fitting the host overhead is in `backend.profiler`, the PR #32374 file format is in
 `backend.vllm`.
 """
@@ -172,7 +173,7 @@ class Profile:
     draft_outcome_keys: tuple[str, ...] = ()
     # per draft_outcomes row of a greedy profile, its request's draft sequence: per output
     # position p, (drafts available at p with K unlimited, capped at k_max; how many of them
-    # from the first equal the target's outputs p, p+1, ...), as `sim.replay` defines them;
+    # from the first equal the target's outputs p, p+1, ...), as `sim.models.replay` defines them;
     # () when not recorded
     draft_sequences: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
     metadata: dict[str, Any] = field(default_factory=dict)  # models, device, versions, command...

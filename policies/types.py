@@ -1,6 +1,6 @@
 """The vocabulary of dsd and the K-policy plug point.
 
-Vocabulary (DESIGN §1; use these words, and only these, in code and docs):
+Vocabulary (use these words, and only these, in code and docs):
 
 - **step**: one target forward pass over the scheduled batch, with the draft passes that made
   its drafts. **B** (`batch_size`): requests scheduled in the step, prefill chunks included

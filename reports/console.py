@@ -13,7 +13,7 @@ from dsd.reports.run_outputs import (
     format_summary,
     result_json_text,
 )
-from dsd.sim.latency_choice import held_out_summary
+from dsd.sim.models.latency_choice import held_out_summary
 
 
 def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:

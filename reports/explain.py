@@ -12,7 +12,7 @@ import numpy as np
 from dsd.policies.profile_io import load_profile
 from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
 from dsd.policies.spec import parse_policy
-from dsd.sim.latency_choice import held_out_summary
+from dsd.sim.models.latency_choice import held_out_summary
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -17,9 +17,10 @@ as max K draft passes plus the compute of every drafted token):
   time and no static K is right throughout; closed loop at C = 16, 64. The two categories'
   per-position rates are measured, not chosen: the MT-Bench categories with the highest and
   the lowest acceptance length in the bundled early-exit recording
-  (sim/data/earlyexit_acceptance_mtbench.json, exit layer sim.replay.DEFAULT_EXIT_LAYER),
+  (sim/models/data/earlyexit_acceptance_mtbench.json, exit layer
+  sim.models.replay.DEFAULT_EXIT_LAYER),
   each category's rates counted by replaying greedy chain SD at K = K_MAX along its recorded
-  match sequences (sim.replay.per_position_rates_from_recording). The phases are tagged
+  match sequences (sim.models.replay.per_position_rates_from_recording). The phases are tagged
   with those category names.
 
 Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
@@ -65,7 +66,7 @@ from dsd.reports.paired import Gap, paired_gap, verdict
 from dsd.sim.build import build_engine, fitted_executor, learned_profile
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine
-from dsd.sim.replay import (
+from dsd.sim.models.replay import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,

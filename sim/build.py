@@ -18,22 +18,27 @@ import numpy as np
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.types import KPolicy
-from dsd.sim.ablation import FixedBatchLatency, FixedBatchPolicy, FreePrefillLatency
-from dsd.sim.acceptance import (
+from dsd.sim.config import AcceptanceKind, RunConfig
+from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
+from dsd.sim.executor import FittedExecutor, LatencyJitter
+from dsd.sim.models.ablation import FixedBatchLatency, FixedBatchPolicy, FreePrefillLatency
+from dsd.sim.models.acceptance import (
     CategoryAcceptance,
     EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
 )
-from dsd.sim.config import AcceptanceKind, RunConfig
-from dsd.sim.engine import Engine, LoopConfig, RunResult, StepScheduler
-from dsd.sim.executor import FittedExecutor, LatencyJitter
-from dsd.sim.latency import LatencyModelKind, ParametricLatencyModel, PrefillCost, TableLatencyModel
-from dsd.sim.latency_choice import fit_latency_model
-from dsd.sim.replay import ReplayAcceptance, ReplayRecording
+from dsd.sim.models.latency import (
+    LatencyModelKind,
+    ParametricLatencyModel,
+    PrefillCost,
+    TableLatencyModel,
+)
+from dsd.sim.models.latency_choice import fit_latency_model
+from dsd.sim.models.replay import ReplayAcceptance, ReplayRecording
+from dsd.sim.models.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
 from dsd.sim.resolve import ResolvedRun, cached_recording, resolve, sim_seed_streams
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
-from dsd.sim.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
 from dsd.sim.types import AcceptanceModel, Executor, LatencyModel
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from dsd.common.errors import InputError, require_choice, require_int, require_number
 from dsd.policies.types import K_TIMINGS, MAX_NUM_SEQS, MAX_SPEC_TOKENS, KTiming, SchedulingMode
-from dsd.sim.latency import LatencyModelKind, MixedKCosting
+from dsd.sim.models.latency import LatencyModelKind, MixedKCosting
 from dsd.sim.scheduler import SPECULATIVE_METHODS
 from dsd.traces.datasets import RandomLengths
 from dsd.traces.loaders import TraceOptions
@@ -130,7 +130,7 @@ class RunConfig:
     # matches position by position: `replay_recording`, else the bundled early-exit recording).
     acceptance_model: AcceptanceKind = "heterogeneous"
     # Replay recording file for acceptance_model "replay": a "dsd-replay" JSON of a real run
-    # (sim.replay; request i replays recorded request i, so the run's own workload replays
+    # (sim.models.replay; request i replays recorded request i, so the run's own workload replays
     # exactly) or an early-exit match recording. None: the bundled recording.
     replay_recording: str | None = None
     # Host time per step that the profile's step timing did not see, ms, >= 0, added to every

@@ -32,7 +32,7 @@ from dsd.policies.profile_io import host_overhead_to_native, load_profile
 from dsd.policies.spec import parse_policy, policy_name
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
-from dsd.sim.latency import (
+from dsd.sim.models.latency import (
     AttentionSpan,
     LatencyModelKind,
     MixedKCosting,
@@ -43,10 +43,10 @@ from dsd.sim.latency import (
     context_latency_fn,
     table_covers,
 )
-from dsd.sim.latency_choice import LatencyChoice, select_latency_model
-from dsd.sim.replay import ReplayRecording, load_replay_recording
+from dsd.sim.models.latency_choice import LatencyChoice, select_latency_model
+from dsd.sim.models.replay import ReplayRecording, load_replay_recording
+from dsd.sim.models.shapes import StepShapes
 from dsd.sim.scheduler import SchedulerConfig
-from dsd.sim.shapes import StepShapes
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload
 

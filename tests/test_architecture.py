@@ -115,3 +115,44 @@ def test_every_source_module_is_in_a_package_of_the_map() -> None:
     # __main__.py only calls the CLI (`python -m dsd`).
     loose = {p.name for p in (REPO / "dsd").glob("*.py")} - {"__init__.py", "api.py", "__main__.py"}
     assert not loose, f"dsd/ holds modules outside the map: {sorted(loose)}"
+
+
+def _dsd_imports(paths: list[Path]) -> list[tuple[Path, str]]:
+    return [
+        (path, module)
+        for path in paths
+        for module, _at_top in _imports(path)
+        if module.startswith("dsd.")
+    ]
+
+
+def test_the_models_know_nothing_of_the_loop() -> None:
+    """sim/models/ prices and draws steps; the loop (engine, scheduler, build, ...) uses them,
+    never the other way round."""
+    models = sorted((REPO / "sim" / "models").glob("*.py"))
+    allowed = ("dsd.sim.models", "dsd.sim.types", "dsd.sim.config")
+    bad = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path, module in _dsd_imports(models)
+        if module.startswith("dsd.sim") and not module.startswith(allowed)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_only_tests_and_benchmarks_import_the_test_machinery() -> None:
+    """sim/testing/ (the stateful machine, the reference scheduler, fakes) is not part of any
+    run: no source module outside it imports it (checking a user's policy imports it inside
+    the function that runs the machine)."""
+    sources = [
+        path
+        for package in PACKAGES
+        for path in _source_files(package)
+        if "sim/testing" not in str(path.relative_to(REPO))
+    ]
+    bad = [
+        f"{path.relative_to(REPO)} imports {module}"
+        for path in sources
+        for module, at_top in _imports(path)
+        if module.startswith("dsd.sim.testing") and at_top
+    ]
+    assert not bad, "\n".join(bad)

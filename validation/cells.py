@@ -221,7 +221,7 @@ def measured_runs(
 
 def replayed_run(resolved: ResolvedRun, pair: ModelPair, run: MeasuredRun) -> RunResult | None:
     """The simulator replaying a greedy real run's own drafts and acceptances (request i as
-    recorded request i, `sim.replay`); None without a draft (nothing to replay)."""
+    recorded request i, `sim.models.replay`); None without a draft (nothing to replay)."""
     if pair.draft is None or not run.output_ids:
         return None
     req_ids = sorted(run.output_ids)

@@ -25,6 +25,7 @@ from dsd.validation.plan import (
     RETIMED_PROFILE_NAME,
     validation_cell_config,
 )
+from dsd.validation.record import CellRecord, ValidationRecord
 
 if TYPE_CHECKING:
     from dsd.backend.pair import ModelPair
@@ -73,7 +74,7 @@ def validate(
         progress=progress,
         **fields,
     )
-    write_validation_report(out, cells, record)
+    write_validation_report(out, cells, record.to_json())
     if retimed is not None:
         save_profile(retimed, Path(out) / RETIMED_PROFILE_NAME)
     return cells
@@ -94,7 +95,7 @@ def run_cells(
     retime_share: float = 1.0,
     deadline_s: float | None = None,
     **fields: Any,
-) -> tuple[list[CellResult], dict[str, Any], Profile | None]:
+) -> tuple[list[CellResult], ValidationRecord, Profile | None]:
     """The cells of `validate`, the record of how they ran (the report's config.json) and the
     re-timed profile their simulated side was priced by (None: not re-timed)."""
     from dsd.backend.environment import environment_metadata
@@ -156,62 +157,53 @@ def run_cells(
     if timing is not None:
         timing.free()
     first = configs[0]
-    report_config = {
-        "command": invocation.command_line(),
-        "profile": profile,
-        "target": pair.target_spec,
-        "draft": pair.draft_spec,
-        "policies": list(policies),
-        "max_concurrency": list(max_concurrency),
-        "dataset": first.dataset,
-        "num_prompts_per_concurrency": num_prompts_per_concurrency,
-        "trials": trials,
-        # fewer where a deadline (hardware-report --time-budget) stopped the rounds
-        "trials_done": len(cells[0].measured_trials),
-        "output_len": first.output_len,
-        "seed": first.seed,
-        "scheduling": first.scheduling,
-        "latency_model": first.latency_model,
-        "acceptance_model": first.acceptance_model,
-        "host_overhead_ms": first.host_overhead_ms,
-        "host_overhead_source": resolved[0].host_overhead_source,
-        "fast_path": fast_path,
-        # how the engine ran prefill chunks beside decode rows (rescore reads it; older
-        # reports lack it: "separate")
-        "prefill_forward": resolved[0].prefill_forward,
-        "ignore_eos": True,
-        "profile_problems": [str(problem) for problem in problems],
-        # what a plain `goodput` / `online` / `per-request` SPEC scored (rescore reads them;
-        # older reports lack them: "rates")
-        "goodput_acceptance": "sequences",
-        "online_acceptance": "sequences",
-        "per_request_acceptance": "sequences",
-        "retime": (
+    record = ValidationRecord(
+        command=invocation.command_line(),
+        profile=profile,
+        target=pair.target_spec,
+        draft=pair.draft_spec,
+        policies=tuple(policies),
+        max_concurrency=tuple(max_concurrency),
+        dataset=first.dataset,
+        num_prompts_per_concurrency=num_prompts_per_concurrency,
+        trials=trials,
+        trials_done=len(cells[0].measured_trials),
+        output_len=first.output_len,
+        seed=first.seed,
+        scheduling=first.scheduling,
+        latency_model=first.latency_model,
+        acceptance_model=first.acceptance_model,
+        host_overhead_ms=first.host_overhead_ms,
+        host_overhead_source=resolved[0].host_overhead_source,
+        fast_path=fast_path,
+        prefill_forward=resolved[0].prefill_forward,
+        ignore_eos=True,
+        profile_problems=tuple(str(problem) for problem in problems),
+        goodput_acceptance="sequences",
+        online_acceptance="sequences",
+        per_request_acceptance="sequences",
+        retime=(
             {"status": retime_note}
             if timing is None
-            else {
-                "status": retime_note,
-                **timing.counts(),
-                "profile": RETIMED_PROFILE_NAME,
-            }
+            else {"status": retime_note, **timing.counts(), "profile": RETIMED_PROFILE_NAME}
         ),
-        **environment_metadata(pair.device, pair.dtype),
-        "cells": [
-            {
-                "policy": r.config.policy,
-                "max_concurrency": r.workload.max_concurrency,
-                "num_prompts": len(r.workload.requests),
-                "k_max": r.k_max,
-                "max_num_seqs": r.max_num_seqs,
-                "max_model_len": r.max_model_len,
-                "num_kv_blocks": r.num_kv_blocks,
-                "latency_model": r.latency_kind,
-                "host_overhead_source": r.host_overhead_source,
-            }
+        environment=environment_metadata(pair.device, pair.dtype),
+        cells=tuple(
+            CellRecord(
+                policy=r.config.policy,
+                max_concurrency=r.workload.max_concurrency,
+                num_prompts=len(r.workload.requests),
+                k_max=r.k_max,
+                max_num_seqs=r.max_num_seqs,
+                max_model_len=r.max_model_len,
+                num_kv_blocks=r.num_kv_blocks,
+                latency_model=r.latency_kind,
+                host_overhead_source=r.host_overhead_source,
+            )
             for r in resolved
-        ],
-    }
-    return cells, report_config, retimed
+        ),
+    )
+    return cells, record, retimed
 
 
 def hardware_report(
@@ -363,13 +355,13 @@ def hardware_report(
         seed=seed,
         deadline_s=deadline_s,
         # The cells' prompts are among the profiled ones: each is simulated with its own
-        # measured draft outcomes (sim.acceptance.EmpiricalAcceptance matches prompt keys).
+        # measured draft outcomes (sim.models.acceptance.EmpiricalAcceptance matches prompt keys).
         acceptance_model="empirical",
     )
     loads.append(load_average())
     environment = environment_metadata(pair.device, pair.dtype)
-    record.update(
-        {
+    record = record.with_extra(
+        **{
             "command": invocation.command_line(),
             "device": device,
             "device_name": environment["device"],
@@ -389,7 +381,10 @@ def hardware_report(
     if retimed is not None:
         save_profile(retimed, folder / RETIMED_PROFILE_NAME)
         written.append(folder / RETIMED_PROFILE_NAME)
-    return [*written, *write_hardware_report(folder, config=record, speedup=speedup, cells=cells)]
+    return [
+        *written,
+        *write_hardware_report(folder, config=record.to_json(), speedup=speedup, cells=cells),
+    ]
 
 
 def validate_vllm(

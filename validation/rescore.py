@@ -36,7 +36,7 @@ from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.config import ACCEPTANCE_MODEL_KINDS, AcceptanceKind
-from dsd.sim.latency import LatencyModelKind
+from dsd.sim.models.latency import LatencyModelKind
 
 
 def keyed_profile(profile: Profile) -> tuple[Profile, str]:
@@ -96,35 +96,25 @@ def rescore(
     from dsd.sim.resolve import with_latency_from
     from dsd.traces.registry import WorkloadOptions
     from dsd.validation.cells import CellResult, simulated_run
+    from dsd.validation.record import CellRecord, ValidationRecord
     from dsd.validation.report import level_lines, tpot_error_summary
 
-    config: dict[str, Any] = json.loads((folder / "config.json").read_text())
-    # each cell's limits as the report resolved them, by (policy, C)
-    limits = {(cell["policy"], int(cell["max_concurrency"])): cell for cell in config["cells"]}
+    config = ValidationRecord.from_json(
+        json.loads((folder / "config.json").read_text()), str(folder / "config.json")
+    )
     rows = list(csv.DictReader((folder / "cells.csv").open()))
     trials_path = folder / "trials.csv"
     trials = list(csv.DictReader(trials_path.open())) if trials_path.is_file() else []
     profile, how = keyed_profile(load_profile(folder / "profile.json"))
     retimed_path = folder / "profile_retimed.json"
     retimed = load_profile(retimed_path) if retimed_path.is_file() else None
-    first = config["cells"][0]
+    first = config.cells[0]
     for spec in policies:  # a bad SPEC is refused before any simulation runs
-        parse_policy(
-            spec,
-            profile=profile,
-            k_max=int(first["k_max"]),
-            max_num_seqs=int(first["max_num_seqs"]),
-        )
+        parse_policy(spec, profile=profile, k_max=first.k_max, max_num_seqs=first.max_num_seqs)
     set_threads(1)  # the simulator's work does not depend on it; loading the pair is quicker
-    pair = load_pair(str(config["target"]), str(config["draft"]), device="cpu")
-    # Simulate each policy as it ran: a plain `goodput`, `online` or `per-request` scored the
-    # per-position rates before greedy draft sequences were scored (reports without
-    # `goodput_acceptance`, `online_acceptance`, `per_request_acceptance`)
-    as_run = {
-        name: f"{name}:acceptance="
-        + str(config.get(f"{name.replace('-', '_')}_acceptance", "rates"))
-        for name in ("goodput", "online", "per-request")
-    }
+    pair = load_pair(config.target, config.draft, device="cpu")
+    # Simulate each policy as it ran (older reports' plain SPECs scored the per-position rates)
+    as_run = {name: config.acceptance_as_run(name) for name in ("goodput", "online", "per-request")}
     lines = [
         f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "
         + ("profile_retimed.json" if retimed is not None else "profile.json")
@@ -134,31 +124,30 @@ def rescore(
     tpot, ttft = "mean_tpot_ms", "mean_ttft_ms"
 
     def simulate(
-        policy: str, recorded: dict[str, Any], model: AcceptanceKind, num_prompts: int | None = None
+        policy: str, recorded: CellRecord, model: AcceptanceKind, num_prompts: int | None = None
     ) -> dict[str, Any]:
         """A cell's simulated metrics with `policy` on the cell's workload (`num_prompts` of
         the report's prompt set where given) and limits."""
-        concurrency = int(recorded["max_concurrency"])
         workload = WorkloadOptions(
-            num_prompts=num_prompts or int(recorded["num_prompts"]),
-            max_concurrency=concurrency,
-            output_len=config.get("output_len"),
-            seed=int(config["seed"]),
+            num_prompts=num_prompts or recorded.num_prompts,
+            max_concurrency=recorded.max_concurrency,
+            output_len=config.output_len,
+            seed=config.seed,
         )
         run = RunConfig(
             **workload.arguments(),
-            dataset=str(config["dataset"]),
+            dataset=config.dataset,
             profile=str(folder / "profile.json"),
             policy=policy,
-            max_num_seqs=int(recorded["max_num_seqs"]),
-            k_max=int(recorded["k_max"]),
+            max_num_seqs=recorded.max_num_seqs,
+            k_max=recorded.k_max,
             acceptance_model=model,
             latency_model=latency_model,
         )
         resolved = dataclasses.replace(
-            resolve_real(run, pair, str(config.get("fast_path", "off"))),
+            resolve_real(run, pair, config.fast_path),
             profile=profile,
-            prefill_forward=config.get("prefill_forward", "separate"),
+            prefill_forward=config.prefill_forward,
         )
         if retimed is not None:
             resolved = with_latency_from(resolved, retimed)
@@ -169,7 +158,7 @@ def rescore(
         cells = []
         for row in rows:
             concurrency = int(row["max_concurrency"])
-            recorded = limits[(row["policy"], concurrency)]
+            recorded = config.cell(row["policy"], concurrency)
             policy = as_run.get(row["policy"], row["policy"])
             simulated = simulate(policy, recorded, model)
             cell = CellResult(
@@ -197,11 +186,11 @@ def rescore(
         lines += [f"  {line}" for line in level_lines(cells, trials) if line]
         concurrencies = sorted({int(row["max_concurrency"]) for row in rows})
         for concurrency in concurrencies if policies else []:
-            recorded = next(c for (_, c_), c in limits.items() if c_ == concurrency)
+            recorded = next(c for c in config.cells if c.max_concurrency == concurrency)
             num_prompts = (
                 None if prompts_per_concurrency is None else prompts_per_concurrency * concurrency
             )
-            static = [f"static:{k}" for k in range(int(recorded["k_max"]) + 1)]
+            static = [f"static:{k}" for k in range(recorded.k_max + 1)]
             metrics = {
                 spec: simulate(spec, recorded, model, num_prompts) for spec in (*static, *policies)
             }

@@ -64,3 +64,27 @@ def require_unique(name: str, values: Sequence[Any]) -> None:
         raise InputError(f"{name}: give at least one value")
     if len(set(values)) != len(values):
         raise InputError(f"{name}: duplicate values in {list(values)}")
+
+
+def int_list(flag: str, text: str, minimum: int) -> tuple[int, ...]:
+    """Comma-separated integers or inclusive ranges, each >= minimum, no duplicates
+    (`--batch-sizes 1,4,16`, `--rows 1-32`, `--rows 1-8,16`)."""
+    values: list[int] = []
+    for part in (part.strip() for part in text.split(",")):
+        if not part:
+            continue
+        first, dash, last = part.partition("-")
+        try:  # "a-b" is a range, "-3" a negative integer
+            low, high = (int(first), int(last)) if dash and first else (int(part), int(part))
+        except ValueError:
+            raise InputError(
+                f"{flag}: expected comma-separated integers or ranges a-b, got {text!r}"
+            ) from None
+        if high < low:
+            raise InputError(f"{flag}: the range {part!r} ends below its start")
+        values += range(low, high + 1)
+    if not values or any(v < minimum for v in values):
+        raise InputError(f"{flag}: every value must be an integer >= {minimum}, got {text!r}")
+    if len(set(values)) != len(values):
+        raise InputError(f"{flag}: duplicate values in {text!r}")
+    return tuple(values)

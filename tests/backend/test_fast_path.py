@@ -47,9 +47,9 @@ from dsd.backend.fast_path import (
 )
 from dsd.backend.ngram import NgramConfig
 from dsd.sim.engine import Engine, LoopConfig
-from dsd.sim.fakes import ScriptedK
+from dsd.sim.models.shapes import StepShapes
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
-from dsd.sim.shapes import StepShapes
+from dsd.sim.testing.fakes import ScriptedK
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec, Workload
 
@@ -365,7 +365,7 @@ class _RecordingExecutor:
 def test_the_simulator_prices_the_shape_the_fast_path_runs_each_step_at(
     target, close_draft, draft_kind: str
 ) -> None:
-    # sim.shapes on each step's batch and drafted counts (all the simulator knows) names the
+    # sim.models.shapes on each step's batch and drafted counts (all the simulator knows) names the
     # GraphKey the engine ran: padded rows, the widest drafts found, the kv bucket
     draft: AnyDraft = (
         Draft(close_draft)

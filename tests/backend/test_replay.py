@@ -3,7 +3,7 @@
 The engine runs greedy SD with K drawn per row and step (0..4) and logs each decode row's
 (request, output position p, K, drafted d, accepted a). Then `backend.replay.replay_recording`
 sees only the prompts and the final outputs, and the replay must give min(K, available[p]) = d
-and min(d, matched[p]) = a for every logged row, through `sim.replay.ReplayAcceptance` too.
+and min(d, matched[p]) = a for every logged row, through `sim.models.replay.ReplayAcceptance` too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mock_models import make_engine, mock_pair, perturbed_copy, random_prompt, s
 from dsd.backend.engine import AnyDraft, Draft, NgramDraft, SpecDecodeEngine
 from dsd.backend.ngram import NgramConfig
 from dsd.backend.replay import draft_matches, pair_replay_recording, replay_recording
-from dsd.sim.replay import ReplayAcceptance, load_replay_recording, save_replay_recording
+from dsd.sim.models.replay import ReplayAcceptance, load_replay_recording, save_replay_recording
 from dsd.traces.workload import RequestSpec
 
 

@@ -29,7 +29,7 @@ from dsd.backend.model import new_kv_cache
 from dsd.backend.native import rows_matmul
 from dsd.backend.native import status as native_status
 from dsd.backend.ngram import NgramConfig
-from dsd.sim.latency import padding_tokens
+from dsd.sim.models.latency import padding_tokens
 
 
 def run_to_completion(
@@ -254,7 +254,7 @@ def test_verify_forward_is_widened_with_trash_to_what_the_kernels_pad_to(
         results.append((step.num_accepted.tolist(), [engine.sequence(s).tolist() for s in slots]))
         expected_width = width if pads_to == 4 else max(ks) + 1
         assert model_target.calls == [(len(ks), expected_width)]
-        # what the profile records and the simulator prices (sim.latency.padding_tokens)
+        # what the profile records and the simulator prices (sim.models.latency.padding_tokens)
         padding = padding_tokens(forward_tokens(model_target), len(ks), max(ks))
         assert padding == len(ks) * (expected_width - max(ks) - 1)
     assert results[0] == results[1]

@@ -15,8 +15,8 @@ from dsd.backend.engine import Draft, target_greedy_decode
 from dsd.backend.executor import TorchExecutor
 from dsd.common.errors import InputError
 from dsd.sim.engine import Engine, LoopConfig
-from dsd.sim.fakes import ScriptedK, StaticK
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.testing.fakes import ScriptedK, StaticK
 from dsd.traces.workload import RequestSpec, Workload
 
 

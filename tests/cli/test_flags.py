@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsd.cli.flags import int_list
-from dsd.common.errors import InputError
+from dsd.common.errors import InputError, int_list
 
 
 def test_integers_and_ranges_read_in_the_order_written() -> None:

@@ -54,6 +54,8 @@ _PATH_VALUES = ("{out}", "{out_csv}", "{out_jsonl}", "{folder}", "{missing_dir}/
 # The base runs in well under a second; `share` scales the loaded profile's max_examples.
 _BASES: dict[tuple[str, ...], tuple[list[str], set[str], float]] = {
     ("export", "vllm"): (["--profile", str(H100_PROFILE), "--max-num-seqs", "8"], set(), 0.1),
+    ("export", "trtllm"): (["--profile", str(H100_PROFILE), "--max-num-seqs", "8"], set(), 0.05),
+    ("export", "sglang"): (["--profile", str(H100_PROFILE), "--max-num-seqs", "8"], set(), 0.05),
     ("policy", "explain"): (["--profile", str(H100_PROFILE), "--max-num-seqs", "8"], set(), 0.1),
     ("traces", "show"): (["mt-bench", "--num-prompts", "3"], {"--out"}, 0.1),
     ("traces", "convert"): (["mt-bench", "--out", "{out_csv}", "--num-prompts", "3"], set(), 0.1),

@@ -12,7 +12,7 @@ from scipy import stats
 
 from dsd.reports import cold_start, policy_eval
 from dsd.reports.policy_eval import Gap, envelope_k, gap, measured_categories, verdict
-from dsd.sim.replay import (
+from dsd.sim.models.replay import (
     DEFAULT_EXIT_LAYER,
     load_replay_recording,
     per_position_rates_from_recording,

@@ -1,4 +1,4 @@
-"""Tests of sim.acceptance: per-position, heterogeneous, replay and per-category models."""
+"""Tests of sim.models.acceptance: per-position, heterogeneous, replay and per-category models."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from dsd.common.errors import InputError
 from dsd.policies.profile import LatencyPoint, Profile
-from dsd.sim.acceptance import (
+from dsd.sim.models.acceptance import (
     CategoryAcceptance,
     EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
     conditional_rates,
 )
-from dsd.sim.replay import (
+from dsd.sim.models.replay import (
     DEFAULT_RECORDING_PATH,
     ReplayAcceptance,
     ReplayRecording,
@@ -435,7 +435,7 @@ def test_empirical_replays_a_profiled_prompts_draft_sequence_at_any_k() -> None:
 def test_heterogeneous_rates_drawn_when_first_needed_equal_a_block_drawn_at_once() -> None:
     """Rates are drawn when a request first drafts (in any order, across blocks of ids); they
     are each id's own draw, and a step that drafts nothing draws none."""
-    from dsd.sim.acceptance import conditional_rates
+    from dsd.sim.models.acceptance import conditional_rates
 
     model = HeterogeneousAcceptance(H100_RATES, seed(9))
     ids = [3, 1500, 4, 2100, 1501]  # three blocks of 1,024 ids, visited out of order

@@ -23,17 +23,17 @@ from scipy import stats
 from dsd.common.streams import CounterStream
 from dsd.policies.profile_io import load_profile
 from dsd.policies.types import KPolicy, StepFeedback, StepView
-from dsd.sim.acceptance import (
+from dsd.sim.build import build_fitted_executor
+from dsd.sim.engine import Engine, LoopConfig
+from dsd.sim.models.acceptance import (
     CategoryAcceptance,
     EmpiricalAcceptance,
     HeterogeneousAcceptance,
     PerPositionAcceptance,
 )
-from dsd.sim.build import build_fitted_executor
-from dsd.sim.engine import Engine, LoopConfig
-from dsd.sim.fakes import StaticK
-from dsd.sim.replay import ReplayAcceptance, load_replay_recording
+from dsd.sim.models.replay import ReplayAcceptance, load_replay_recording
 from dsd.sim.scheduler import Scheduler, SchedulerConfig
+from dsd.sim.testing.fakes import StaticK
 from dsd.sim.types import AcceptanceModel
 from dsd.traces.arrivals import with_arrivals
 from dsd.traces.registry import build_workload

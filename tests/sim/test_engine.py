@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from utils import create_scheduler
 
 from dsd.sim.engine import Engine, EngineEvent, LoopConfig, run_interleaved
-from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
+from dsd.sim.testing.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
 from dsd.traces.workload import RequestSpec, Workload
 
 STEP_S = 0.01

@@ -10,10 +10,10 @@ import pytest
 
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.acceptance import HeterogeneousAcceptance
 from dsd.sim.build import build_fitted_executor
 from dsd.sim.executor import FittedExecutor, LatencyJitter
-from dsd.sim.latency import TableLatencyModel
+from dsd.sim.models.acceptance import HeterogeneousAcceptance
+from dsd.sim.models.latency import TableLatencyModel
 from dsd.sim.types import ScheduledBatch
 from dsd.traces.workload import RequestSpec
 

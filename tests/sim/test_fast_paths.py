@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from dsd.policies.goodput import GoodputPolicy, lookup_batch_k
 from dsd.policies.profile_io import load_profile
 from dsd.policies.types import StepFeedback, StepView, position_counts
-from dsd.sim.acceptance import _widen, count_leading, leading_successes
 from dsd.sim.build import build_fitted_executor
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.kv import KVBlockPool
 from dsd.sim.metrics import _stable_order, item_gaps
+from dsd.sim.models.acceptance import _widen, count_leading, leading_successes
 from dsd.sim.scheduler import Scheduler, SchedulerConfig, SpecDecodeStats, StepResult
 from dsd.sim.types import StepOutcome
 from dsd.traces.workload import RequestSpec, Workload

@@ -17,7 +17,7 @@ from dsd.reports.run_outputs import bench_result, simulator_settings
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.executor import FittedExecutor
-from dsd.sim.latency import TableLatencyModel
+from dsd.sim.models.latency import TableLatencyModel
 from dsd.sim.resolve import resolve, resolved_config_dict
 from dsd.traces.workload import RequestSpec
 

@@ -1,4 +1,4 @@
-"""Tests of sim.latency: table model == goodput interpolation, parametric fit, prefill cost."""
+"""sim.models.latency: table model == goodput interpolation, parametric fit, prefill cost."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dsd.policies.goodput import ItlTable
 from dsd.policies.profile import LatencyPoint, PrefillInDecodePoint, PrefillPoint, Profile
 from dsd.policies.profile_io import load_profile
-from dsd.sim.latency import (
+from dsd.sim.models.latency import (
     PARAM_NAMES,
     ParametricLatencyModel,
     PrefillCost,
@@ -26,9 +26,9 @@ from dsd.sim.latency import (
     forward_tokens_of,
     padding_tokens,
 )
-from dsd.sim.latency_choice import fit_latency_model
-from dsd.sim.shapes import StepShapes
-from dsd.sim.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
+from dsd.sim.models.latency_choice import fit_latency_model
+from dsd.sim.models.shapes import StepShapes
+from dsd.sim.models.step_cost import FixedShapeSteps, PaddedAttention, PaddedPrefill
 from dsd.sim.types import ScheduledBatch
 
 PROFILES = Path(__file__).resolve().parents[2] / "policies" / "profiles"

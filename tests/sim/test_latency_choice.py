@@ -1,4 +1,4 @@
-"""Tests of sim.latency_choice: which latency model a run gets and why, leave one knot out,
+"""Tests of sim.models.latency_choice: which latency model a run gets and why, leave one knot out,
 the parametric fit kept on disk."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from dsd.common.disk_memo import cache_dir
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile, save_pr32374
-from dsd.sim import latency_choice
-from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel
-from dsd.sim.latency_choice import (
+from dsd.sim.models import latency_choice
+from dsd.sim.models.latency import ParametricLatencyModel, TableLatencyModel
+from dsd.sim.models.latency_choice import (
     fit_latency_model,
     fit_parametric,
     held_out_summary,
@@ -205,7 +205,7 @@ def test_a_fit_is_stored_per_points_and_per_code(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Other points, another device type (a CPU fit frees a term), or an edited
-    sim/latency.py, never read a stored fit."""
+    sim/models/latency.py, never read a stored fit."""
     monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path))  # empty: the session's may hold these
     fits: list[int] = []
     real_fit = ParametricLatencyModel.fit

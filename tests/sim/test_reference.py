@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from utils import create_requests, create_scheduler
 
-from dsd.sim.reference import ReferenceScheduler
 from dsd.sim.scheduler import Scheduler
+from dsd.sim.testing.reference import ReferenceScheduler
 from dsd.sim.types import StepOutcome
 
 

@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from dsd.common.errors import InputError
-from dsd.sim.ablation import FixedBatchPolicy
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
+from dsd.sim.models.ablation import FixedBatchPolicy
 from dsd.sim.resolve import resolve, resolved_config_dict
 
 H100 = (

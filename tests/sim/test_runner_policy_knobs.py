@@ -12,7 +12,7 @@ import pytest
 from dsd.common.errors import InputError
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
-from dsd.sim.latency import ParametricLatencyModel, TableLatencyModel, context_latency_fn
+from dsd.sim.models.latency import ParametricLatencyModel, TableLatencyModel, context_latency_fn
 from dsd.sim.resolve import resolve
 
 H100 = str(

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from utils import create_requests, create_scheduler, drive
 
 from dsd.common.errors import InputError
-from dsd.sim.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
 from dsd.sim.scheduler import SchedulerConfig, SpecDecodeStats
+from dsd.sim.testing.fakes import RandomAcceptanceExecutor, ScriptedExecutor, ScriptedK, StaticK
 from dsd.sim.types import StepOutcome
 from dsd.traces.workload import RequestSpec
 

@@ -12,8 +12,8 @@ import pytest
 from utils import create_requests, create_scheduler
 
 from dsd.common.errors import InputError
-from dsd.sim.fakes import ScriptedExecutor
 from dsd.sim.scheduler import Scheduler, drafter_reservations
+from dsd.sim.testing.fakes import ScriptedExecutor
 from dsd.sim.types import ScheduledBatch, StepOutcome
 
 

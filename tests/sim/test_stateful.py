@@ -1,4 +1,4 @@
-"""Stateful property tests: the scheduler machine (sim.testing) drives the real scheduler.
+"""Stateful property tests: the scheduler machine (sim.testing.machine) drives the real scheduler.
 
 Three machines: sync and async scheduling with drawn K and drawn outcomes (tiny pools and
 budgets: preemption, chunked prefill, trimmed drafts), and one where a real policy chooses K
@@ -20,9 +20,9 @@ from hypothesis import settings
 from dsd.policies.profile_io import load_profile
 from dsd.policies.spec import parse_policy
 from dsd.policies.types import KPolicy
-from dsd.sim.fakes import RandomAcceptanceExecutor
 from dsd.sim.scheduler import SchedulerConfig
-from dsd.sim.testing import make_scheduler_machine, scheduler_configs
+from dsd.sim.testing.fakes import RandomAcceptanceExecutor
+from dsd.sim.testing.machine import make_scheduler_machine, scheduler_configs
 from dsd.sim.types import Executor
 
 H100_PROFILE = (

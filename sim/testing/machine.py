@@ -27,15 +27,15 @@ the scheduler's own `check_invariants()` and a ledger the machine keeps from pub
   everything free once nothing is left; each request is in exactly one state;
 - no wasted step: a request that never drafted, was never preempted and did not stop was
   scheduled exactly prompt + max_tokens - 1 tokens (sync and async);
-- the naive `sim.reference.ReferenceScheduler`, run on the same calls, produces the same plans,
-  batches, results, spec-decode counters and free blocks.
+- the naive `sim.testing.reference.ReferenceScheduler`, run on the same calls, produces the
+  same plans, batches, results, spec-decode counters and free blocks.
 
 At teardown the machine runs the scheduler to completion (no deadlock, every surviving request
 gets exactly its max_tokens, no block leaks).
 
 Use it from a test module:
 
-    from dsd.sim.testing import make_scheduler_machine, scheduler_configs
+    from dsd.sim.testing.machine import make_scheduler_machine, scheduler_configs
     TestMyPolicy = make_scheduler_machine(policy_factory=lambda cfg: MyPolicy(cfg.k_max)).TestCase
 
 `policy_factory(config) -> KPolicy` replaces the drawn K by the policy's answer (its contract:
@@ -69,12 +69,11 @@ try:
         rule,
     )
 except ImportError as error:  # pragma: no cover - the dev extra is missing
-    raise ImportError("sim.testing needs hypothesis: pip install 'dsd[dev]'") from error
+    raise ImportError("sim.testing.machine needs hypothesis: pip install 'dsd[dev]'") from error
 
 from dsd.common.errors import InputError
 from dsd.policies.types import K_TIMINGS, KPolicy, StepFeedback
 from dsd.sim.kv import cdiv
-from dsd.sim.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
 from dsd.sim.scheduler import (
     SPECULATIVE_METHODS,
     Scheduler,
@@ -82,6 +81,7 @@ from dsd.sim.scheduler import (
     StepPlan,
     drafter_reservations,
 )
+from dsd.sim.testing.reference import ReferenceBatch, ReferencePlan, ReferenceScheduler
 from dsd.sim.types import Executor, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 

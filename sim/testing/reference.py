@@ -9,7 +9,7 @@ recompute, optimistic accounting with rollback of rejected drafts, never beyond
 `max_tokens`/`max_model_len`).
 It is written for obviousness, not speed: one Python object per request, block *ids* held in
 lists and handed out one block at a time, output tokens appended one by one with a stop check
-after each, placeholders kept per in-flight step. The property-test machine (`sim.testing`)
+after each, placeholders kept per in-flight step. The property-test machine (`sim.testing.machine`)
 runs it beside the real scheduler on the same calls and demands identical plans, batches and
 results.
 

@@ -39,7 +39,7 @@ from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.common.errors import InputError
 from dsd.common.streams import CounterStream
-from dsd.sim.acceptance import DenseRows
+from dsd.sim.models.acceptance import DenseRows
 from dsd.traces.workload import RequestSpec
 
 DEFAULT_RECORDING_PATH = (

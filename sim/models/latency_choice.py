@@ -8,11 +8,11 @@ profiled batch sizes.
   the one whose worst error at a profiled point, held out or fitted, is lowest, the fit only
   when clearly (`FIT_MARGIN`); the table where the run prices mixed K token-equivalent (a
   pricing of the table). Its `LatencyChoice` says which and why (a run's config.json).
-- A parametric fit is a pure function of the profile's latency points and of `sim.latency`'s
+- A parametric fit is a pure function of the profile's latency points and of `sim.models.latency`'s
   code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once per interior B plus
   once on all points, seconds of scipy that every later run of the same profile skips.
 
-Not here: the models themselves (`sim.latency`).
+Not here: the models themselves (`sim.models.latency`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 from dsd.common.disk_memo import disk_memo, source_fingerprint
 from dsd.policies.profile import Profile
-from dsd.sim import latency as latency_module
-from dsd.sim.latency import (
+from dsd.sim.models import latency as latency_module
+from dsd.sim.models.latency import (
     FitReport,
     LatencyModelKind,
     MixedKCosting,

@@ -1,4 +1,4 @@
-"""Acceptance models: what each decode row drafts and accepts, per step (DESIGN §4).
+"""Acceptance models: what each decode row drafts and accepts, per step (docs/models.md).
 
 Every model implements `sim.types.AcceptanceModel` and is vectorised over rows: one call of
 `sample_outcomes` per step returns (drafted d [n], accepted a [n]) with 0 <= a <= d <= K, numpy
@@ -20,7 +20,7 @@ their K returns `num_spec_tokens` itself as d (the executor's fast path tests id
 - `EmpiricalAcceptance`: requests differ as the measured ones did. Each request is given one
   recorded request's (d, a) histogram (seeded, by req_id) and samples (d, a) from it each step;
   a request whose prompt the profile recorded with its draft sequence replays that instead.
-- `sim.replay.ReplayAcceptance`: replays what a real run's drafter proposed and the target
+- `sim.models.replay.ReplayAcceptance`: replays what a real run's drafter proposed and the target
   accepted, position by position (exact at temperature 0).
 - `CategoryAcceptance`: routes requests to one model per `RequestSpec.tag`.
 
@@ -40,7 +40,7 @@ at its own positions only: not on other requests, concurrency, scheduling mode o
 order, and two policies that give it the same K at a position draw the same outcome there.
 
 What this module does not do: temperature > 0 acceptance from probabilities, acceptance that
-depends on context length or on the batch, or any timing (that is `sim.latency`).
+depends on context length or on the batch, or any timing (that is `sim.models.latency`).
 """
 
 from __future__ import annotations
@@ -605,7 +605,7 @@ class EmpiricalAcceptance:
 
     A greedy profile also records each request's draft sequence (`Profile.draft_sequences`:
     per output position p, the drafts available and how many of them match the target's own
-    outputs, as `sim.replay` reads them). A request matched by its prompt key then drafts and
+    outputs, as `sim.models.replay` reads them). A request matched by its prompt key then drafts and
     accepts exactly what that prompt did at its position p for any K: d = min(K, available[p]),
     a = min(d, matched[p]) (positions past the recording sample the histogram).
     """

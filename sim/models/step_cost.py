@@ -1,7 +1,7 @@
 """How dsd's torch engine composes a step, as wrappers around a latency model: prefill as a
 forward of its own (`PaddedPrefill`), steps run at fixed shapes (`FixedShapeSteps`, the fast
-path's CUDA-graph buckets of `sim.shapes`) and padded attention (`PaddedAttention`). Each
-changes how some steps are priced; the wrapped model (`sim.latency`) prices the rest. Not the
+path's CUDA-graph buckets of `sim.models.shapes`) and padded attention (`PaddedAttention`). Each
+changes how some steps are priced; the wrapped model (`sim.models.latency`) prices the rest. Not the
 models themselves, nor which one a profile gets (`sim.resolve`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dsd.policies.profile import Profile
-from dsd.sim.latency import (
+from dsd.sim.models.latency import (
     ParametricLatencyModel,
     PrefillCost,
     PrefillSource,
@@ -21,7 +21,7 @@ from dsd.sim.latency import (
     measured_on_fast_path,
     profile_contexts,
 )
-from dsd.sim.shapes import StepShapes, kv_len_bucket
+from dsd.sim.models.shapes import StepShapes, kv_len_bucket
 from dsd.sim.types import ScheduledBatch
 
 # --------------------------------------------------------------------------------------------
@@ -91,12 +91,11 @@ class PaddedPrefill(_StepCostWrapper):
 class FixedShapeSteps(_StepCostWrapper):
     """A latency model for an engine that runs each decode step at a fixed shape.
 
-    dsd's fast path (`backend.fast_path`, the shapes in `sim.shapes`) pads a step's D decode rows
-    up to a batch bucket, runs every row at the step's largest K, and attends over the longest
-    row's span rounded up to a kv bucket. So a step costs what the inner model charges for
-    bucket(D) rows at that K whose attention reads that span: on an H100 with SmolLM2-135M a
-    step over 3 rows costs what 4 rows cost, which is not what the B = 2 and B = 4 points
-    interpolate to where the profile is not linear in B (results/gpu/2026-11-27-h100).
+    dsd's fast path (`backend.fast_path`, the shapes in `sim.models.shapes`) pads a step's D
+    decode rows up to a batch bucket, runs every row at the step's largest K, and attends over
+    the longest row's span rounded up to a kv bucket. So a step costs what the inner model
+    charges for bucket(D) rows at that K whose attention reads that span (a step over 3 rows
+    costs what 4 rows cost, not what the B = 2 and B = 4 points interpolate to).
 
     The span is priced at the profiled context whose steps read it: a profile measured on the
     same fixed shapes (`profile_fixed_shapes`) read the span of each of its contexts (contexts 65

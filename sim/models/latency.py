@@ -1,4 +1,4 @@
-"""Step latency models fitted to a measured `Profile`: the simulator's cost model (DESIGN §4).
+"""Step latency models fitted to a measured `Profile`: the simulator's cost model (docs/models.md).
 
 Two decode models implement `sim.types.LatencyModel`:
 
@@ -41,7 +41,7 @@ none). dsd's torch engine pads every decode row's attention to the longest row's
 (`PaddedAttention`, set by `resolve_real`).
 
 Which model a run gets (`--latency-model auto`) and how well each holds between the profiled
-batch sizes: `sim.latency_choice`.
+batch sizes: `sim.models.latency_choice`.
 
 What this module does not do: sample anything (models are pure; latency noise is the
 executor's) or model TP/PP communication.
@@ -286,7 +286,7 @@ class TableLatencyModel:
     and the goodput policy agree on ITL exactly: linear in B between profiled B and clamped at
     the ends, linear in K between the profiled K of each B and clamped at its ends. A K past the
     largest profiled K therefore reads the last profiled K: use the parametric model (or
-    `sim.latency_choice.fit_latency_model(kind="auto", k_max=...)`) to run K beyond the
+    `sim.models.latency_choice.fit_latency_model(kind="auto", k_max=...)`) to run K beyond the
     profile.
 
     A profile measured at two or more context lengths, each a full table, gives the model a

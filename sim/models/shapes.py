@@ -5,7 +5,7 @@ dsd's fast path (`backend.fast_path`) pads a step's rows up to a batch bucket an
 span up to a kv bucket, so that one CUDA graph per shape can be captured and replayed (vLLM pads
 batch sizes to its CUDA-graph capture sizes the same way). These pure functions are the one
 definition of those shapes: the fast path runs them, and the simulator prices a step at the
-shape the engine runs (`sim.latency.FixedShapeSteps`). Not the fast path itself.
+shape the engine runs (`sim.models.latency.FixedShapeSteps`). Not the fast path itself.
 """
 
 from __future__ import annotations

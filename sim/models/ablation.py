@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from dsd.common.arrays import IntArray
 from dsd.policies.types import KPolicy, StepFeedback, StepView
-from dsd.sim.latency import ParametricLatencyModel, PrefillCost, TableLatencyModel
+from dsd.sim.models.latency import ParametricLatencyModel, PrefillCost, TableLatencyModel
 from dsd.sim.types import LatencyModel, ScheduledBatch
 
 
@@ -21,7 +21,7 @@ from dsd.sim.types import LatencyModel, ScheduledBatch
 class FreePrefillLatency:
     """A latency model whose prompt tokens cost nothing (ablation "prefill free").
 
-    Relies on the composition rule of `sim.latency`: a step with decode rows costs
+    Relies on the composition rule of `sim.models.latency`: a step with decode rows costs
     decode + prefill.in_decode_ms(prompt tokens); a prefill-only step costs
     prefill.curve_ms(prompt tokens). Here the marginal part is dropped and a prefill-only step
     costs one forward of a single token, curve_ms(1) (a step cannot take zero time).
