@@ -249,7 +249,10 @@ def test_speculative_config_becomes_a_table_policy(
     [
         (["--profile", "/no/such.json", "--policy", "goodput"], "no such file"),  # bad profile
         (["--profile", str(H100), "--policy", "warp:3"], "unknown policy"),  # bad policy
-        (["--profile", str(H100), "--policy", "static:9"], "exceeds k_max"),  # K too big
+        (
+            ["--profile", str(H100), "--policy", "static:9", "--num-spec-tokens", "5"],
+            "exceeds k_max",
+        ),  # K too big
         (
             ["--profile", str(H100), "--policy", "goodput", "--dataset-name", "nope"],
             "unknown workload",
