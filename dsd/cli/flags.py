@@ -134,7 +134,8 @@ ENGINE: FlagGroup = {
     "k_max": option(
         int | None,
         None,
-        "k_max, num_speculative_tokens (default: the profile's, else 4).",
+        "k_max, num_speculative_tokens (default: the profile's, else 4, raised to a static K or "
+        "a range table's largest K).",
         "--num-spec-tokens",
     ),
     "latency_model": option(str, "auto", "Profile latency model: auto, table or parametric."),
@@ -168,7 +169,10 @@ PAIR: FlagGroup = {
     "device": option(str, "cpu", "cpu or cuda."),
     "dtype": option(str, "auto", "auto, float32, bfloat16, float16."),
     "threads": option(
-        int | None, None, "torch CPU threads (default: torch's); recorded with the results."
+        int | None,
+        None,
+        "torch CPU threads (default: 1 on CPU, which cannot oversubscribe; torch's on CUDA); "
+        "recorded with the results.",
     ),
 }
 

@@ -55,4 +55,5 @@ def register(app: typer.Typer) -> None:
         config = api.run_config(policy=policy, profile=profile, **_dataset(given))
         pair = api.load_pair(**pair_flags, seed=config.seed)
         outcome = api.run(pair, config, ignore_eos=ignore_eos, out=out, **engine_flags)
+        typer.echo(api.threads_text(pair_flags.get("threads"), str(pair.device)), err=True)
         typer.echo(api.run_text(outcome, as_json=json_output))

@@ -80,8 +80,9 @@ def register(app: typer.Typer) -> None:
         from dsd import api
 
         seed = given.pop("seed", 0)
+        pair = api.load_pair(**given, seed=seed)
         measured = api.profile(
-            api.load_pair(**given, seed=seed),
+            pair,
             out=out,
             batch_sizes=flags.int_list("--batch-sizes", batch_sizes, 1),
             k=flags.int_list("--k", k, 0),
@@ -104,6 +105,7 @@ def register(app: typer.Typer) -> None:
             file_format=file_format,
             progress=flags.progress_bar,
         )
+        typer.echo(api.threads_text(given.get("threads"), str(pair.device)))
         typer.echo(api.profile_text(measured, out, file_format))
 
     @flags.command(
@@ -175,6 +177,7 @@ def register(app: typer.Typer) -> None:
             **given,
         )
         _print_cells(cells)
+        typer.echo(api.threads_text(pair_flags.get("threads"), str(pair.device)))
         typer.echo(f"wrote {out}/report.md")
 
     @app.command("hardware-report")
