@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_text
 from dsd.reports.paired import paired_gap
 from dsd.reports.speedup import SpeedupResult, speedup_table
@@ -386,17 +386,6 @@ def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
-def _finite_or_none(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(item) for item in value]
-    return value
-
-
 def work_signature(cell: Cell) -> tuple[Any, ...]:
     """What a cell's real run computed: K per step (histogram), drafts, accepted and output
     tokens. Two cells with one signature did the same work; their TPOT differs by noise only."""
@@ -630,16 +619,14 @@ def write_hardware_report(
         **cell_tables(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
-        "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)
-        + "\n",
+        "config.json": strict_json.dumps(record, indent=2, default=str) + "\n",
     }
     if speedup is not None:
         texts["speedup.json"] = (
-            json.dumps(
-                _finite_or_none({"arms": [a.row() for a in speedup.arms], "runs": speedup.runs}),
+            strict_json.dumps(
+                {"arms": [a.row() for a in speedup.arms], "runs": speedup.runs},
                 indent=1,
                 default=str,
-                allow_nan=False,
             )
             + "\n"
         )

@@ -8,12 +8,13 @@ ITL and goodput.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from dsd.common import strict_json
 
 export_app = typer.Typer(
     help="Export profiles and policies to vLLM's formats.", no_args_is_help=True
@@ -45,7 +46,7 @@ def export_vllm(
 
     require_choice(output_format, "--format", FORMATS)
     if output_format == "dsd-json":
-        text = json.dumps(api.export_pr32374(profile), indent=4) + "\n"
+        text = strict_json.dumps(api.export_pr32374(profile), indent=4) + "\n"
     else:
         config = api.export_vllm(
             profile,
@@ -54,7 +55,7 @@ def export_vllm(
             method=method,
             draft_model=draft_model,
         )
-        text = json.dumps(config) + "\n"
+        text = strict_json.dumps(config) + "\n"
     if out is None:
         sys.stdout.write(text)
     else:
@@ -94,7 +95,7 @@ def explain(
         )
     console = Console(width=120)
     console.print(table)
-    console.print(f"range table: {json.dumps(explained.range_table)}", soft_wrap=True)
+    console.print(f"range table: {strict_json.dumps(explained.range_table)}", soft_wrap=True)
     if explained.held_out:
         console.print(explained.held_out, soft_wrap=True)
 
