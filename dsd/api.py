@@ -219,9 +219,10 @@ def _execute(
     )
 
 
-def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
+def run_text(outcome: RunOutcome, *, as_json: bool = False, verbose: bool = False) -> str:
     """What `dsd simulate` and `dsd run` print: the result as one JSON object, or the
-    `vllm bench serve` summary (and the files written)."""
+    `vllm bench serve` summary (and the files written); `verbose`: with the latency model
+    and why it was chosen (config.json's `latency_model` either way)."""
     from dsd.reports.run_outputs import (
         LEARNED_PROFILE_FILE,
         OUTPUTS_FILE,
@@ -232,7 +233,7 @@ def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
 
     if as_json:
         return result_json_text(outcome.metrics)
-    text = format_summary(outcome.metrics, latency_description(outcome.resolved))
+    text = format_summary(outcome.metrics, latency_description(outcome.resolved) if verbose else {})
     if outcome.out is not None:
         extra = f", {LEARNED_PROFILE_FILE}" if outcome.learned_profile is not None else ""
         extra += f", {OUTPUTS_FILE}" if outcome.output_ids is not None else ""
@@ -295,6 +296,13 @@ def load_pair(
             "checkpoint folder)"
         )
     return load(target, draft, device=device, dtype=dtype, seed=seed)
+
+
+def policy_names() -> list[str]:
+    """Every registered K policy's name (`policies.spec.POLICY_BUILDERS`), sorted."""
+    from dsd.policies.spec import POLICY_BUILDERS
+
+    return sorted(POLICY_BUILDERS)
 
 
 def threads_text(threads: int | None, device: str = "cpu") -> str:

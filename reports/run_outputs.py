@@ -291,7 +291,9 @@ def _line(label: str, value: Any) -> str:
 
 
 def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
-    """The `vllm bench serve` result block, a speculative-decoding block and the K histogram."""
+    """The `vllm bench serve` result block, a speculative-decoding block and the K histogram;
+    a line on the latency model when `latency_info` (`sim.resolve.latency_description`) has
+    one (`-v`)."""
     lines = ["{:=^50}".format(" Serving Benchmark Result ")]
     lines.append(_line("Successful requests:", result["completed"]))
     if result.get("max_concurrency") is not None:

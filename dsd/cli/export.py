@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 
+from dsd.cli import flags
 from dsd.common import strict_json
 
 export_app = typer.Typer(
@@ -23,7 +24,7 @@ policy_app = typer.Typer(help="Inspect K policies.", no_args_is_help=True)
 
 ProfileFile = Annotated[Path, typer.Option(help="Profile JSON (native or PR #32374).")]
 MaxNumSeqs = Annotated[int, typer.Option(help="vLLM's max_num_seqs (the largest B).")]
-PolicySpec = Annotated[str, typer.Option(help="Policy SPEC (see docs/policies.md).")]
+PolicySpec = Annotated[str, typer.Option(help=f"Policy SPEC: {flags.POLICY_SPEC_HELP}.")]
 FORMATS = ("speculative-config", "dsd-json")
 
 
