@@ -55,6 +55,7 @@ def profile_path(app, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     result = CliRunner().invoke(app, [*PROFILE_ARGS, "--out", str(path)])
     assert result.exit_code == 0, result.output
+    assert "threads: 1 (the CPU default" in result.output  # which threads the timings ran on
     return path
 
 
@@ -103,6 +104,7 @@ def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
     assert len(config["cells"]) == 6
     assert config["seed"] == 0 and "versions" in config and "device" in config
     assert "goodput C=2" in result.output.replace("  ", " ")
+    assert "threads: 1 (the CPU default" in result.output
     # The profile carries a measured host overhead and no flag was given: the model is used.
     assert config["host_overhead_source"] == "measured"
     assert {cell["host_overhead_source"] for cell in config["cells"]} == {"measured"}
