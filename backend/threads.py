@@ -1,9 +1,8 @@
 """torch's thread settings: the one place a command applies its `--threads`, and what it records.
 
 Without `--threads`, a CPU run takes one intra-op thread: torch's default (one per core) makes
-two processes on a shared machine fight over every core (a 2-core CPU ran SmolLM2-135M 19x
-slower that way), and one thread per process cannot oversubscribe. On CUDA torch's default
-stays. A timing without its thread count cannot be compared with another; profiles, benchmarks
+two processes on a shared machine fight over every core, and one thread per process cannot
+oversubscribe. On CUDA torch's default stays. A timing without its thread count cannot be compared with another; profiles, benchmarks
 and reports record `thread_settings()` next to `common.machine`'s CPU model and load.
 """
 
