@@ -2,8 +2,9 @@
 
 Without `--threads`, a CPU run takes one intra-op thread: torch's default (one per core) makes
 two processes on a shared machine fight over every core, and one thread per process cannot
-oversubscribe. On CUDA torch's default stays. A timing without its thread count cannot be compared with another; profiles, benchmarks
-and reports record `thread_settings()` next to `common.machine`'s CPU model and load.
+oversubscribe. On CUDA torch's default stays. A timing without its thread count cannot be
+compared with another; profiles, benchmarks and reports record `thread_settings()` next to
+`common.machine`'s CPU model and load.
 """
 
 from __future__ import annotations
