@@ -1,7 +1,10 @@
 """torch's thread settings: the one place a command applies its `--threads`, and what it records.
 
-A timing without its thread count cannot be compared with another; profiles, benchmarks and
-reports record `thread_settings()` next to `common.machine`'s CPU model and load.
+Without `--threads`, a CPU run takes one intra-op thread: torch's default (one per core) makes
+two processes on a shared machine fight over every core, and one thread per process cannot
+oversubscribe. On CUDA torch's default stays. A timing without its thread count cannot be
+compared with another; profiles, benchmarks and reports record `thread_settings()` next to
+`common.machine`'s CPU model and load.
 """
 
 from __future__ import annotations
@@ -17,10 +20,36 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 MAX_THREADS = 1024
 
 
-def set_threads(threads: int | None) -> None:
-    """torch's intra-op threads (None: leave torch's default)."""
+# torch's intra-op threads on CPU when a command is given no --threads
+DEFAULT_CPU_THREADS = 1
+
+
+def default_threads(threads: int | None, device: str) -> int | None:
+    """The intra-op threads a command runs with: `threads` when given, else
+    DEFAULT_CPU_THREADS on CPU, else None (torch's default)."""
     if threads is not None:
-        torch.set_num_threads(threads)
+        return threads
+    return DEFAULT_CPU_THREADS if device == "cpu" else None
+
+
+def set_threads(threads: int | None, device: str = "cpu") -> None:
+    """torch's intra-op threads: `default_threads(threads, device)` (None: torch's default)."""
+    chosen = default_threads(threads, device)
+    if chosen is not None:
+        torch.set_num_threads(chosen)
+
+
+def threads_text(threads: int | None, device: str) -> str:
+    """One line saying which intra-op thread count a command runs with, and why."""
+    count = torch.get_num_threads()
+    if threads is not None:
+        return f"threads: {count} (--threads)"
+    if default_threads(threads, device) is not None:
+        return (
+            f"threads: {count} (the CPU default: one per process cannot oversubscribe the "
+            "cores; --threads N for more)"
+        )
+    return f"threads: {count} (torch's default on {device})"
 
 
 def thread_settings() -> dict[str, Any]:

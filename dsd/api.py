@@ -201,12 +201,13 @@ def load_pair(
 ) -> ModelPair:
     """A target and its draft from specs (`backend.pair`: named shapes with random weights,
     `smollm2-135m`, .gguf files, checkpoint folders; drafts also `early-exit:N`, `ngram` and
-    `none`). `threads`: torch's CPU threads for the whole process (None: torch's default)."""
+    `none`). `threads`: torch's CPU threads for the whole process (None: 1 on CPU, torch's
+    default on CUDA: `backend.threads`)."""
     from dsd.backend.pair import load_pair as load
     from dsd.backend.threads import MAX_THREADS, set_threads
 
     require_int(threads, "threads", 1, MAX_THREADS, optional=True)
-    set_threads(threads)
+    set_threads(threads, device)
 
     if target is None:
         raise InputError(
@@ -214,6 +215,21 @@ def load_pair(
             "checkpoint folder)"
         )
     return load(target, draft, device=device, dtype=dtype, seed=seed)
+
+
+def policy_names() -> list[str]:
+    """Every registered K policy's name (`policies.spec.POLICY_BUILDERS`), sorted."""
+    from dsd.policies.spec import POLICY_BUILDERS
+
+    return sorted(POLICY_BUILDERS)
+
+
+def threads_text(threads: int | None, device: str = "cpu") -> str:
+    """One line: the torch threads `load_pair(threads=threads, device=device)` runs with, and
+    why (the given count, or the default)."""
+    from dsd.backend.threads import threads_text as text
+
+    return text(threads, device)
 
 
 def run(

@@ -25,13 +25,13 @@ This module does not fit or interpolate anything (see `policies.goodput`, `sim`)
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_text
 from dsd.common.errors import InputError
 from dsd.common.user_files import parse_user_json, read_user_text
@@ -258,7 +258,7 @@ def profile_to_pr32374(profile: Profile) -> dict[str, Any]:
 
 def save_pr32374(profile: Profile, path: str | os.PathLike[str]) -> None:
     """Write `profile_to_pr32374(profile)` atomically."""
-    atomic_write_text(path, json.dumps(profile_to_pr32374(profile), indent=4) + "\n")
+    atomic_write_text(path, strict_json.dumps(profile_to_pr32374(profile), indent=4) + "\n")
 
 
 # ---------------------------------------------------------------- native format
@@ -723,7 +723,7 @@ def profile_to_native(profile: Profile) -> dict[str, Any]:
 
 def profile_json_text(profile: Profile) -> str:
     """The native JSON text of `profile`, as `save_profile` writes it."""
-    return json.dumps(profile_to_native(profile), indent=2) + "\n"
+    return strict_json.dumps(profile_to_native(profile), indent=2) + "\n"
 
 
 def save_profile(profile: Profile, path: str | os.PathLike[str]) -> None:

@@ -69,7 +69,7 @@ from dsd.policies.profile_io import load_profile
 from dsd.policies.range_table import RangeTablePolicy, read_ranges
 from dsd.policies.static import StaticPolicy
 from dsd.policies.switching import HysteresisConfig, HysteresisPolicy
-from dsd.policies.types import MAX_NUM_SEQS, KPolicy
+from dsd.policies.types import MAX_NUM_SEQS, MAX_SPEC_TOKENS, KPolicy
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,32 @@ def parse_policy(
         context_latency=context_latency,
     )
     return _parse_with_context(spec, context)
+
+
+def spec_k_max(spec: str) -> int | None:
+    """The k_max a SPEC fixes by itself, as vLLM's num_speculative_tokens comes with its
+    config: `static:K` -> K, a range table (`table:`, `context:table=`) -> its largest K (at
+    most MAX_SPEC_TOKENS, as a lookup clamps), `hysteresis:BASE` -> BASE's. None for the
+    policies that choose K up to whatever k_max the run has, and for a SPEC that does not parse
+    (its builder reports it). A static K above MAX_SPEC_TOKENS is that bound (the builder
+    refuses the K)."""
+    name, _sep, argument = spec.strip().partition(":")
+    name, argument = name.strip().lower(), argument.strip()
+    if name == "static":
+        fixed = int(argument) if argument.isascii() and argument.isdigit() else None
+        return None if fixed is None else min(fixed, MAX_SPEC_TOKENS)
+    if name == "hysteresis" and argument:
+        return spec_k_max(_split_hysteresis(argument)[0])
+    try:
+        if name == "table" and argument:
+            ks = [entry[2] for entry in read_ranges(argument)]
+        elif name == "context" and argument.partition("=")[0].strip() == "table":
+            ks = [entry[4] for entry in read_context_ranges(argument.partition("=")[2])]
+        else:
+            return None
+    except InputError:
+        return None
+    return min(max(ks, default=0), MAX_SPEC_TOKENS)
 
 
 def policy_name(spec: str) -> str:

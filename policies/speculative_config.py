@@ -11,9 +11,9 @@ Range-table semantics live in `policies.range_table`; the profile file formats i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from dsd.common import strict_json
 from dsd.common.errors import InputError, require_int
 from dsd.common.user_files import read_json_argument
 from dsd.policies.range_table import TABLE_FIELD, RangeTable, validate_ranges
@@ -66,7 +66,7 @@ def spec_from_speculative_config(text_or_path: str) -> tuple[str, int]:
     if table is None:
         return f"static:{k_max}", k_max
     checked = validate_ranges(table, f"{source}: {TABLE_FIELD}")
-    return "table:" + json.dumps(checked, separators=(",", ":")), k_max
+    return "table:" + strict_json.dumps(checked, separators=(",", ":")), k_max
 
 
 # vLLM's (method, parallel_drafting) -> the simulator's speculative_method

@@ -16,14 +16,15 @@ from dsd.reports.run_outputs import (
 from dsd.sim.models.latency_choice import held_out_summary
 
 
-def run_text(outcome: RunOutcome, *, as_json: bool = False) -> str:
+def run_text(outcome: RunOutcome, *, as_json: bool = False, verbose: bool = False) -> str:
     """What `dsd simulate` and `dsd run` print: the result as one JSON object, or the
-    `vllm bench serve` summary (and the files written)."""
+    `vllm bench serve` summary (and the files written); `verbose`: with the latency model
+    and why it was chosen (config.json's `latency_model` either way)."""
     from dsd.sim.resolve import latency_description
 
     if as_json:
         return result_json_text(outcome.metrics)
-    text = format_summary(outcome.metrics, latency_description(outcome.resolved))
+    text = format_summary(outcome.metrics, latency_description(outcome.resolved) if verbose else {})
     if outcome.out is not None:
         extra = f", {LEARNED_PROFILE_FILE}" if outcome.learned_profile is not None else ""
         extra += f", {OUTPUTS_FILE}" if outcome.output_ids is not None else ""

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import multiprocessing
 import tempfile
 import time
@@ -57,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
 from dsd.policies.profile_io import save_profile
@@ -340,7 +340,7 @@ def evaluate(out: Path, num_workers: int) -> Results:
         for c in MT_BENCH_CONCURRENCIES
         for k in range(K_MAX + 1)
     ]
-    atomic_write_text(Path(sweep_path), json.dumps(records, indent=1))
+    atomic_write_text(Path(sweep_path), strict_json.dumps(records, indent=1))
     _run_all(tasks_for(DYNAMIC_ROWS), results, num_workers)
     while True:
         for w in all_workloads:
@@ -485,7 +485,7 @@ def main() -> None:
     start = time.perf_counter()
     results = evaluate(args.out, args.workers)
     seconds = time.perf_counter() - start
-    atomic_write_text(args.out / "results.json", json.dumps(results, indent=1))
+    atomic_write_text(args.out / "results.json", strict_json.dumps(results, indent=1))
     _plot(results, args.out)
     atomic_write_text(args.out / "report.md", _markdown(results, args.out, seconds, args.workers))
 

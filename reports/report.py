@@ -11,8 +11,8 @@ DIR/report.md plus PNGs beside it:
   mean TPOT (positive = slower than the best static K), and with several sweep seeds the 95%
   half-width of its gap paired seed by seed (`reports.paired`);
 - output throughput vs mean TPOT for every cell, with the Pareto frontier (`frontier_<group>.png`);
-- K chosen over time for one cell (`--k-trace-cell ID`; default: the first non-static cell at
-  the median concurrency of the first group) from its K trace (`k_trace.png`).
+- K chosen over time for one cell (`--k-trace-cell ID`; default: the cell whose K moves most,
+  `k_movement`) from its K trace (`k_trace.png`, integer K ticks, K and B in the legend).
 
 What it does not do: run anything, or compare against real-GPU measurements.
 """
@@ -213,6 +213,21 @@ def _frontier_plot(group: pd.DataFrame, title: str) -> bytes:
     tpot = group["mean_tpot_ms"].to_numpy(dtype=float)
     throughput = group["output_throughput"].to_numpy(dtype=float)
     ok = np.isfinite(tpot) & np.isfinite(throughput)
+    # Each point's concurrency C (open-loop cells have none); where points of one C lie within
+    # 2% of the axes of each other (policies that did the same work), one label stands for all.
+    spans = [
+        max(float(np.ptp(values[ok])), 1e-9) if ok.any() else 1.0 for values in (tpot, throughput)
+    ]
+    placed: list[tuple[float, float, str]] = []
+    for x, y, concurrency in zip(tpot, throughput, group["max_concurrency"], strict=True):
+        label = "no cap" if pd.isna(concurrency) else f"C={int(concurrency)}"
+        near = any(
+            text == label and abs(x - px) < 0.02 * spans[0] and abs(y - py) < 0.02 * spans[1]
+            for px, py, text in placed
+        )
+        if math.isfinite(x) and math.isfinite(y) and not near:
+            axis.annotate(label, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6)
+            placed.append((x, y, label))
     if ok.any():
         frontier = pareto_frontier(throughput[ok], tpot[ok])
         axis.plot(tpot[ok][frontier], throughput[ok][frontier], color="black", label="frontier")
@@ -224,7 +239,29 @@ def _frontier_plot(group: pd.DataFrame, title: str) -> bytes:
     return figure_png_bytes(figure, dpi=110)
 
 
-def default_k_trace_cell(frame: pd.DataFrame) -> str:
+def k_movement(trace: pd.DataFrame) -> float:
+    """How much a cell's K moves: the standard deviation of the mean K of its decode steps
+    (0 for a K that never changes, or a trace without decode steps)."""
+    decode = trace.loc[trace["num_decode_reqs"] > 0, "mean_k"].to_numpy(dtype=float)
+    return float(np.std(decode)) if len(decode) else 0.0
+
+
+def default_k_trace_cell(frame: pd.DataFrame, folder: Path) -> str:
+    """The cell whose K moves most (`k_movement` of each K trace in `folder`); where none
+    moves, or ties, the first non-static cell at the median concurrency of the first group
+    (else the first cell) comes first."""
+    preferred = _preferred_k_trace_cell(frame)
+    order = [preferred, *(str(c) for c in frame["cell_id"] if str(c) != preferred)]
+    movement = {}
+    for cell_id in order:
+        try:
+            movement[cell_id] = k_movement(pd.read_parquet(k_trace_file(folder, cell_id)))
+        except (OSError, ValueError, KeyError):  # an unreadable trace is not chosen
+            movement[cell_id] = -1.0
+    return max(order, key=lambda cell_id: movement[cell_id])  # the first of equals
+
+
+def _preferred_k_trace_cell(frame: pd.DataFrame) -> str:
     """The first non-static cell at the median concurrency of the first group (else the first)."""
     keys = [k for k in series_keys(frame) if k != "policy"]
     first = frame
@@ -244,15 +281,32 @@ def default_k_trace_cell(frame: pd.DataFrame) -> str:
 
 
 def _k_trace_plot(trace: pd.DataFrame, title: str) -> bytes:
+    from matplotlib.ticker import MaxNLocator
+
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(9.0, 4.0))
     decode = trace[trace["num_decode_reqs"] > 0]
-    axis.plot(decode["start_s"], decode["mean_k"], linewidth=0.8, label="mean K (decode rows)")
+    (k_line,) = axis.plot(
+        decode["start_s"], decode["mean_k"], linewidth=0.8, label="mean K (decode rows)"
+    )
     axis.set_xlabel("simulated time (s)")
     axis.set_ylabel("K")
+    # K is a whole number: integer ticks, and at least 0..k_max+1 so a flat K reads as flat
+    axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+    top = float(decode["k_max"].max()) if len(decode) else 1.0
+    axis.set_ylim(-0.2, max(top, 1.0) + 0.2)
     other = axis.twinx()
-    other.plot(trace["start_s"], trace["batch_size"], color="grey", alpha=0.5, linewidth=0.8)
+    (b_line,) = other.plot(
+        trace["start_s"],
+        trace["batch_size"],
+        color="grey",
+        alpha=0.5,
+        linewidth=0.8,
+        label="batch size B",
+    )
     other.set_ylabel("batch size B", color="grey")
+    other.yaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.legend(handles=[k_line, b_line], loc="upper right", fontsize="small")
     axis.set_title(title)
     axis.grid(True, alpha=0.3)
     return figure_png_bytes(figure, dpi=110)
@@ -310,12 +364,13 @@ def build_report(
                 ]
         files[f"frontier_{slug}.png"] = _frontier_plot(group, name)
         lines += [
-            "Output throughput vs mean TPOT, every cell; the line is the Pareto frontier:",
+            "Output throughput vs mean TPOT, every cell (labelled with its concurrency C); the "
+            "line is the Pareto frontier:",
             "",
             f"![throughput vs TPOT](frontier_{slug}.png)",
             "",
         ]
-    chosen = k_trace_cell or default_k_trace_cell(frame)
+    chosen = k_trace_cell or default_k_trace_cell(frame, folder)
     if chosen not in set(frame["cell_id"]):
         raise InputError(f"--k-trace-cell {chosen}: no finished cell with that id")
     row = frame[frame["cell_id"] == chosen].iloc[0]
@@ -330,7 +385,9 @@ def build_report(
     lines += [
         "## K chosen over time",
         "",
-        f"Cell `{chosen}`: {title} (pick another with `--k-trace-cell ID`; ids in sweep.csv).",
+        f"Cell `{chosen}`: {title}"
+        + ("" if k_trace_cell else ", the cell whose K moves most")
+        + " (pick another with `--k-trace-cell ID`; ids in sweep.csv).",
         "",
         f"![K over time]({K_TRACE_PLOT})",
         "",

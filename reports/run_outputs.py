@@ -7,8 +7,8 @@
   (`simulator_settings`: latency and acceptance models; a real run: the model pair).
 - `format_summary(result, latency_info)`: the readable `vllm bench serve` block.
 - `result_json_text(result)`: one JSON object, keys sorted, floats as Python writes them
-  (shortest round-trip repr; NaN as `NaN`, like vLLM's `json.dump`), so the same seed gives
-  byte-identical text in any process.
+  (shortest round-trip repr; NaN and infinities as null: `common.strict_json`), so the same
+  seed gives byte-identical text in any process.
 - `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
   steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
   line), learned_profile.json when the policy learns one (the bandit), and for a real run
@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import json
 import math
 import os
 import shutil
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_bytes
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
@@ -113,7 +113,7 @@ def json_default(value: Any) -> Any:
 
 def result_json_text(result: Mapping[str, Any]) -> str:
     """One JSON object, sorted keys, two-space indent, no trailing newline."""
-    return json.dumps(result, indent=2, sort_keys=True, default=json_default, allow_nan=True)
+    return strict_json.dumps(result, indent=2, sort_keys=True, default=json_default)
 
 
 def request_frame(run: RunResult, resolved: ResolvedRun) -> pd.DataFrame:
@@ -282,18 +282,20 @@ def outputs_jsonl(
         row: dict[str, Any] = {"req_id": req_id, "token_ids": output_ids[req_id]}
         if detokenize is not None:
             row["text"] = detokenize(output_ids[req_id])
-        lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+        lines.append(strict_json.dumps(row, ensure_ascii=False) + "\n")
     return "".join(lines).encode("utf-8")
 
 
 def _line(label: str, value: Any) -> str:
     if isinstance(value, float):
-        return f"{label:<40} {value:<10.2f}"
+        return f"{label:<40} {strict_json.missing_text(value, '{:.2f}'):<10}"
     return f"{label:<40} {value!s:<10}"
 
 
 def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
-    """The `vllm bench serve` result block, a speculative-decoding block and the K histogram."""
+    """The `vllm bench serve` result block, a speculative-decoding block and the K histogram;
+    a line on the latency model when `latency_info` (`sim.resolve.latency_description`) has
+    one (`-v`)."""
     lines = ["{:=^50}".format(" Serving Benchmark Result ")]
     lines.append(_line("Successful requests:", result["completed"]))
     if result.get("max_concurrency") is not None:
@@ -327,7 +329,7 @@ def format_summary(result: dict[str, Any], latency_info: dict[str, Any]) -> str:
     lines.append(_line("Draft tokens:", result["spec_decode_draft_tokens"]))
     lines.append(_line("Accepted tokens:", result["spec_decode_accepted_tokens"]))
     per_position = result["spec_decode_per_position_acceptance_rates"]
-    shown = ", ".join("-" if math.isnan(r) else f"{100 * r:.1f}" for r in per_position)
+    shown = ", ".join(strict_json.missing_text(100 * r, "{:.1f}") for r in per_position)
     lines.append(_line("Per-position acceptance (%):", shown or "-"))
     lines.append("{:-^50}".format("K histogram (decode rows)"))
     histogram = result["k_histogram"]

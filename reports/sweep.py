@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import math
 import os
 import time
@@ -50,7 +49,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dsd.common import invocation
+from dsd.common import invocation, strict_json
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.errors import InputError, WorkerDied
 from dsd.common.png import figure_png_bytes
@@ -237,7 +236,9 @@ def identify(cells: Sequence[SweepCell]) -> list[SweepCell]:
     named: list[SweepCell] = []
     seen: dict[str, int] = {}
     for cell in cells:
-        spec_json = json.dumps(cell_spec(cell, digests), sort_keys=True, separators=(",", ":"))
+        spec_json = strict_json.dumps(
+            cell_spec(cell, digests), sort_keys=True, separators=(",", ":")
+        )
         cell_id = hashlib.sha256(spec_json.encode("utf-8")).hexdigest()[:16]
         if cell_id in seen:
             raise InputError(
@@ -604,8 +605,9 @@ def shown_table(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _cell_text(value: Any) -> str:
-    if isinstance(value, float | np.floating):
-        return "nan" if math.isnan(value) else f"{value:.3f}"
+    """A table cell: floats with 3 decimals, "-" where the value is missing (NaN, None)."""
+    if value is None or isinstance(value, float | np.floating):
+        return strict_json.missing_text(value, "{:.3f}")
     return str(value)
 
 

@@ -119,7 +119,8 @@ class RunConfig:
     # KV pool in blocks of 16 tokens; None: every running sequence can hold its longest request
     # (min(max_num_seqs, requests) x ceil(max_model_len / 16)), so nothing is ever preempted.
     num_kv_blocks: int | None = None
-    # Largest K (num_speculative_tokens); None: the profile's k_max, else DEFAULT_K_MAX.
+    # Largest K (num_speculative_tokens); None: the profile's k_max, else DEFAULT_K_MAX, raised
+    # to the K the policy fixes (static:K, a range table's largest K: policies.spec_k_max).
     k_max: int | None = None
     # Step latency model: "table" (the profile, goodput's interpolation), "parametric" (fitted,
     # extrapolates), "auto" (table when it covers K=0..k_max at every profiled B).

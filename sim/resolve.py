@@ -29,7 +29,7 @@ import numpy as np
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
-from dsd.policies.spec import parse_policy, policy_name
+from dsd.policies.spec import parse_policy, policy_name, spec_k_max
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.models.latency import (
@@ -237,7 +237,10 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
     if config.k_max is not None:
         k_max = int(config.k_max)
     else:
+        # The profile's (or the default) k_max, raised to the K a static policy or a range
+        # table fixes: `static:6` runs like vLLM with num_speculative_tokens 6.
         k_max = DEFAULT_K_MAX if profile is None else profile.k_max
+        k_max = max(k_max, spec_k_max(config.policy) or 0)
     if (
         profile is not None
         and config.latency_model == "table"

@@ -45,7 +45,6 @@ are imported with importlib so that mypy does not analyse vLLM (it ships py.type
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 import tempfile
@@ -55,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
 from dsd.sim.scheduler import (
@@ -124,7 +124,7 @@ def build_vllm_scheduler(config: SchedulerConfig) -> Any:
     is_async = config.scheduling == "async"
     with tempfile.TemporaryDirectory(prefix="dsd-vllm-oracle-") as folder:
         with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as out:
-            json.dump(_llama_config(config.max_model_len), out)
+            out.write(strict_json.dumps(_llama_config(config.max_model_len)))
         model_config = vconfig.ModelConfig(
             model=folder,
             skip_tokenizer_init=True,

@@ -21,7 +21,6 @@ module does not build workloads and does not tokenize.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write, atomic_write_bytes
 from dsd.common.errors import InputError
 from dsd.common.png import figure_png_bytes
@@ -98,7 +98,7 @@ def write_vllm_custom_jsonl(workload: Workload, path: Path) -> None:
                     "output_tokens": request.output_len,
                     "prompt_len": request.prompt_len,
                 }
-                out.write(json.dumps(row, ensure_ascii=False))
+                out.write(strict_json.dumps(row, ensure_ascii=False))
                 out.write("\n")
 
     atomic_write(path, write_lines)

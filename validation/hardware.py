@@ -18,7 +18,6 @@ from __future__ import annotations
 import csv
 import io
 import itertools
-import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_text
 from dsd.reports.paired import paired_gap
 from dsd.validation.report import (
@@ -248,7 +248,10 @@ def _family_gaps(rows: Sequence[CrossoverRow], family: str) -> list[tuple[int, s
     ]
 
 
-def _verdict(goal: Goal) -> str:
+def _verdict(goal: Goal, dry_run: bool = False) -> str:
+    """A goal's verdict; a dry run (`--quick`: too few prompts and trials to judge) has none."""
+    if dry_run:
+        return "dry run: no verdict"
     return "not measured" if goal.met is None else ("met" if goal.met else "**missed**")
 
 
@@ -280,10 +283,15 @@ def _crossover_markdown(rows: Sequence[CrossoverRow]) -> list[str]:
 
 def _outside_prefill_steps_lines(cells: Sequence[Cell]) -> list[str]:
     """The crossover again on the TPOT of the decode steps alone ([] where no trial recorded
-    `mean_tpot_in_prefill_steps_ms`)."""
+    `mean_tpot_in_prefill_steps_ms`; one line where it is the measured table again)."""
     rows = crossover(cells, _tpot_outside_prefill_steps)
     if not rows:
         return []
+    if _crossover_markdown(rows) == _crossover_markdown(crossover(cells)):
+        return [
+            "",
+            "Outside prefill steps the table is the same (no decode row waited on a prompt).",
+        ]
     return [
         "",
         "### The same, outside prefill steps",
@@ -300,10 +308,14 @@ def _outside_prefill_steps_lines(cells: Sequence[Cell]) -> list[str]:
 
 
 def _speed_adjusted_crossover_lines(cells: Sequence[Cell]) -> list[str]:
-    """The crossover again with every trial divided by its machine speed ([] without speeds)."""
+    """The crossover again with every trial divided by its machine speed ([] without speeds;
+    one line where it is the measured table again), and its noise floor where that differs."""
     rows = crossover(cells, _tpot_speed_adjusted)
     if not rows:
         return []
+    if _crossover_markdown(rows) == _crossover_markdown(crossover(cells)):
+        return ["", "Divided by the machine's speed during each trial the table is the same."]
+    noise = _noise_floor_lines(cells, _tpot_speed_adjusted)
     return [
         "",
         "### The same, each trial divided by its machine speed",
@@ -313,7 +325,7 @@ def _speed_adjusted_crossover_lines(cells: Sequence[Cell]) -> list[str]:
         "the cells as if all ran at one speed. The verdicts above use the undivided medians.",
         "",
         *_crossover_markdown(rows),
-        *_noise_floor_lines(cells, _tpot_speed_adjusted),
+        *([] if noise == _noise_floor_lines(cells) else noise),
     ]
 
 
@@ -384,17 +396,6 @@ def _error_split_markdown(cells: Sequence[Cell]) -> list[str]:
         concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
         lines.append(f"| {cell.policy} | {concurrency} | " + " | ".join(texts) + " |")
     return lines
-
-
-def _finite_or_none(value: Any) -> Any:
-    """`value` with every NaN or infinite float replaced by None (strict JSON)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite_or_none(item) for item in value]
-    return value
 
 
 def work_signature(cell: Cell) -> tuple[Any, ...]:
@@ -483,9 +484,18 @@ def hardware_markdown(
     )
     lines = [f"# {title}", ""]
     lines += ["Command (the whole report):", "", "```", str(config.get("command", "")), "```", ""]
-    lines += ["## Goals", "", "| goal | measured | verdict |", "|---|---|---|"]
+    lines += ["## Goals", ""]
+    if config.get("quick"):
+        lines += [
+            "A dry run (`--quick`): too few prompts and trials to judge a goal; the figures "
+            "show that every stage ran.",
+            "",
+        ]
+    lines += ["| goal | measured | verdict |", "|---|---|---|"]
     for goal in goals(speedup, rows, cells):
-        lines.append(f"| {goal.name} | {goal.figure} | {_verdict(goal)} |")
+        lines.append(
+            f"| {goal.name} | {goal.figure} | {_verdict(goal, bool(config.get('quick')))} |"
+        )
     lines += ["", "## Machine", ""]
     for key in ("device_name", "dtype", "matmul", "load_average", "versions", "date", "quick"):
         if key in config:
@@ -630,16 +640,14 @@ def write_hardware_report(
         **cell_tables(cells),
         "validation.md": report_markdown(cells, record, "Validation: simulated vs measured"),
         "crossover.csv": crossover_csv(rows),
-        "config.json": json.dumps(_finite_or_none(record), indent=2, default=str, allow_nan=False)
-        + "\n",
+        "config.json": strict_json.dumps(record, indent=2, default=str) + "\n",
     }
     if speedup is not None:
         texts["speedup.json"] = (
-            json.dumps(
-                _finite_or_none({"arms": [a.row() for a in speedup.arms], "runs": speedup.runs}),
+            strict_json.dumps(
+                {"arms": [a.row() for a in speedup.arms], "runs": speedup.runs},
                 indent=1,
                 default=str,
-                allow_nan=False,
             )
             + "\n"
         )

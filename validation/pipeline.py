@@ -277,12 +277,10 @@ def hardware_report(
     check_fast_path(fast_path, device)  # load_pair checks the device and dtype
     if draft.strip() in ("", "none"):
         raise InputError("draft: the hardware report needs a draft (e.g. ngram:2-6)")
-    if threads is None and device == "cpu":
-        threads = 1
     started = dt.datetime.now(dt.UTC)
     loads = [load_average()]
     stage(f"loading {target} + {draft} on {device}")
-    set_threads(threads)
+    set_threads(threads, device)
     pair = load_pair(target, draft, device=device, dtype=dtype, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     profile_path = folder / "profile.json"

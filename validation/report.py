@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.png import figure_png_bytes
 
@@ -75,7 +75,7 @@ def as_number(value: Any) -> float:
 
 
 def format_number(value: float, digits: int = 2) -> str:
-    return "n/a" if not math.isfinite(value) else f"{value:.{digits}f}"
+    return strict_json.missing_text(value, f"{{:.{digits}f}}")
 
 
 def _median_max_abs(errors: Sequence[float]) -> tuple[float, float]:
@@ -494,7 +494,7 @@ def write_validation_report(
         atomic_write_text(out / name, table)
         written.append(out / name)
     atomic_write_text(
-        out / "config.json", json.dumps(config_out, indent=2, default=str, allow_nan=True) + "\n"
+        out / "config.json", strict_json.dumps(config_out, indent=2, default=str) + "\n"
     )
     written.append(out / "config.json")
     if plot_tpot_vs_concurrency(cells, out / "tpot_vs_concurrency.png"):

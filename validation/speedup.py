@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsd.common.errors import InputError
 from dsd.common.machine import load_average
+from dsd.common.strict_json import missing_text
 from dsd.sim.config import RunConfig
 from dsd.sim.metrics import discard_steps
 
@@ -206,8 +207,9 @@ def speedup_table(result: SpeedupResult) -> str:
             f"{row['speedup_median']:.2f}x ({row['speedup_min']:.2f}-{row['speedup_max']:.2f})"
         )
         lines.append(
-            f"{row['arm']:<26} {tpot:>22} {speedup:>20} {row['acceptance_length']:>5.2f} "
-            f"{row['acceptance_rate']:>5.1f} {row['output_tokens']:>7}  "
+            f"{row['arm']:<26} {tpot:>22} {speedup:>20} "
+            f"{missing_text(row['acceptance_length'], '{:.2f}'):>5} "
+            f"{missing_text(row['acceptance_rate'], '{:.1f}'):>5} {row['output_tokens']:>7}  "
             f"{'yes' if row['identical_to_first_arm'] else 'NO'}"
         )
     return "\n".join(lines)

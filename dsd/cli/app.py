@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Annotated, Any
 
 import typer
 
-from dsd.cli import export, hardware, profile, report, run, simulate, traces, validate, zoo
+from dsd.cli import export, flags, hardware, profile, report, run, simulate, traces, validate, zoo
 from dsd.cli.flags import flag_of
 from dsd.common import invocation
 from dsd.common.errors import InputError, WorkerDied
@@ -26,8 +27,10 @@ from dsd.common.errors import InputError, WorkerDied
 # older clicks show that help and exit themselves.
 try:
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    from typer._click.utils import make_default_short_help
 except ImportError:  # pragma: no cover - older typer
     from click import exceptions as _click_exceptions
+    from click.utils import make_default_short_help  # type: ignore[no-redef]
 
     ClickException = _click_exceptions.ClickException  # type: ignore[misc,assignment]
     NoArgsIsHelpError = getattr(_click_exceptions, "NoArgsIsHelpError", ())  # type: ignore[misc,arg-type]
@@ -42,8 +45,52 @@ app = typer.Typer(
     # (+0.2 s, twice the rest of a start on the 2-core host; docs/simulator.md "Speed")
     rich_markup_mode=None,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from dsd import __version__
+
+        print(f"dsd {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print dsd's version."
+        ),
+    ] = False,
+) -> None:
+    pass  # the options above act in their callbacks; the app's help is Typer(help=...)
+
+
 for _module in (export, simulate, traces, run, profile, validate, hardware, report, zoo):
     _module.register(app)
+
+
+def _fill_policy_names(command: Any, args: list[str]) -> None:
+    """For `--help` of a command whose help says `flags.POLICY_NAMES`: put the registered
+    policies' names there (importing them only then keeps every other start quick)."""
+    for word in args:  # the command the help is for: `dsd export vllm --help` -> vllm
+        command = getattr(command, "commands", {}).get(word, command)
+    params = [p for p in command.params if flags.POLICY_NAMES in (getattr(p, "help", "") or "")]
+    if params:
+        from dsd import api
+
+        for param in params:
+            param.help = param.help.replace(flags.POLICY_NAMES, ", ".join(api.policy_names()))
+
+
+def _full_short_help(command: Any) -> None:
+    """Give every subcommand its whole first sentence as the line a group's help lists (click
+    cuts it at about 45 characters, mid-phrase)."""
+    for sub in getattr(command, "commands", {}).values():
+        if not sub.short_help and sub.help:
+            sub.short_help = make_default_short_help(sub.help, sys.maxsize)
+        _full_short_help(sub)
 
 
 def fail(message: str) -> None:
@@ -75,7 +122,12 @@ def main(argv: list[str] | None = None) -> None:
     argv_given = sys.argv[1:] if argv is None else argv
     invocation.record(argv_given)
     try:
-        result = app(args=argv, prog_name="dsd", standalone_mode=False)
+        command = typer.main.get_command(app)
+        _full_short_help(command)
+        args = sys.argv[1:] if argv is None else argv
+        if "--help" in args:
+            _fill_policy_names(command, args)
+        result = command.main(args=argv, prog_name="dsd", standalone_mode=False)
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:

@@ -10,12 +10,14 @@ print the same table as TensorRT-LLM's `draft_len_schedule` and SGLang's adaptiv
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from dsd.cli import flags
+from dsd.common import strict_json
 
 export_app = typer.Typer(
     help="Export profiles and policies to vLLM's, TensorRT-LLM's and SGLang's formats.",
@@ -25,7 +27,7 @@ policy_app = typer.Typer(help="Inspect K policies.", no_args_is_help=True)
 
 ProfileFile = Annotated[Path, typer.Option(help="Profile JSON (native or PR #32374).")]
 MaxNumSeqs = Annotated[int, typer.Option(help="vLLM's max_num_seqs (the largest B).")]
-PolicySpec = Annotated[str, typer.Option(help="Policy SPEC (see docs/policies.md).")]
+PolicySpec = Annotated[str, typer.Option(help=f"Policy SPEC: {flags.POLICY_SPEC_HELP}.")]
 Method = Annotated[
     str | None, typer.Option(help="vLLM spec method, e.g. eagle (mapped to the engine's name).")
 ]
@@ -52,7 +54,7 @@ def export_vllm(
 
     require_choice(output_format, "--format", FORMATS)
     if output_format == "dsd-json":
-        text = json.dumps(api.export_pr32374(profile), indent=4) + "\n"
+        text = strict_json.dumps(api.export_pr32374(profile), indent=4) + "\n"
     else:
         config = api.export_vllm(
             profile,
@@ -61,7 +63,7 @@ def export_vllm(
             method=method,
             draft_model=draft_model,
         )
-        text = json.dumps(config) + "\n"
+        text = strict_json.dumps(config) + "\n"
     _write(text, out)
 
 
@@ -97,7 +99,7 @@ def export_trtllm(
     config = api.export_trtllm(
         profile, max_num_seqs=max_num_seqs, policy=policy, method=method, draft_model=draft_model
     )
-    _write(json.dumps(config) + "\n", out)
+    _write(strict_json.dumps(config) + "\n", out)
 
 
 @export_app.command("sglang")
@@ -122,7 +124,7 @@ def export_sglang(
     from dsd import api
 
     config = api.export_sglang(profile, max_num_seqs=max_num_seqs, policy=policy, method=method)
-    _write(json.dumps(config) + "\n", out)
+    _write(strict_json.dumps(config) + "\n", out)
     note = api.sglang_launch_note(
         config,
         max_num_seqs,
@@ -166,7 +168,7 @@ def explain(
         )
     console = Console(width=120)
     console.print(table)
-    console.print(f"range table: {json.dumps(explained.range_table)}", soft_wrap=True)
+    console.print(f"range table: {strict_json.dumps(explained.range_table)}", soft_wrap=True)
     if explained.held_out:
         console.print(explained.held_out, soft_wrap=True)
 

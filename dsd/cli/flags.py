@@ -93,12 +93,16 @@ REQUESTS: FlagGroup = {
 }
 
 # --- when they arrive -------------------------------------------------------------------------
-ARRIVALS: FlagGroup = {
-    "max_concurrency": option(int | None, None, "Cap on requests in flight."),
+# the send times alone (`traces show`: a cap on requests in flight is the client's)
+ARRIVAL_TIMES: FlagGroup = {
     "request_rate": option(
         float, math.inf, "Mean requests/s; inf sends all at once (a trace keeps its own times)."
     ),
     "burstiness": option(float, 1.0, "Gamma shape of arrival gaps; 1.0 = Poisson."),
+}
+ARRIVALS: FlagGroup = {
+    "max_concurrency": option(int | None, None, "Cap on requests in flight."),
+    **ARRIVAL_TIMES,
 }
 
 # --- the engine: scheduler limits and what the policy plans with --------------------------------
@@ -134,7 +138,8 @@ ENGINE: FlagGroup = {
     "k_max": option(
         int | None,
         None,
-        "k_max, num_speculative_tokens (default: the profile's, else 4).",
+        "k_max, num_speculative_tokens (default: the profile's, else 4, raised to a static K or "
+        "a range table's largest K).",
         "--num-spec-tokens",
     ),
     "latency_model": option(str, "auto", "Profile latency model: auto, table or parametric."),
@@ -159,6 +164,20 @@ SIMULATOR: FlagGroup = {
     ),
 }
 
+# Where a help text names every registered K policy: `dsd.cli.app` fills it from the registry
+# (`policies.spec.POLICY_BUILDERS`) when help is shown, so no other start imports the policies.
+POLICY_NAMES = "{policy_names}"
+# A policy SPEC's help: its grammar and the names
+POLICY_SPEC_HELP = f"NAME[:ARGUMENT], NAME one of {POLICY_NAMES} (docs/policies.md)"
+
+# `dsd simulate` and `dsd run`: the latency model chosen and why, which config.json always holds
+Verbose = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="Also print the latency model and why (config.json has it)."
+    ),
+]
+
 # --- a real model pair --------------------------------------------------------------------------
 PAIR: FlagGroup = {
     "target": option(
@@ -168,7 +187,10 @@ PAIR: FlagGroup = {
     "device": option(str, "cpu", "cpu or cuda."),
     "dtype": option(str, "auto", "auto, float32, bfloat16, float16."),
     "threads": option(
-        int | None, None, "torch CPU threads (default: torch's); recorded with the results."
+        int | None,
+        None,
+        "torch CPU threads (default: 1 on CPU, which cannot oversubscribe; torch's on CUDA); "
+        "recorded with the results.",
     ),
 }
 

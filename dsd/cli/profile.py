@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(
                 help="Add B where the ITL table interpolates worst until every interior B is "
-                "predicted from its neighbours within this %% (default: the listed B only)."
+                "predicted from its neighbours within this % (default: the listed B only)."
             ),
         ] = None,
         adaptive_budget_s: Annotated[
@@ -60,8 +60,9 @@ def register(app: typer.Typer) -> None:
         from dsd import api
 
         seed = given.pop("seed", 0)
+        pair = api.load_pair(**given, seed=seed)
         measured = api.profile(
-            api.load_pair(**given, seed=seed),
+            pair,
             out=out,
             batch_sizes=flags.int_list("--batch-sizes", batch_sizes, 1),
             k=flags.int_list("--k", k, 0),
@@ -84,4 +85,5 @@ def register(app: typer.Typer) -> None:
             file_format=file_format,
             progress=flags.progress_bar,
         )
+        typer.echo(api.threads_text(given.get("threads"), str(pair.device)))
         typer.echo(api.profile_text(measured, out, file_format))

@@ -15,7 +15,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[str, typer.Argument(help="A `dsd sweep --out` folder.")],
         k_trace_cell: Annotated[
             str | None,
-            typer.Option(help="Cell id for the K-over-time plot (default: a dynamic cell)."),
+            typer.Option(
+                help="Cell id for the K-over-time plot (default: the cell whose K moves most)."
+            ),
         ] = None,
     ) -> None:
         """Write DIR/report.md (+ PNGs): TPOT vs C, envelope distance, frontier, K trace."""

@@ -31,7 +31,10 @@ def register(app: typer.Typer) -> None:
     )
     def run_command(
         policy: Annotated[
-            str, typer.Option(help="K policy SPEC (static: K = k_max every step).")
+            str,
+            typer.Option(
+                help=f"K policy SPEC (static: K = k_max every step): {flags.POLICY_SPEC_HELP}."
+            ),
         ] = "static",
         profile: Annotated[
             str | None, typer.Option(help="Profile JSON (for policies that read one).")
@@ -45,6 +48,7 @@ def register(app: typer.Typer) -> None:
                 "outputs.jsonl (and learned_profile.json for a learning policy) here."
             ),
         ] = None,
+        verbose: flags.Verbose = False,
         **given: Any,
     ) -> None:
         """Run a workload on the real SD engine and report vLLM bench metrics."""
@@ -55,4 +59,5 @@ def register(app: typer.Typer) -> None:
         config = api.run_config(policy=policy, profile=profile, **_dataset(given))
         pair = api.load_pair(**pair_flags, seed=config.seed)
         outcome = api.run(pair, config, ignore_eos=ignore_eos, out=out, **engine_flags)
-        typer.echo(api.run_text(outcome, as_json=json_output))
+        typer.echo(api.threads_text(pair_flags.get("threads"), str(pair.device)), err=True)
+        typer.echo(api.run_text(outcome, as_json=json_output, verbose=verbose))

@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
     def simulate(
         profile: Profile,
         policy: Annotated[
-            str | None, typer.Option(help="K policy SPEC: static:K, table:..., goodput, online.")
+            str | None, typer.Option(help=f"K policy SPEC: {flags.POLICY_SPEC_HELP}.")
         ] = None,
         speculative_config: Annotated[
             str | None,
@@ -57,6 +57,7 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="Write result.json, requests.csv, steps.parquet, config.json here."),
         ] = None,
+        verbose: flags.Verbose = False,
         **given: Any,
     ) -> None:
         """Simulate one serving run (like `vllm bench serve`) from a profile and a K policy."""
@@ -70,7 +71,7 @@ def register(app: typer.Typer) -> None:
             policy=policy,
             **_dataset(given),
         )
-        typer.echo(api.run_text(outcome, as_json=json_output))
+        typer.echo(api.run_text(outcome, as_json=json_output, verbose=verbose))
 
     @flags.command(
         app,
@@ -95,7 +96,10 @@ def register(app: typer.Typer) -> None:
         ] = None,
         policies: Annotated[
             str | None,
-            typer.Option(help="Comma-separated policy SPECs (default static:0,static:3,goodput)."),
+            typer.Option(
+                help="Comma-separated policy SPECs (default static:0,static:3,goodput), each "
+                f"{flags.POLICY_SPEC_HELP}."
+            ),
         ] = None,
         max_concurrency: Annotated[
             str | None,
@@ -118,7 +122,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a grid of simulations (a TOML grid, or policies x concurrencies from flags).
 
-        Each finished cell is saved in OUT/cells/; re-running the same flags.command skips them.
+        Each finished cell is saved in OUT/cells/; re-running the same command skips them.
         """
         from dsd import api
 

@@ -21,7 +21,10 @@ Source = Annotated[
 ]
 
 
-@flags.command(traces_app, "show", flags.REQUESTS, flags.ARRIVALS, flags.SEED)
+# `show` describes the requests and their send times; a cap on requests in flight is the
+# client's and changes nothing shown. --burstiness stays: with a finite --request-rate it shapes
+# the arrival times shown and plotted.
+@flags.command(traces_app, "show", flags.REQUESTS, flags.ARRIVAL_TIMES, flags.SEED)
 def show(
     source: Source,
     out: Annotated[

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     def validate_command(
         profile: Annotated[str, typer.Option(help="Profile the simulator is fitted from.")],
         policies: Annotated[
-            str, typer.Option(help="Policy SPECs, comma-separated.")
+            str, typer.Option(help=f"Policy SPECs, comma-separated, each {flags.POLICY_SPEC_HELP}.")
         ] = "static:0,static:3,goodput",
         max_concurrency: Annotated[str, typer.Option(help="C values, e.g. 1,4,16.")] = "1,4",
         num_prompts_per_concurrency: Annotated[int, typer.Option(help="Prompts per C.")] = 20,
@@ -50,7 +50,10 @@ def register(app: typer.Typer) -> None:
         measured: Annotated[
             str | None, typer.Option(help="A `vllm bench serve --save-result` JSON.")
         ] = None,
-        policy: Annotated[str | None, typer.Option(help="Policy SPEC (with --measured).")] = None,
+        policy: Annotated[
+            str | None,
+            typer.Option(help=f"Policy SPEC (with --measured): {flags.POLICY_SPEC_HELP}."),
+        ] = None,
         fast_path: Annotated[str, typer.Option(help="off, eager, cuda-graphs.")] = "off",
         out: Annotated[str | None, typer.Option(help="Report folder.")] = None,
         allow_noisy_profile: Annotated[
@@ -98,4 +101,5 @@ def register(app: typer.Typer) -> None:
             **given,
         )
         _print_cells(cells)
+        typer.echo(api.threads_text(pair_flags.get("threads"), str(pair.device)))
         typer.echo(f"wrote {out}/report.md")

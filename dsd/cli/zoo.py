@@ -177,5 +177,6 @@ def register(app: typer.Typer) -> None:
             console.print(result.text, markup=False, highlight=False)
         console.rule()
         console.print(api.generation_text(report, k), highlight=False)
+        console.print(api.threads_text(given.get("threads"), str(pair.device)), highlight=False)
 
     app.add_typer(zoo_app, name="zoo")

@@ -14,12 +14,13 @@ dot-files beside the target; `stale_temp_files` lists them), no writing across f
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from dsd.common import strict_json
 
 # Permission bits of a finished output: an ordinary user-readable file.
 OUTPUT_MODE = 0o644
@@ -76,14 +77,12 @@ def atomic_write_json(
     data: Any,
     *,
     indent: int | None = 2,
-    allow_nan: bool = True,
     fsync: bool = True,
+    nonfinite: Literal["null", "refuse"] = "null",
 ) -> None:
-    """Write `data` as JSON (plus a final newline) atomically.
-
-    `allow_nan=False` refuses NaN/inf (they are not JSON; strict readers reject them).
-    """
-    text = json.dumps(data, indent=indent, allow_nan=allow_nan) + "\n"
+    """Write `data` as strict JSON (`common.strict_json.dumps`: NaN and infinities as null, or
+    ValueError with `nonfinite="refuse"`) plus a final newline, atomically."""
+    text = strict_json.dumps(data, indent=indent, nonfinite=nonfinite) + "\n"
     atomic_write_text(path, text, fsync=fsync)
 
 

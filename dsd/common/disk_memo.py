@@ -25,6 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
+from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_json
 
 T = TypeVar("T")
@@ -62,14 +63,17 @@ def disk_memo(
     folder = cache_dir()
     if folder is None:
         return compute()
-    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
+    name = hashlib.sha256(strict_json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
     path = folder / namespace / f"{name}.json"
     try:
         return decode(json.loads(path.read_text(encoding="utf-8"))["value"])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass  # no entry yet, or an unreadable one: compute it (again)
     result = compute()
-    # a read-only or full disk costs a recomputation next time, nothing else
-    with contextlib.suppress(OSError):
-        atomic_write_json(path, {"value": encode(result)}, indent=None, fsync=False)
+    # a read-only or full disk costs a recomputation next time, nothing else; so does a result
+    # with NaN or infinities (strict JSON has no such numbers, and null would not read back)
+    with contextlib.suppress(OSError, ValueError):
+        atomic_write_json(
+            path, {"value": encode(result)}, indent=None, fsync=False, nonfinite="refuse"
+        )
     return result

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.common.errors import InputError
@@ -267,7 +268,7 @@ def replay_recording_to_json(recording: ReplayRecording) -> dict[str, Any]:
 
 def save_replay_recording(recording: ReplayRecording, path: str | os.PathLike[str]) -> None:
     """Write the recording as "dsd-replay" JSON, atomically."""
-    atomic_write_text(path, json.dumps(replay_recording_to_json(recording)) + "\n")
+    atomic_write_text(path, strict_json.dumps(replay_recording_to_json(recording)) + "\n")
 
 
 def load_replay_recording(

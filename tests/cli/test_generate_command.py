@@ -53,3 +53,4 @@ def test_cli_generate_prints_text_and_acceptance(
     )
     out = capsys.readouterr().out
     assert "output tokens in" in out and "acceptance length" in out
+    assert "threads: 1 (the CPU default" in out

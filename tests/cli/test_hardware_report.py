@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -82,6 +83,12 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
                      "priced by the profile re-timed around the real runs",
                      "| static:2 | 2 |", "dsd hardware-report --quick --trials 2"):  # fmt: skip
         assert fragment in report, fragment
+    # A dry run judges no goal, and shows each distinct table once.
+    assert "**missed**" not in report and "**met**" not in report
+    assert report.count("| dry run: no verdict |") == len(config["goals"])
+    tables = [block for block in report.split("\n\n") if block.startswith("| C |")]
+    assert tables and len(tables) == len(set(tables))
+    assert not re.search(r"\bnan\b", report, re.IGNORECASE)  # "-" for a missing value
     # Strict JSON (no NaN): the plain arm has no acceptance length.
     speedup = json.loads((out / "speedup.json").read_text(), parse_constant=_refuse)
     assert all(arm["identical_to_first_arm"] for arm in speedup["arms"])

@@ -40,7 +40,8 @@ COMMANDS: tuple[tuple[tuple[str, ...], tuple[flags.FlagGroup, ...], frozenset[st
                      flags.SIMULATOR, flags.SEED), frozenset()),
     (("profile",), (flags.PAIR, flags.SEED), frozenset()),
     (("generate",), (flags.PAIR, flags.SEED), frozenset()),
-    (("traces", "show"), (flags.REQUESTS, flags.ARRIVALS, flags.SEED), frozenset()),
+    # the cap on requests in flight changes nothing `show` prints
+    (("traces", "show"), (flags.REQUESTS, flags.ARRIVAL_TIMES, flags.SEED), frozenset()),
     (("traces", "convert"), (flags.REQUESTS, flags.ARRIVALS, flags.SEED), frozenset()),
     # a vLLM JSONL carries no arrival times and no cap
     (("traces", "export"), (flags.REQUESTS, flags.SEED), frozenset()),

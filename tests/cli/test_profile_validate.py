@@ -15,7 +15,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from dsd.cli.validate import register
+from dsd.cli import profile, validate
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile, save_profile
 
@@ -28,7 +28,8 @@ H100_PROFILE = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.j
 def app() -> typer.Typer:
     torch.set_num_threads(1)
     application = typer.Typer()
-    register(application)
+    profile.register(application)
+    validate.register(application)
     return application
 
 
@@ -53,6 +54,7 @@ def profile_path(app, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("profile") / "profile.json"
     result = CliRunner().invoke(app, [*PROFILE_ARGS, "--out", str(path)])
     assert result.exit_code == 0, result.output
+    assert "threads: 1 (the CPU default" in result.output  # which threads the timings ran on
     return path
 
 
@@ -101,6 +103,7 @@ def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
     assert len(config["cells"]) == 6
     assert config["seed"] == 0 and "versions" in config and "device" in config
     assert "goodput C=2" in result.output.replace("  ", " ")
+    assert "threads: 1 (the CPU default" in result.output
     # The profile carries a measured host overhead and no flag was given: the model is used.
     assert config["host_overhead_source"] == "measured"
     assert {cell["host_overhead_source"] for cell in config["cells"]} == {"measured"}

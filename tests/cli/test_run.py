@@ -77,6 +77,7 @@ def test_dsd_run_writes_the_run_outputs_and_the_profile_the_bandit_learned(
     # A policy that learns nothing writes no learned profile.
     main([*args[:-1], str(tmp_path / "static"), "--policy", "static:2"])
     assert not (tmp_path / "static" / "learned_profile.json").exists()
+    capsys.readouterr()
     # An --out that is a file is refused before the run, with one line.
     with pytest.raises(SystemExit) as exit_info:
         main([*args[:-1], str(out / "result.json"), "--policy", "bandit"])

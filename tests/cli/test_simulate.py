@@ -102,7 +102,7 @@ def test_summary_has_the_vllm_layout_the_spec_block_and_the_model_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     code, out, _ = run_cli(
-        ["simulate", "--profile", str(H100), "--policy", "goodput", *SMALL], capsys
+        ["simulate", "--profile", str(H100), "--policy", "goodput", *SMALL, "-v"], capsys
     )
     assert code == 0
     for text in (
@@ -123,9 +123,20 @@ def test_summary_has_the_vllm_layout_the_spec_block_and_the_model_line(
 
 def test_parametric_summary_reports_the_fit_error(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["simulate", "--profile", str(H100), "--policy", "static:2", *SMALL]
-    code, out, _ = run_cli([*argv, "--latency-model", "parametric"], capsys)
+    code, out, _ = run_cli([*argv, "--latency-model", "parametric", "--verbose"], capsys)
     assert code == 0
     assert "latency model: parametric" in out and "max |err|" in out
+
+
+def test_the_latency_model_line_only_with_verbose(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["simulate", "--profile", str(H100), "--policy", "static:2", *SMALL]
+    code, out, _ = run_cli([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert code == 0 and "latency model" not in out
+    assert out.splitlines()[-2].startswith("policy: static:2; k_max 5;")
+    config = json.loads((tmp_path / "run" / "config.json").read_text(encoding="utf-8"))
+    assert config["resolved"]["latency_model"]["choice"]["reason"]  # the line's content is kept
 
 
 def test_out_writes_readable_run_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -249,7 +260,10 @@ def test_speculative_config_becomes_a_table_policy(
     [
         (["--profile", "/no/such.json", "--policy", "goodput"], "no such file"),  # bad profile
         (["--profile", str(H100), "--policy", "warp:3"], "unknown policy"),  # bad policy
-        (["--profile", str(H100), "--policy", "static:9"], "exceeds k_max"),  # K too big
+        (
+            ["--profile", str(H100), "--policy", "static:9", "--num-spec-tokens", "5"],
+            "exceeds k_max",
+        ),  # K too big
         (
             ["--profile", str(H100), "--policy", "goodput", "--dataset-name", "nope"],
             "unknown workload",

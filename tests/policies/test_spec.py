@@ -14,7 +14,7 @@ from dsd.policies.envelope import EnvelopePolicy, StaticSweep
 from dsd.policies.goodput import GoodputPolicy
 from dsd.policies.online import OnlineAcceptancePolicy
 from dsd.policies.range_table import RangeTablePolicy, synthetic_view
-from dsd.policies.spec import POLICY_BUILDERS, parse_policy, split_policy_list
+from dsd.policies.spec import POLICY_BUILDERS, parse_policy, spec_k_max, split_policy_list
 from dsd.policies.static import StaticPolicy
 from dsd.policies.types import MAX_NUM_SEQS, StepView
 
@@ -181,3 +181,23 @@ def test_policy_lists_split_between_specs_only(text: str, specs: list[str]) -> N
 def test_bad_policy_lists_are_input_errors(text: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         split_policy_list(text)
+
+
+@pytest.mark.parametrize(
+    ("spec", "k_max"),
+    [
+        ("static:6", 6),
+        (" Static:0 ", 0),
+        ("static:999", 64),  # MAX_SPEC_TOKENS: the builder then refuses the K
+        ("table:[[1,8,4],[9,64,1]]", 4),
+        ("hysteresis:table:[[1,8,7],[9,64,2]]:margin=0.1", 7),
+        ("context:table=[[1,8,0,4096,5],[9,64,0,4096,1]]", 5),
+        ("static", None),  # K = k_max: fixes nothing
+        ("goodput", None),
+        ("bandit:seed=3", None),
+        ("static:x", None),  # does not parse: the builder says so
+        ("table:[[8,1,4]]", None),
+    ],
+)
+def test_spec_k_max_is_the_k_a_spec_fixes(spec: str, k_max: int | None) -> None:
+    assert spec_k_max(spec) == k_max

@@ -136,3 +136,77 @@ def test_envelope_table_adds_the_paired_interval_with_several_seeds() -> None:
 def test_paired_gap_needs_the_same_seeds_on_both_sides() -> None:
     with pytest.raises(ValueError, match="same seeds"):
         paired_gap([1.0, 2.0], [1.0])
+
+
+def _write_trace(folder: Path, cell_id: str, mean_k: list[float]) -> None:
+    from dsd.reports.sweep import k_trace_file
+
+    steps = len(mean_k)
+    trace = pd.DataFrame(
+        {
+            "step_index": range(steps),
+            "start_s": np.arange(steps) * 0.01,
+            "duration_s": [0.01] * steps,
+            "batch_size": [4] * steps,
+            "num_decode_reqs": [4] * steps,
+            "k_min": [int(k) for k in mean_k],
+            "k_max": [int(np.ceil(k)) for k in mean_k],
+            "mean_k": mean_k,
+        }
+    )
+    path = k_trace_file(folder, cell_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    trace.to_parquet(path)
+
+
+def test_the_k_trace_cell_is_the_one_whose_k_moves_most(tmp_path: Path) -> None:
+    from dsd.reports.report import default_k_trace_cell, k_movement
+
+    frame = pd.DataFrame(
+        {
+            "variant": ["base"] * 4,
+            "policy": ["goodput", "online", "hysteresis:goodput", "static:3"],
+            "max_concurrency": [4, 4, 16, 4],
+            "request_rate": [np.inf] * 4,
+            "scheduling": ["sync"] * 4,
+            "cell_id": ["flat", "moves", "moves-more", "static"],
+        }
+    )
+    _write_trace(tmp_path, "flat", [3.0] * 6)
+    _write_trace(tmp_path, "moves", [3.0, 3.0, 2.0, 2.0, 3.0, 3.0])
+    _write_trace(tmp_path, "moves-more", [4.0, 1.0, 4.0, 1.0, 4.0, 1.0])
+    _write_trace(tmp_path, "static", [3.0] * 6)
+    assert k_movement(pd.read_parquet(tmp_path / "cells" / "flat.ktrace.parquet")) == 0.0
+    assert default_k_trace_cell(frame, tmp_path) == "moves-more"
+    # Where no K moves, the first non-static cell at the median C, as before.
+    for cell_id in ("moves", "moves-more"):
+        _write_trace(tmp_path, cell_id, [2.0] * 6)
+    assert default_k_trace_cell(frame, tmp_path) == "flat"
+
+
+def test_plots_label_k_and_b_with_integer_ticks_and_each_point_with_its_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dsd.reports import report
+
+    figures: list = []  # type: ignore[type-arg]
+    monkeypatch.setattr(report, "figure_png_bytes", lambda figure, dpi: figures.append(figure))
+    trace = pd.DataFrame(
+        {"start_s": [0.0, 0.1, 0.2], "batch_size": [1, 3, 2], "num_decode_reqs": [1, 3, 2],
+         "k_max": [3, 3, 3], "mean_k": [3.0, 3.0, 3.0]}
+    )  # fmt: skip
+    report._k_trace_plot(trace, "flat K")
+    axis = figures[0].axes[0]
+    assert [text.get_text() for text in axis.get_legend().get_texts()] == [
+        "mean K (decode rows)",
+        "batch size B",
+    ]
+    ticks = [tick for tick in axis.get_yticks() if axis.get_ylim()[0] <= tick <= axis.get_ylim()[1]]
+    assert ticks and all(float(tick).is_integer() for tick in ticks) and len(ticks) >= 2
+    group = pd.DataFrame(
+        {"policy": ["static:0", "static:0", "goodput"], "max_concurrency": [1, 16, np.nan],
+         "mean_tpot_ms": [5.0, 9.0, 7.0], "output_throughput": [100.0, 900.0, 500.0]}
+    )  # fmt: skip
+    report._frontier_plot(group, "frontier")
+    labels = sorted(text.get_text() for text in figures[1].axes[0].texts)
+    assert labels == ["C=1", "C=16", "no cap"]

@@ -107,7 +107,7 @@ def test_config_rejects_bad_fields_naming_the_field(field: str, value: Any, mess
     [
         ({"profile": "/no/such/profile.json"}, "no such file"),  # missing profile
         ({"policy": "fastest"}, "unknown policy"),  # unknown SPEC name
-        ({"policy": "static:9"}, "exceeds k_max"),  # K above the profile's k_max
+        ({"policy": "static:9", "k_max": 5}, "exceeds k_max"),  # K above the given k_max
         ({"dataset": "no-such-set"}, "unknown workload"),  # unknown dataset
         ({"latency_model": "table", "k_max": 7}, "does not cover"),  # table cannot do K=7
         ({"max_model_len": 8}, "max_model_len: 8 must exceed the longest prompt"),  # too short
@@ -116,6 +116,20 @@ def test_config_rejects_bad_fields_naming_the_field(field: str, value: Any, mess
 def test_resolve_rejects_bad_inputs(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(InputError, match=message):
         resolve(_config(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "k_max"),
+    [
+        ({"policy": "static:7"}, 7),  # a static K past the profile's k_max (5) sets it
+        ({"policy": "static:2"}, 5),  # below it: the profile's
+        ({"policy": "table:[[1,4,6],[5,256,1]]"}, 6),  # a range table's largest K
+        ({"policy": "goodput"}, 5),  # a policy that fixes no K: the profile's
+        ({"policy": "static:2", "k_max": 3}, 3),  # a given k_max wins
+    ],
+)
+def test_k_max_follows_the_policy_when_none_is_given(overrides: dict[str, Any], k_max: int) -> None:
+    assert resolve(_config(**overrides)).k_max == k_max
 
 
 def test_config_is_picklable_and_equal_after_a_round_trip() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
 
+from dsd.common import strict_json  # noqa: E402
 from dsd.traces.datasets import (  # noqa: E402
     PROMPT_LENGTHS_PATH,
     PROMPT_SET_NAMES,
@@ -97,7 +98,7 @@ def main() -> int:
         return 0
     fd, tmp_name = tempfile.mkstemp(dir=PROMPT_LENGTHS_PATH.parent, suffix=".tmp")
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        json.dump(document, out, separators=(",", ":"))
+        out.write(strict_json.dumps(document, separators=(",", ":")))
         out.write("\n")
     os.chmod(tmp_name, 0o644)  # mkstemp makes 0600; the shipped file is world-readable
     os.replace(tmp_name, PROMPT_LENGTHS_PATH)
