@@ -32,11 +32,19 @@ import numpy as np
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.plugin import policy_spec as _policy_spec
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profile
-from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
+from dsd.policies.range_table import (
+    RangeTable,
+    compile_batch_size_table,
+    compile_range_table,
+    evaluate_policy,
+)
+from dsd.policies.spec import POLICY_BUILDERS as _POLICY_BUILDERS
 from dsd.policies.spec import parse_policy as _parse_policy
+from dsd.policies.spec import policy_name as _policy_name
 from dsd.policies.spec import split_policy_list as _split_policy_list
 from dsd.policies.speculative_config import (
     method_from_speculative_config,
@@ -70,6 +78,7 @@ if TYPE_CHECKING:
     from dsd.backend.validate import CellResult
     from dsd.backend.zoo import DistillResult, PairResult
     from dsd.reports.sweep import SweepOutcome as SweepOutcome
+    from dsd.sim.policy_check import PolicyCheck
 
 _RUN_CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(RunConfig))
 _WORKLOAD_FIELDS = frozenset(field.name for field in dataclasses.fields(WorkloadOptions))
@@ -112,6 +121,7 @@ def run_config(*, speculative_config: str | None = None, **fields: Any) -> RunCo
         fields.pop("speculative_method", None)  # RunConfig's default: ngram
     if fields.get("policy") is None:
         raise InputError("give exactly one of --policy and --speculative-config")
+    fields["policy"] = _policy_spec(fields["policy"])  # a user's policy object or file
     options = WorkloadOptions(**{k: v for k, v in fields.items() if k in _WORKLOAD_FIELDS})
     own = {k: v for k, v in fields.items() if k in _RUN_CONFIG_FIELDS and k not in _WORKLOAD_FIELDS}
     return RunConfig(**options.arguments(), **own)
@@ -410,7 +420,9 @@ def sweep(
             raise InputError(
                 f"--num-prompts-per-concurrency: must be >= 1, got {num_prompts_per_concurrency}"
             )
-        specs = list(DEFAULT_SWEEP_POLICIES if policies is None else policies)
+        specs = [
+            _policy_spec(p) for p in (DEFAULT_SWEEP_POLICIES if policies is None else policies)
+        ]
         concurrencies = list(
             DEFAULT_SWEEP_CONCURRENCY if max_concurrency is None else max_concurrency
         )
@@ -1146,14 +1158,16 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def parse_policy(
-    spec: str,
+    spec: str | object,
     *,
     profile: str | Path | Profile | None = None,
     k_max: int | None = None,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     seed: int | None = None,
 ) -> KPolicy:
-    """The K policy a SPEC names (docs/policies.md); k_max defaults to the profile's."""
+    """The K policy a SPEC (or a user's KPolicy object or factory) names (docs/policies.md);
+    k_max defaults to the profile's."""
+    spec = _policy_spec(spec)
     loaded = _load_profile(profile) if isinstance(profile, str | Path) else profile
     if k_max is None:
         if loaded is None:
@@ -1162,18 +1176,44 @@ def parse_policy(
     return _parse_policy(spec, profile=loaded, k_max=k_max, max_num_seqs=max_num_seqs, seed=seed)
 
 
+def check_policy(
+    policy: str | object,
+    *,
+    profile: str | Path | None = None,
+    examples: int = 100,
+    steps: int = 40,
+    cases: int = 100,
+    seed: int = 0,
+) -> PolicyCheck:
+    """The scheduler-accounting property tests on a policy (`sim.policy_check`): the stateful
+    machine for `examples` examples of up to `steps` calls, and `cases` workloads against
+    vLLM's own scheduler where vLLM is installed."""
+    from dsd.sim.policy_check import check_policy as check
+
+    loaded = None if profile is None else _load_profile(profile)
+    spec = _policy_spec(policy)
+    return check(
+        spec, profile=loaded, examples=examples, steps=steps, differential_cases=cases, seed=seed
+    )
+
+
 def export_vllm(
     profile: str | Path,
     *,
     max_num_seqs: int,
-    policy: str = "goodput",
+    policy: str | object = "goodput",
     method: str | None = None,
     draft_model: str | None = None,
 ) -> dict[str, Any]:
-    """vLLM's --speculative-config for a policy compiled to a range table on a profile."""
+    """vLLM's --speculative-config for a policy compiled to a range table on a profile (a
+    user's policy only when it declares K depends on the batch size alone)."""
     loaded = _load_profile(profile)
-    chosen = _parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
-    table = compile_range_table(chosen, loaded.k_max, max_num_seqs)
+    spec = _policy_spec(policy)
+    chosen = _parse_policy(spec, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    if _policy_name(spec) in _POLICY_BUILDERS:
+        table = compile_range_table(chosen, loaded.k_max, max_num_seqs)
+    else:
+        table = compile_batch_size_table(chosen, loaded.k_max, max_num_seqs, spec)
     return speculative_config(table, loaded.k_max, method=method, draft_model=draft_model)
 
 
@@ -1194,12 +1234,18 @@ class PolicyExplanation:
 
 
 def explain_policy(
-    profile: str | Path, *, max_num_seqs: int, policy: str = "goodput", show_all: bool = False
+    profile: str | Path,
+    *,
+    max_num_seqs: int,
+    policy: str | object = "goodput",
+    show_all: bool = False,
 ) -> PolicyExplanation:
     """B -> K, AL, ITL and goodput of a policy; without `show_all`, the rows where K changes,
     the profiled B, B = 1 and the last B."""
     loaded = _load_profile(profile)
-    chosen = _parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    chosen = _parse_policy(
+        _policy_spec(policy), profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs
+    )
     evaluated = evaluate_policy(chosen, loaded, max_num_seqs)
     profiled = set(loaded.batch_sizes())
     changes = np.concatenate([[False], evaluated.k_star[1:] != evaluated.k_star[:-1]])  # [N]

@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from dsd.cli import export, report, run, simulate, traces, validate, zoo
+from dsd.cli import check_policy, export, report, run, simulate, traces, validate, zoo
 from dsd.common import invocation
 from dsd.common.errors import InputError, WorkerDied
 
@@ -40,7 +40,7 @@ app = typer.Typer(
     # (+0.2 s, twice the rest of a start on the 2-core host; docs/simulator.md "Speed")
     rich_markup_mode=None,
 )
-for _module in (export, simulate, traces, run, validate, report, zoo):
+for _module in (export, simulate, traces, run, validate, report, zoo, check_policy):
     _module.register(app)
 
 
