@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from dsd.policies.range_table import (
 from dsd.policies.spec import POLICY_BUILDERS as _POLICY_BUILDERS
 from dsd.policies.spec import parse_policy as _parse_policy
 from dsd.policies.spec import policy_name as _policy_name
+from dsd.policies.spec import policy_source as _policy_source
 from dsd.policies.spec import split_policy_list as _split_policy_list
 from dsd.policies.speculative_config import (
     method_from_speculative_config,
@@ -460,6 +461,13 @@ def sweep(
     )
 
 
+def _policy_sources(specs: Iterable[str]) -> dict[str, Any]:
+    """{"policy_sources": {SPEC: source}} of the users' policies among `specs`, else {}."""
+    sources = {spec: _policy_source(spec) for spec in specs}
+    found = {spec: source for spec, source in sources.items() if source is not None}
+    return {"policy_sources": found} if found else {}
+
+
 def _grid_text(path: str | Path) -> str:
     from dsd.common.user_files import read_user_text
 
@@ -761,6 +769,8 @@ def _validation(
         "target": pair.target_spec,
         "draft": pair.draft_spec,
         "policies": list(policies),
+        # a user's policy: its file, class and the file's sha256, by the SPEC the cells ran
+        **_policy_sources(r.config.policy for r in resolved),
         "max_concurrency": list(max_concurrency),
         "dataset": first.dataset,
         "num_prompts_per_concurrency": num_prompts_per_concurrency,

@@ -8,7 +8,7 @@
 - `NAME[:key=value,...]`: a class an installed package registers under the entry point group
   `dsd.policies` (in its pyproject: `[project.entry-points."dsd.policies"] NAME =
   "package.module:ClassName"`);
-- `object:N`: a KPolicy instance or factory handed to the Python API in this process
+- `object:NAME#N`: a KPolicy instance or factory handed to the Python API in this process
   (`policy_spec` registers it); it cannot be rebuilt in another process (a Ray worker).
 
 Building: `key=value` arguments are parsed into the class's config dataclass (a class attribute
@@ -476,7 +476,7 @@ class UserPolicy:
 def policy_spec(policy: object) -> str:
     """The SPEC of what the Python API was given: a SPEC string (a user's file made absolute,
     so it names the same file from any working directory), or a KPolicy instance, class or
-    factory registered in this process as `object:N`."""
+    factory registered in this process as `object:NAME#N`."""
     if isinstance(policy, str):
         try:
             parts = split_user_spec(policy)
@@ -494,7 +494,9 @@ def policy_spec(policy: object) -> str:
     for key, known in _OBJECTS.items():
         if known is policy:
             return key
-    key = f"{OBJECT_PREFIX}{len(_OBJECTS) + 1}"
+    named = policy if isinstance(policy, type) or not hasattr(policy, "choose_k") else type(policy)
+    name = getattr(named, "__qualname__", type(policy).__name__)
+    key = f"{OBJECT_PREFIX}{name}#{len(_OBJECTS) + 1}"
     _OBJECTS[key] = policy
     return key
 

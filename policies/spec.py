@@ -137,13 +137,14 @@ def parse_keys(
                 f"policy {name!r}: expected key=value with key in {sorted(fields)}, got {item!r}"
             )
         default = getattr(defaults, key, 0)
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise InputError(f"policy {name!r}: {key} must be true or false, got {raw!r}")
+            values[key] = raw.lower() in ("true", "1")
+            continue
         try:
             if isinstance(default, str):
                 values[key] = raw
-            elif isinstance(default, bool):
-                if raw.lower() not in ("true", "false", "1", "0"):
-                    raise InputError(f"policy {name!r}: {key} must be true or false, got {raw!r}")
-                values[key] = raw.lower() in ("true", "1")
             elif isinstance(default, int):
                 values[key] = int(raw)
             else:
