@@ -49,6 +49,6 @@ class EpsilonGreedy:
         return np.where(explore, drawn, min(best, view.k_max))
 
     def observe(self, feedback):
-        for drafted, accepted in zip(feedback.num_spec_tokens, feedback.num_accepted):
-            self.tokens_per_s[drafted] += (accepted + 1) / feedback.duration_s
-            self.rows[drafted] += 1
+        tokens_per_s = (feedback.num_accepted + 1) / feedback.duration_s  # one per decode row
+        np.add.at(self.tokens_per_s, feedback.num_spec_tokens, tokens_per_s)
+        np.add.at(self.rows, feedback.num_spec_tokens, 1)

@@ -412,6 +412,8 @@ def checked_k(answer: object, view: StepView, label: str) -> int | IntArray:
         rows = np.asarray(answer)
     except Exception:
         rows = np.asarray(None)
+    if rows.ndim == 1 and rows.size == 0:  # no decode rows: `[]` reads as float64
+        rows = rows.astype(np.int64)
     if rows.dtype.kind not in "iu" or rows.ndim != 1:
         raise InputError(
             f"policy {label}: choose_k returned {type(answer).__name__} {where}; expected an "
@@ -495,7 +497,7 @@ def policy_spec(policy: object) -> str:
         if known is policy:
             return key
     named = policy if isinstance(policy, type) or not hasattr(policy, "choose_k") else type(policy)
-    name = getattr(named, "__qualname__", type(policy).__name__)
+    name = getattr(named, "__name__", type(policy).__name__)
     key = f"{OBJECT_PREFIX}{name}#{len(_OBJECTS) + 1}"
     _OBJECTS[key] = policy
     return key

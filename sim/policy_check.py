@@ -182,8 +182,17 @@ def _differential(
         rng = random.Random(seed * 1_000_003 + case)
         config, requests = random_case(rng)
         salt = rng.randint(0, 1000)
-        ours = drive(Scheduler(config), requests, factory(config), salt)
-        theirs = drive(VllmScheduler(config), requests, factory(config), salt)
+        workload = [(r.prompt_len, r.output_len) for r in requests]
+        try:
+            ours = drive(Scheduler(config), requests, factory(config), salt)
+            theirs = drive(VllmScheduler(config), requests, factory(config), salt)
+        except InputError as error:  # the policy broke its contract on this workload
+            return CheckResult(
+                name,
+                "failed",
+                f"case {case}: {error}",
+                [f"config: {config}", f"requests (prompt, output tokens): {workload}"],
+            )
         if ours != theirs:
             step = next(
                 (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
