@@ -148,6 +148,23 @@ def test_bad_specs_are_one_line_exit_2(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "fragment"),
+    [
+        (["--examples", "0"], "--examples and --steps must be >= 1"),
+        (["--steps", "0"], "--examples and --steps must be >= 1"),
+        (["--cases", "-1"], "--cases >= 0"),
+        (["--examples", "x"], "'x' is not a valid int"),
+        (["--profile", "nope.json"], "nope.json"),
+    ],
+)
+def test_bad_check_policy_flags_are_one_line_exit_2(
+    folder: Path, capsys: pytest.CaptureFixture[str], flags: list[str], fragment: str
+) -> None:
+    code, _out, err = run_cli(["check-policy", "static:1", *flags], capsys)
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+
+
 def test_the_example_runs_in_simulate_sweep_export_and_explain(
     folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
