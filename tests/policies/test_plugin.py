@@ -401,3 +401,8 @@ def test_the_example_file_runs_and_exports() -> None:
     )
     assert first.metrics["k_histogram"] == second.metrics["k_histogram"]
     assert len(first.metrics["k_histogram"]) > 1  # it explores
+
+
+def test_the_docs_show_the_example_file_as_it_is() -> None:
+    docs = (REPO / "docs" / "policies.md").read_text(encoding="utf-8")
+    assert f"```python\n{EXAMPLE.read_text(encoding='utf-8')}```" in docs
