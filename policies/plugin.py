@@ -341,7 +341,14 @@ def build_user_policy(spec: str, context: Any) -> UserPolicy:
     factory, label = loaded.factory, loaded.label
     if not isinstance(factory, type) and callable(getattr(factory, "choose_k", None)):
         # an instance from the Python API: a copy per run (policies hold state)
-        return UserPolicy(_checked_instance(copy.deepcopy(factory), label), label)
+        try:
+            fresh = copy.deepcopy(factory)
+        except Exception as error:
+            raise InputError(
+                f"policy {label}: cannot copy it for a fresh run ({_describe(error)}); hand "
+                "its class or a factory function instead"
+            ) from None
+        return UserPolicy(_checked_instance(fresh, label), label)
     parameters = _signature(factory)
     kwargs: dict[str, Any] = {}
     config_type = _config_type(factory, parameters)

@@ -33,6 +33,7 @@ from dsd.sim.scheduler import SPECULATIVE_METHODS, Scheduler, SchedulerConfig, d
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
+LARGEST_K_MAX = 5  # the differential workloads draw k_max in 0..5, the machine's in 0..4
 # per step: {request: (scheduled tokens, drafts)}
 Steps = list[dict[int, tuple[int, int]]]
 
@@ -91,29 +92,54 @@ def check_policy(
             seed=np.random.SeedSequence(seed),
         )
 
-    factory(SchedulerConfig(max_model_len=64, num_kv_blocks=64, k_max=4, max_num_seqs=8))
-    stateful = _stateful(factory, examples, steps)
+    # The k_max the policy can be built at (`static:3` refuses k_max < 3): the checks draw
+    # their configs among those; a SPEC that builds at none is the InputError of the first.
+    buildable: list[int] = []
+    refusal: InputError | None = None
+    for k_max in range(LARGEST_K_MAX + 1):
+        try:
+            factory(
+                SchedulerConfig(max_model_len=64, num_kv_blocks=64, k_max=k_max, max_num_seqs=8)
+            )
+        except InputError as error:
+            refusal = refusal or error
+        else:
+            buildable.append(k_max)
+    if not buildable:
+        assert refusal is not None
+        raise refusal
+    stateful = _stateful(factory, examples, steps, (min(buildable), min(max(buildable), 4)))
     if stateful.status == "failed":
         differential = CheckResult(
             "differential against vLLM's scheduler", "skipped", "fix the violation above first"
         )
     else:
-        differential = _differential(factory, differential_cases, seed)
-    return PolicyCheck(spec, [stateful, differential])
+        differential = _differential(factory, differential_cases, seed, set(buildable))
+    results = [stateful, differential]
+    if refusal is not None:
+        results.append(
+            CheckResult("k_max", "skipped", f"checked at k_max {buildable} only ({refusal})")
+        )
+    return PolicyCheck(spec, results)
 
 
 def _stateful(
-    factory: Callable[[SchedulerConfig], KPolicy], examples: int, steps: int
+    factory: Callable[[SchedulerConfig], KPolicy],
+    examples: int,
+    steps: int,
+    k_max: tuple[int, int],
 ) -> CheckResult:
     try:
         from hypothesis import HealthCheck, Phase, settings
         from hypothesis.stateful import run_state_machine_as_test
     except ImportError:
         raise InputError("check-policy needs hypothesis: pip install 'dsd[dev]'") from None
-    from dsd.sim.testing import make_scheduler_machine
+    from dsd.sim.testing import make_scheduler_machine, scheduler_configs
 
     name = "stateful scheduler machine"
-    machine = make_scheduler_machine(policy_factory=factory, name="PolicyMachine")
+    machine = make_scheduler_machine(
+        scheduler_configs(k_max=k_max), policy_factory=factory, name="PolicyMachine"
+    )
     chosen = settings(
         max_examples=examples,
         stateful_step_count=steps,
@@ -163,7 +189,7 @@ def _calls(notes: str) -> list[str]:
 
 
 def _differential(
-    factory: Callable[[SchedulerConfig], KPolicy], cases: int, seed: int
+    factory: Callable[[SchedulerConfig], KPolicy], cases: int, seed: int, buildable: set[int]
 ) -> CheckResult:
     from dsd.sim.vllm_oracle import VLLM_VERSION
 
@@ -178,9 +204,15 @@ def _differential(
         return CheckResult(name, "skipped", f"needs vLLM {VLLM_VERSION}, found {version}")
     from dsd.sim.vllm_oracle import VllmScheduler
 
-    for case in range(cases):
+    ran = 0
+    for case in range(20 * cases):  # case numbers name the random draws, skipped ones included
+        if ran == cases:
+            break
         rng = random.Random(seed * 1_000_003 + case)
         config, requests = random_case(rng)
+        if config.k_max not in buildable:
+            continue
+        ran += 1
         salt = rng.randint(0, 1000)
         workload = [(r.prompt_len, r.output_len) for r in requests]
         try:
@@ -203,14 +235,15 @@ def _differential(
                 "failed",
                 f"case {case}: step {step} differs (request: (tokens, drafts)); ours "
                 f"{ours[step] if step < len(ours) else 'finished'}, vLLM's "
-                f"{theirs[step] if step < len(theirs) else 'finished'}",
+                f"{theirs[step] if step < len(theirs) else 'finished'} (a policy whose K "
+                "depends on more than its views, feedback and seed differs here too)",
                 [
                     f"config: {config}",
                     f"requests: {[(r.prompt_len, r.output_len) for r in requests]}",
                 ],
             )
     return CheckResult(
-        name, "passed", f"{cases} random workloads: the same tokens and drafts at every step"
+        name, "passed", f"{ran} random workloads: the same tokens and drafts at every step"
     )
 
 
@@ -220,7 +253,7 @@ def random_case(rng: random.Random) -> tuple[SchedulerConfig, list[RequestSpec]]
     block_size = rng.choice([1, 2, 4, 8, 16])
     max_model_len = rng.randint(4, 96)
     one_request = -(-max_model_len // block_size)
-    k_max = rng.randint(0, 5)
+    k_max = rng.randint(0, LARGEST_K_MAX)
     max_num_seqs = rng.randint(1, 8)
     chunked = rng.random() < 0.8
     budget = (

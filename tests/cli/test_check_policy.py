@@ -148,6 +148,15 @@ def test_bad_specs_are_one_line_exit_2(
     assert "Traceback" not in err
 
 
+def test_check_policy_checks_at_the_k_max_a_policy_builds_at(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("hypothesis")
+    code, out, err = run_cli(["check-policy", "static:2", *QUICK], capsys)
+    assert code == 0, out + err
+    assert "k_max: skipped: checked at k_max [2, 3, 4, 5] only (policy static:2: K=2 exceeds" in out
+
+
 @pytest.mark.parametrize(
     ("flags", "fragment"),
     [
