@@ -60,7 +60,7 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 # (resolved path, sha256) -> the module loaded from that file's bytes (loaded once per process)
 _FILE_MODULES: dict[tuple[str, str], ModuleType] = {}
-# object:N -> what the Python API was given (this process only)
+# object:NAME#N -> what the Python API was given (this process only)
 _OBJECTS: dict[str, object] = {}
 
 
@@ -487,6 +487,15 @@ def policy_spec(policy: object) -> str:
     so it names the same file from any working directory), or a KPolicy instance, class or
     factory registered in this process as `object:NAME#N`."""
     if isinstance(policy, str):
+        name, _sep, rest = policy.strip().partition(":")
+        if name.strip().lower() == "hysteresis" and rest:  # its base may be a user's file
+            from dsd.policies.spec import split_hysteresis
+
+            base, options = split_hysteresis(rest)
+            absolute = policy_spec(base)
+            if absolute == base:
+                return policy
+            return f"{name}:{absolute}" + (f":{options}" if options else "")
         try:
             parts = split_user_spec(policy)
         except InputError:

@@ -226,6 +226,22 @@ def test_the_example_runs_in_simulate_sweep_export_and_explain(
     assert "range table: [[1, 3, 5], [4, 8, 1]]" in out
 
 
+def test_the_example_runs_on_the_real_engine(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("torch")
+    code, _out, err = run_cli(
+        ["run", "--target", "tiny", "--draft", "tiny-draft",
+         "--policy", "k_policy.py:EpsilonGreedy", "--max-concurrency", "2",
+         "--num-prompts", "4", "--output-len", "8", "--out", "real"],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads((folder / "real" / "result.json").read_text())
+    assert result["completed"] == 4 and result["policy_source"]["class"] == "EpsilonGreedy"
+    assert result["backend"] == "dsd-torch"
+
+
 def test_the_sweep_cell_id_depends_on_the_file_content_not_its_folder(
     folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -342,6 +342,16 @@ def test_a_relative_file_is_made_absolute_for_other_processes(
     assert policy_spec("mypolicies.py:Half:k=1") == f"{policies.resolve()}:Half:k=1"
     assert policy_spec("static:2") == "static:2"
     assert policy_spec("hysteresis:goodput") == "hysteresis:goodput"
+    assert policy_spec("hysteresis:mypolicies.py:Half:margin=0.2") == (
+        f"hysteresis:{policies.resolve()}:Half:margin=0.2"
+    )
+    wrapped = parse_policy(
+        policy_spec("hysteresis:mypolicies.py:Half:margin=0.2"),
+        profile=None,
+        k_max=4,
+        max_num_seqs=8,
+    )
+    assert wrapped.choose_k(_view(2)) == 2
 
 
 class _Counting:
