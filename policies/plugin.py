@@ -127,6 +127,8 @@ def _read_file(path_text: str, label: str) -> tuple[Path, bytes]:
         raise InputError(f"policy {label}: {path_text}: is a folder, expected a .py file") from None
     except OSError as error:
         raise InputError(f"policy {label}: {path_text}: cannot read: {error.strerror}") from None
+    except ValueError:  # a NUL byte in the path
+        raise InputError(f"policy {label}: {path_text!r}: not a valid path") from None
 
 
 def load_file_module(path_text: str, label: str) -> tuple[ModuleType, Path, str]:
@@ -501,7 +503,10 @@ def policy_spec(policy: object) -> str:
         except InputError:
             return policy  # parse_policy reports it
         if parts.kind == "file" and not Path(parts.location).expanduser().is_absolute():
-            absolute = str(Path(parts.location).expanduser().resolve())
+            try:
+                absolute = str(Path(parts.location).expanduser().resolve())
+            except (OSError, ValueError, RuntimeError):  # parse_policy reports the bad path
+                return policy
             return absolute + policy.strip()[len(parts.location) :]
         return policy
     if not callable(policy) and not callable(getattr(policy, "choose_k", None)):

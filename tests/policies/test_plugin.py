@@ -229,6 +229,7 @@ def test_an_installed_entry_point(policies: Path, monkeypatch: pytest.MonkeyPatc
         ("{dir}:Half", "is a folder"),
         ("no_such_package.module:Half", "no module named 'no_such_package'"),
         ("object:Gone#99", "no such policy object in this process"),
+        ("bad\x00name.py:Half", "not a valid path"),
     ],
 )
 def test_bad_specs_are_one_line_errors(policies: Path, spec: str, fragment: str) -> None:
