@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,20 +32,14 @@ import numpy as np
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.plugin import export_table
 from dsd.policies.plugin import policy_spec as _policy_spec
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profile
-from dsd.policies.range_table import (
-    RangeTable,
-    compile_batch_size_table,
-    compile_range_table,
-    evaluate_policy,
-)
-from dsd.policies.spec import POLICY_BUILDERS as _POLICY_BUILDERS
+from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
 from dsd.policies.spec import parse_policy as _parse_policy
-from dsd.policies.spec import policy_name as _policy_name
-from dsd.policies.spec import policy_source as _policy_source
+from dsd.policies.spec import policy_sources as _policy_sources
 from dsd.policies.spec import split_policy_list as _split_policy_list
 from dsd.policies.speculative_config import (
     method_from_speculative_config,
@@ -459,13 +453,6 @@ def sweep(
         ray_address=ray_address,
         progress=progress,
     )
-
-
-def _policy_sources(specs: Iterable[str]) -> dict[str, Any]:
-    """{"policy_sources": {SPEC: source}} of the users' policies among `specs`, else {}."""
-    sources = {spec: _policy_source(spec) for spec in specs}
-    found = {spec: source for spec, source in sources.items() if source is not None}
-    return {"policy_sources": found} if found else {}
 
 
 def _grid_text(path: str | Path) -> str:
@@ -1220,10 +1207,7 @@ def export_vllm(
     loaded = _load_profile(profile)
     spec = _policy_spec(policy)
     chosen = _parse_policy(spec, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
-    if _policy_name(spec) in _POLICY_BUILDERS:
-        table = compile_range_table(chosen, loaded.k_max, max_num_seqs)
-    else:
-        table = compile_batch_size_table(chosen, loaded.k_max, max_num_seqs, spec)
+    table = export_table(chosen, loaded.k_max, max_num_seqs, spec)
     return speculative_config(table, loaded.k_max, method=method, draft_model=draft_model)
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
+from dsd.policies.range_table import RangeTable, compile_batch_size_table, compile_range_table
 from dsd.policies.types import KPolicy, StepFeedback, StepView, batch_size_only
 
 ENTRY_POINT_GROUP = "dsd.policies"
@@ -477,6 +478,16 @@ class UserPolicy:
         """The user's policy's own `learned_profile()`, if it has one."""
         learn = getattr(self.inner, "learned_profile", None)
         return learn() if callable(learn) else None
+
+
+def export_table(policy: KPolicy, k_max: int, max_num_seqs: int, spec: str) -> RangeTable:
+    """The range table an export writes for a built policy (vLLM's, and any engine's that
+    takes a B -> K table): a user's policy only when it declares K depends on the batch size
+    alone (`compile_batch_size_table`, one-line refusal otherwise), a built-in as
+    `compile_range_table` compiles it. `spec` names the policy in the refusal."""
+    if isinstance(policy, UserPolicy):
+        return compile_batch_size_table(policy, k_max, max_num_seqs, spec)
+    return compile_range_table(policy, k_max, max_num_seqs)
 
 
 # --------------------------------------------------------------------------------------------

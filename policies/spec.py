@@ -40,7 +40,7 @@ the policies' semantics live in their own modules.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,6 +325,14 @@ def policy_source(spec: str) -> dict[str, Any] | None:
     from dsd.policies.plugin import policy_source as source
 
     return source(spec, POLICY_BUILDERS)
+
+
+def policy_sources(specs: Iterable[str]) -> dict[str, Any]:
+    """{"policy_sources": {SPEC: policy_source}} of the users' policies among `specs`, or {}
+    when there are none (what a report's config records beside its SPEC list)."""
+    sources = {spec: policy_source(spec) for spec in specs}
+    found = {spec: source for spec, source in sources.items() if source is not None}
+    return {"policy_sources": found} if found else {}
 
 
 def policy_name(spec: str) -> str:
