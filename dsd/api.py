@@ -31,6 +31,7 @@ from dsd.policies.engine_configs import compiled_table
 from dsd.policies.engine_configs import export_sglang as export_sglang
 from dsd.policies.engine_configs import export_trtllm as export_trtllm
 from dsd.policies.engine_configs import sglang_launch_note as sglang_launch_note  # for the CLI
+from dsd.policies.plugin import policy_spec as _policy_spec
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from dsd.backend.pair import ModelPair
     from dsd.backend.zoo import DistillResult, PairResult
     from dsd.reports.sweep import SweepOutcome as SweepOutcome
+    from dsd.sim.policy_check import PolicyCheck
 
 DEFAULT_SWEEP_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
 DEFAULT_SWEEP_CONCURRENCY: tuple[int, ...] = (1, 4, 16, 64)
@@ -346,7 +348,9 @@ def sweep(
             raise InputError(
                 f"num_prompts_per_concurrency: must be >= 1, got {num_prompts_per_concurrency}"
             )
-        specs = list(DEFAULT_SWEEP_POLICIES if policies is None else policies)
+        specs = [
+            _policy_spec(p) for p in (DEFAULT_SWEEP_POLICIES if policies is None else policies)
+        ]
         concurrencies = list(
             DEFAULT_SWEEP_CONCURRENCY if max_concurrency is None else max_concurrency
         )
@@ -427,14 +431,16 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def parse_policy(
-    spec: str,
+    spec: str | object,
     *,
     profile: str | Path | Profile | None = None,
     k_max: int | None = None,
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
     seed: int | None = None,
 ) -> KPolicy:
-    """The K policy a SPEC names (docs/policies.md); k_max defaults to the profile's."""
+    """The K policy a SPEC (or a user's KPolicy object or factory) names (docs/policies.md);
+    k_max defaults to the profile's."""
+    spec = _policy_spec(spec)
     loaded = _load_profile(profile) if isinstance(profile, str | Path) else profile
     if k_max is None:
         if loaded is None:
@@ -447,13 +453,39 @@ def export_vllm(
     profile: str | Path,
     *,
     max_num_seqs: int,
-    policy: str = "goodput",
+    policy: str | object = "goodput",
     method: str | None = None,
     draft_model: str | None = None,
 ) -> dict[str, Any]:
-    """vLLM's --speculative-config for a policy compiled to a range table on a profile."""
+    """vLLM's --speculative-config for a policy compiled to a range table on a profile (a
+    user's policy only when it declares K depends on the batch size alone)."""
     table, k_max = compiled_table(profile, max_num_seqs, policy)
     return speculative_config(table, k_max, method=method, draft_model=draft_model)
+
+
+def check_policy(
+    policy: str | object,
+    *,
+    profile: str | Path | None = None,
+    examples: int = 100,
+    steps: int = 40,
+    cases: int = 100,
+    seed: int = 0,
+) -> PolicyCheck:
+    """The scheduler-accounting property tests on a policy (`sim.policy_check`): the stateful
+    machine for `examples` examples of up to `steps` calls, and `cases` workloads against
+    vLLM's own scheduler where vLLM is installed."""
+    from dsd.sim.policy_check import check_policy as check
+
+    loaded = None if profile is None else _load_profile(profile)
+    return check(
+        _policy_spec(policy),
+        profile=loaded,
+        examples=examples,
+        steps=steps,
+        differential_cases=cases,
+        seed=seed,
+    )
 
 
 def export_pr32374(profile: str | Path) -> dict[str, Any]:

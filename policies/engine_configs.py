@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from dsd.common.errors import InputError
+from dsd.policies.plugin import export_table, policy_spec
 from dsd.policies.profile_io import load_profile
-from dsd.policies.range_table import RangeTable, compile_range_table, expand_ranges
+from dsd.policies.range_table import RangeTable, expand_ranges
 from dsd.policies.spec import parse_policy
 
 # vLLM's method names (what `--method` takes for every export) -> each engine's name for it.
@@ -161,19 +162,23 @@ def sglang_launch_note(
     return note
 
 
-def compiled_table(profile: str | Path, max_num_seqs: int, policy: str) -> tuple[RangeTable, int]:
+def compiled_table(
+    profile: str | Path, max_num_seqs: int, policy: str | object
+) -> tuple[RangeTable, int]:
     """(the policy on the profile compiled to a range table for B = 1..max_num_seqs, the
-    profile's k_max): the table `dsd export vllm` prints."""
+    profile's k_max): the table every export writes. A user's policy compiles only when it
+    declares K depends on the batch size alone (`policies.plugin.export_table`)."""
     loaded = load_profile(profile)
-    chosen = parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
-    return compile_range_table(chosen, loaded.k_max, max_num_seqs), loaded.k_max
+    spec = policy_spec(policy)
+    chosen = parse_policy(spec, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    return export_table(chosen, loaded.k_max, max_num_seqs, spec), loaded.k_max
 
 
 def export_trtllm(
     profile: str | Path,
     *,
     max_num_seqs: int,
-    policy: str = "goodput",
+    policy: str | object = "goodput",
     method: str | None = None,
     draft_model: str | None = None,
 ) -> dict[str, Any]:
@@ -190,7 +195,7 @@ def export_sglang(
     profile: str | Path,
     *,
     max_num_seqs: int,
-    policy: str = "goodput",
+    policy: str | object = "goodput",
     method: str | None = None,
 ) -> dict[str, Any]:
     """SGLang's --speculative-adaptive-config for a policy on a profile: the K `dsd export vllm`

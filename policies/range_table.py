@@ -35,7 +35,7 @@ from dsd.policies.goodput import (
     partial_draft_rates,
 )
 from dsd.policies.profile import Profile
-from dsd.policies.types import MAX_NUM_SEQS, KPolicy, StepFeedback, StepView
+from dsd.policies.types import MAX_NUM_SEQS, KPolicy, StepFeedback, StepView, batch_size_only
 
 RangeTable = list[list[int]]  # [[start_bs, end_bs, K], ...], bounds inclusive
 TABLE_FIELD = "num_speculative_tokens_per_batch_size"
@@ -200,6 +200,23 @@ def compile_range_table(
         else:
             ranges.append([batch_size, batch_size, k])
     return ranges
+
+
+def compile_batch_size_table(
+    policy: KPolicy, k_max: int, max_num_seqs: int, name: str = "policy"
+) -> RangeTable:
+    """The range table of a policy that declares K depends on the batch size alone
+    (`BATCH_SIZE_ONLY = True`, `types.batch_size_only`), asked at every B = 1..max_num_seqs.
+
+    Any other policy may learn or read more than B, so no table is its behaviour: one-line
+    InputError naming it. `name` is how the error names the policy (its SPEC)."""
+    if not batch_size_only(policy):
+        raise InputError(
+            f"policy {name}: only a policy that declares K depends on the batch size alone "
+            "(class attribute BATCH_SIZE_ONLY = True, and an observe that learns nothing) "
+            "compiles to a range table"
+        )
+    return compile_range_table(policy, k_max, max_num_seqs)
 
 
 def evaluate_policy(policy: KPolicy, profile: Profile, max_num_seqs: int) -> GoodputTable:

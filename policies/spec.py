@@ -30,14 +30,17 @@ SPEC grammar: `NAME[:ARGUMENT]`.
 - `envelope:PATH`: the best static K per concurrency from a JSON sweep table
   (`policies.envelope`).
 
-New policies plug in by adding a builder to `POLICY_BUILDERS`. This module only parses; the
-policies' semantics live in their own modules.
+Any other SPEC names a user's policy: `path/to/file.py:ClassName[:key=value,...]`,
+`package.module:ClassName[:...]`, or a name an installed package registers under the entry
+point group `dsd.policies` (`policies.plugin` loads and checks them; they take the same path
+from here on). Built-in policies are builders in `POLICY_BUILDERS`. This module only parses;
+the policies' semantics live in their own modules.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,11 +116,11 @@ def _build_table(argument: str | None, context: PolicyContext) -> KPolicy:
 
 
 def _build_goodput(argument: str | None, context: PolicyContext) -> KPolicy:
-    config = GoodputConfig(**_parse_keys("goodput", argument, GoodputConfig))
+    config = GoodputConfig(**parse_keys("goodput", argument, GoodputConfig))
     return GoodputPolicy(_needs_profile("goodput", context), context.max_num_seqs, config=config)
 
 
-def _parse_keys(
+def parse_keys(
     name: str, argument: str | None, config_type: type[Any], extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """`key=value,...` into typed values for the fields of `config_type` (plus `extra` ints)."""
@@ -134,6 +137,11 @@ def _parse_keys(
                 f"policy {name!r}: expected key=value with key in {sorted(fields)}, got {item!r}"
             )
         default = getattr(defaults, key, 0)
+        if isinstance(default, bool):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise InputError(f"policy {name!r}: {key} must be true or false, got {raw!r}")
+            values[key] = raw.lower() in ("true", "1")
+            continue
         try:
             if isinstance(default, str):
                 values[key] = raw
@@ -148,7 +156,7 @@ def _parse_keys(
 
 
 def _parse_online_config(argument: str | None) -> OnlineConfig:
-    return OnlineConfig(**_parse_keys("online", argument, OnlineConfig))
+    return OnlineConfig(**parse_keys("online", argument, OnlineConfig))
 
 
 def _build_online(argument: str | None, context: PolicyContext) -> KPolicy:
@@ -157,7 +165,7 @@ def _build_online(argument: str | None, context: PolicyContext) -> KPolicy:
 
 
 def _build_per_request(argument: str | None, context: PolicyContext) -> KPolicy:
-    config = PerRequestConfig(**_parse_keys("per-request", argument, PerRequestConfig))
+    config = PerRequestConfig(**parse_keys("per-request", argument, PerRequestConfig))
     profile = _needs_profile("per-request", context)
     return PerRequestPolicy(profile, context.max_num_seqs, config)
 
@@ -184,7 +192,7 @@ def _build_context(argument: str | None, context: PolicyContext) -> KPolicy:
     )
 
 
-def _split_hysteresis(argument: str) -> tuple[str, str | None]:
+def split_hysteresis(argument: str) -> tuple[str, str | None]:
     """(BASE, options): the last `:` segment is options when all its keys are ours."""
     base, sep, tail = argument.rpartition(":")
     ours = {f.name for f in dataclasses.fields(HysteresisConfig)}
@@ -196,7 +204,7 @@ def _split_hysteresis(argument: str) -> tuple[str, str | None]:
 def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
     if not argument:
         raise InputError("policy 'hysteresis' needs a base policy (hysteresis:BASE[:key=value])")
-    base_spec, options = _split_hysteresis(argument)
+    base_spec, options = split_hysteresis(argument)
     base_name = policy_name(base_spec)
     if base_name in ("bandit", "per-request", "hysteresis"):
         raise InputError(
@@ -204,14 +212,14 @@ def _build_hysteresis(argument: str | None, context: PolicyContext) -> KPolicy:
             f"not {base_name!r}"
         )
     base = _parse_with_context(base_spec, context)
-    config = HysteresisConfig(**_parse_keys("hysteresis", options, HysteresisConfig))
+    config = HysteresisConfig(**parse_keys("hysteresis", options, HysteresisConfig))
     return HysteresisPolicy(base, context.max_num_seqs, config)
 
 
 def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
     # `model=linear` (default): the structured bandit; `model=arms`: independent arms per
     # bucket. `prior=profile` seeds either from the profile; `prior=none` (default) needs no
-    # profile. The other keys are numeric and go through _parse_keys against the model's config.
+    # profile. The other keys are numeric and go through parse_keys against the model's config.
     items = [item for item in (argument or "").split(",") if item.strip()]
     words: dict[str, str] = {"prior": "none", "model": "linear"}
     for item in items:
@@ -225,7 +233,7 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         raise InputError(f"policy 'bandit': model must be linear or arms, got {model!r}")
     argument = ",".join(item for item in items if item.partition("=")[0].strip() not in words)
     config_type = ArmsBanditConfig if model == "arms" else BanditConfig
-    values = _parse_keys("bandit", argument, config_type, extra=("seed",))
+    values = parse_keys("bandit", argument, config_type, extra=("seed",))
     seed_value = values.pop("seed", None)
     seed: int | np.random.SeedSequence
     if seed_value is not None:
@@ -324,7 +332,7 @@ def spec_k_max(spec: str) -> int | None:
         fixed = int(argument) if argument.isascii() and argument.isdigit() else None
         return None if fixed is None else min(fixed, MAX_SPEC_TOKENS)
     if name == "hysteresis" and argument:
-        return spec_k_max(_split_hysteresis(argument)[0])
+        return spec_k_max(split_hysteresis(argument)[0])
     try:
         if name == "table" and argument:
             ks = [entry[2] for entry in read_ranges(argument)]
@@ -337,6 +345,22 @@ def spec_k_max(spec: str) -> int | None:
     return min(max(ks, default=0), MAX_SPEC_TOKENS)
 
 
+def policy_source(spec: str) -> dict[str, Any] | None:
+    """Where a user's policy's code came from (`spec`, `kind`, `path`, `class`, `sha256` of the
+    file; `policies.plugin`), recorded beside results; None for a built-in policy."""
+    from dsd.policies.plugin import policy_source as source
+
+    return source(spec, POLICY_BUILDERS)
+
+
+def policy_sources(specs: Iterable[str]) -> dict[str, Any]:
+    """{"policy_sources": {SPEC: policy_source}} of the users' policies among `specs`, or {}
+    when there are none (what a report's config records beside its SPEC list)."""
+    sources = {spec: policy_source(spec) for spec in specs}
+    found = {spec: source for spec, source in sources.items() if source is not None}
+    return {"policy_sources": found} if found else {}
+
+
 def policy_name(spec: str) -> str:
     """A SPEC's policy name, as parsing reads it: "per-request" for " Per-Request:decay=0.9"."""
     return spec.strip().partition(":")[0].strip().lower()
@@ -346,8 +370,10 @@ def _parse_with_context(spec: str, context: PolicyContext) -> KPolicy:
     _name, sep, argument = spec.strip().partition(":")
     name = policy_name(spec)
     builder = POLICY_BUILDERS.get(name)
-    if builder is None:
-        raise InputError(f"unknown policy {spec!r}; known: {', '.join(sorted(POLICY_BUILDERS))}")
+    if builder is None:  # a user's policy (its own file, module or entry point)
+        from dsd.policies.plugin import build_user_policy
+
+        return build_user_policy(spec, context)
     return builder(argument if sep else None, context)
 
 

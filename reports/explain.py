@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from dsd.policies.plugin import policy_spec
 from dsd.policies.profile_io import load_profile
 from dsd.policies.range_table import RangeTable, compile_range_table, evaluate_policy
 from dsd.policies.spec import parse_policy
@@ -30,12 +31,18 @@ class PolicyExplanation:
 
 
 def explain_policy(
-    profile: str | Path, *, max_num_seqs: int, policy: str = "goodput", show_all: bool = False
+    profile: str | Path,
+    *,
+    max_num_seqs: int,
+    policy: str | object = "goodput",
+    show_all: bool = False,
 ) -> PolicyExplanation:
     """B -> K, AL, ITL and goodput of a policy; without `show_all`, the rows where K changes,
     the profiled B, B = 1 and the last B."""
     loaded = load_profile(profile)
-    chosen = parse_policy(policy, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
+    chosen = parse_policy(
+        policy_spec(policy), profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs
+    )
     evaluated = evaluate_policy(chosen, loaded, max_num_seqs)
     profiled = set(loaded.batch_sizes())
     changes = np.concatenate([[False], evaluated.k_star[1:] != evaluated.k_star[:-1]])  # [N]

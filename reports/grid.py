@@ -26,7 +26,8 @@ File layout (every key optional unless marked; a scalar where a list is allowed 
     [config.category_acceptance]        # per-tag acceptance rates (fixed, not an axis):
     math = [0.61, 0.36, 0.22]           #   requests tagged "math" draw with these r_i
 
-Relative paths (profile, a workload file) are taken relative to the grid file's folder.
+Relative paths (profile, a workload file, a user's policy file `FILE.py:Class`) are taken
+relative to the grid file's folder.
 
 Expansion order (outermost first), each axis in the order written: profile, workload, the
 `[config]` lists (in the order written), scheduling, max_concurrency, request_rate, seed,
@@ -54,6 +55,7 @@ from typing import Any
 
 from dsd.common.errors import InputError
 from dsd.common.user_files import decode_user_text
+from dsd.policies.plugin import load_factory, split_user_spec
 from dsd.policies.spec import POLICY_BUILDERS
 from dsd.reports.sweep import SweepCell, load_seed
 from dsd.sim.config import RunConfig
@@ -280,6 +282,21 @@ def _path(base: Path, text: str) -> str:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+def _user_policy(source: str, base: Path, spec: str) -> str:
+    """A built-in SPEC as it is; a user's policy (FILE.py:Class, module:Class, an entry point)
+    checked to load, its file relative to the grid file's folder."""
+    if spec.strip().partition(":")[0].strip().lower() in POLICY_BUILDERS:
+        return spec
+    parts = split_user_spec(spec)
+    if parts.kind == "file":
+        spec = _path(base, parts.location) + spec.strip()[len(parts.location) :]
+    try:
+        load_factory(spec)
+    except InputError as error:
+        raise InputError(f"{source}: policies: {error}") from None
+    return spec
+
+
 def _nested(source: str, key: str, value: Any) -> Any:
     """A TOML table -> RandomLengths / TraceOptions / RolloutConfig (their checks apply)."""
     kind = _NESTED[key.rsplit(".", 1)[-1]]
@@ -401,13 +418,9 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
     for given, path in zip(_as_list(source, "profile", data["profile"]), profiles, strict=True):
         if not Path(path).is_file():
             raise InputError(f"{source}: profile: {given}: no such file")
-    policies = _strings(source, "policies", data["policies"])
-    for spec in policies:
-        if spec.strip().partition(":")[0].strip().lower() not in POLICY_BUILDERS:
-            raise InputError(
-                f"{source}: policies: unknown policy {spec!r} (known: "
-                f"{', '.join(sorted(POLICY_BUILDERS))})"
-            )
+    policies = [
+        _user_policy(source, base, spec) for spec in _strings(source, "policies", data["policies"])
+    ]
     seeds = _ints(source, "seeds", data.get("seeds", [0]), 0, maximum_power=64)
     scheduling = _strings(source, "scheduling", data.get("scheduling", ["sync"]))
     for mode in scheduling:

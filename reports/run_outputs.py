@@ -43,6 +43,7 @@ from dsd.common.atomic import atomic_write_bytes
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
+from dsd.policies.spec import policy_source
 from dsd.sim.engine import RunResult
 from dsd.sim.metrics import Columns
 from dsd.sim.resolve import ResolvedRun
@@ -67,6 +68,9 @@ def bench_result(
     was (`simulator_settings`, or the real pair's)."""
     config = resolved.config
     result = dict(run.metrics)
+    source = policy_source(config.policy)
+    if source is not None:  # a user's policy: the code that made this result
+        result["policy_source"] = source
     result.update(
         {
             "profile": config.profile,

@@ -38,6 +38,7 @@ import hashlib
 import io
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -54,6 +55,7 @@ from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.errors import InputError, WorkerDied
 from dsd.common.png import figure_png_bytes
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.policies.spec import policy_source
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
@@ -217,6 +219,12 @@ def cell_spec(cell: SweepCell, digests: dict[str, str] | None = None) -> dict[st
         config["profile"] = {
             "name": Path(cell.config.profile).name,
             "sha256": _file_digest(cell.config.profile, digests),
+        }
+    source = policy_source(cell.config.policy)
+    if source is not None:  # a user's policy: by file name, class and the file's SHA-256
+        config["policy"] = {
+            "spec": re.sub(r"[^:]*[/\\]", "", cell.config.policy.strip()),
+            **{key: value for key, value in source.items() if key not in ("spec", "path")},
         }
     dataset = cell.config.dataset
     if Path(dataset).suffix.lower() in (".csv", ".parquet", ".jsonl") and Path(dataset).is_file():
@@ -433,6 +441,7 @@ def _run_on_ray(
         else:
             ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
     try:
+        _check_rebuilt_on_ray(ray, cells)
         remote_run = ray.remote(num_cpus=1, max_retries=0)(run_cell)
         pending = [remote_run.remote(cell) for cell in cells]
         while pending:
@@ -442,6 +451,33 @@ def _run_on_ray(
     finally:
         if started_here:
             ray.shutdown()
+
+
+def rebuild_policies(cells: Sequence[SweepCell]) -> list[str]:
+    """The one-line errors of building each cell's policy in this process (empty: all build).
+    Top-level: a Ray task runs it on a worker before any cell, where a user's policy file or
+    module must be found again."""
+    errors = []
+    for cell in cells:
+        try:
+            resolve(cell.config)  # builds the policy, as the cell will
+        except InputError as error:
+            errors.append(str(error))
+    return errors
+
+
+def _check_rebuilt_on_ray(ray: Any, cells: Sequence[SweepCell]) -> None:
+    """InputError (one line) when a user's policy of the grid cannot be built on a worker."""
+    first_of_each: dict[str, SweepCell] = {}
+    for cell in cells:
+        if policy_source(cell.config.policy) is not None:
+            first_of_each.setdefault(cell.config.policy, cell)
+    if not first_of_each:
+        return
+    task = ray.remote(num_cpus=1, max_retries=0)(rebuild_policies)
+    errors = ray.get(task.remote(list(first_of_each.values())))
+    if errors:
+        raise InputError(f"on a Ray worker: {errors[0]}")
 
 
 @dataclass(frozen=True)

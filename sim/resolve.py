@@ -29,7 +29,7 @@ import numpy as np
 from dsd.common.errors import InputError
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
-from dsd.policies.spec import parse_policy, policy_name, spec_k_max
+from dsd.policies.spec import parse_policy, policy_name, policy_source, spec_k_max
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.models.latency import (
@@ -419,9 +419,12 @@ def resolved_config_dict(config: RunConfig, resolved: ResolvedRun | None = None)
     resolved = resolved if resolved is not None else resolve(config)
     streams = sim_seed_streams(config.seed)
     profile = resolved.profile
+    source = policy_source(config.policy)
     return {
         "config": plain_config_value(config),
         "resolved": {
+            # a user's policy: the file and class that made the run, and the file's sha256
+            **({"policy_source": source} if source is not None else {}),
             "profile_path": (
                 None if config.profile is None else str(Path(config.profile).expanduser().resolve())
             ),

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from dsd.common.errors import InputError
+from dsd.policies.plugin import policy_spec
 from dsd.policies.speculative_config import (
     method_from_speculative_config,
     spec_from_speculative_config,
@@ -48,6 +49,7 @@ def run_config(*, speculative_config: str | None = None, **fields: Any) -> RunCo
         fields.pop("speculative_method", None)  # RunConfig's default: ngram
     if fields.get("policy") is None:
         raise InputError("give exactly one of --policy and --speculative-config")
+    fields["policy"] = policy_spec(fields["policy"])  # a user's policy object or file
     options = WorkloadOptions(**{k: v for k, v in fields.items() if k in WORKLOAD_FIELDS})
     own = {k: v for k, v in fields.items() if k in RUN_CONFIG_FIELDS and k not in WORKLOAD_FIELDS}
     return RunConfig(**options.arguments(), **own)

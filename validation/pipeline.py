@@ -17,6 +17,7 @@ from dsd.common.errors import InputError, require_int, require_unique
 from dsd.common.progress import ProgressFactory, no_progress
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile, save_profile
+from dsd.policies.spec import policy_sources
 from dsd.sim.run_fields import run_config
 from dsd.validation.plan import (
     FULL_HARDWARE_PLAN,
@@ -203,6 +204,8 @@ def run_cells(
             for r in resolved
         ),
     )
+    # a user's policy: its file, class and the file's sha256, by the SPEC the cells ran
+    record = record.with_extra(**policy_sources(r.config.policy for r in resolved))
     return cells, record, retimed
 
 

@@ -15,7 +15,19 @@ from typing import Annotated, Any
 
 import typer
 
-from dsd.cli import export, flags, hardware, profile, report, run, simulate, traces, validate, zoo
+from dsd.cli import (
+    check_policy,
+    export,
+    flags,
+    hardware,
+    profile,
+    report,
+    run,
+    simulate,
+    traces,
+    validate,
+    zoo,
+)
 from dsd.cli.flags import flag_of
 from dsd.common import invocation
 from dsd.common.errors import InputError, WorkerDied
@@ -67,7 +79,18 @@ def _options(
     pass  # the options above act in their callbacks; the app's help is Typer(help=...)
 
 
-for _module in (export, simulate, traces, run, profile, validate, hardware, report, zoo):
+for _module in (
+    export,
+    simulate,
+    traces,
+    run,
+    profile,
+    validate,
+    hardware,
+    report,
+    zoo,
+    check_policy,
+):
     _module.register(app)
 
 

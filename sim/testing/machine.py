@@ -190,11 +190,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         seed=st.integers(0, 2**32 - 1),
     )
     def setup(self, config: SchedulerConfig, seed: int) -> None:
+        factory = type(self).policy_factory
+        # first: a policy that cannot be built is the report (teardown skips an unset machine)
+        self.policy = factory(config) if factory is not None else None
         self.config = config
         self.scheduler = Scheduler(config, capacity=2)  # tiny: slot growth gets exercised
         self.reference = ReferenceScheduler(config) if self.use_reference else None
-        factory = type(self).policy_factory
-        self.policy = factory(config) if factory is not None else None
         make_executor = type(self).executor_factory
         rng = np.random.default_rng(seed)
         self.executor = make_executor(config, rng) if make_executor is not None else None

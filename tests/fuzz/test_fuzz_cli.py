@@ -160,8 +160,10 @@ _POSITIONAL_POOLS: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {
 }  # fmt: skip
 # Not fuzzed here: generate and distill-draft need real model files, which tests do not ship;
 # hardware-report profiles and validates a real pair (minutes per case; its few flags are
-# checked in tests/cli/test_hardware_report.py).
+# checked in tests/cli/test_hardware_report.py). check-policy runs hypothesis itself, which
+# does not nest inside this fuzzer's hypothesis run (its flags: tests/cli/test_check_policy.py).
 _NOT_FUZZED = {
+    ("check-policy",),
     ("generate",),
     ("zoo", "distill-draft"),
     ("hardware-report",),

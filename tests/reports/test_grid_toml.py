@@ -193,3 +193,26 @@ def test_bad_grids_raise_one_line_input_errors_naming_the_key(
     text_of_error = str(caught.value)
     assert "\n" not in text_of_error and text_of_error.startswith(str(path)), text_of_error
     assert message in text_of_error, text_of_error
+
+
+def test_a_users_policy_file_is_relative_to_the_grid_and_checked(tmp_path: Path) -> None:
+    policies = tmp_path / "mine"
+    policies.mkdir()
+    (policies / "half.py").write_text(
+        "class Half:\n"
+        "    def choose_k(self, view):\n"
+        "        return view.k_max // 2\n\n"
+        "    def observe(self, feedback):\n"
+        "        pass\n"
+    )
+    grid = (
+        f'profile = "{H100}"\npolicies = ["mine/half.py:Half", "static:0"]\nmax_concurrency = [1]\n'
+    )
+    cells = _cells(tmp_path, grid)
+    assert [cell.policy for cell in cells] == [f"{policies / 'half.py'}:Half", "static:0"]
+    path = tmp_path / "grid.toml"
+    path.write_text(grid.replace('Half"', 'Halve"'))
+    with pytest.raises(
+        InputError, match=r"grid.toml: policies: policy .*half.py:Halve: .*no 'Halve'"
+    ):
+        load_grid(path)
