@@ -8,13 +8,10 @@ functions; results are dicts with vLLM bench keys, pandas frames and frozen data
                        policy="goodput", max_concurrency=16, num_prompts=160)
     out.metrics["mean_tpot_ms"], out.requests, out.steps
 
-A run is described by flat keyword fields: the fields of `sim.config.RunConfig` (policy,
-profile, dataset, scheduler limits, models, seed) and the workload knobs of
-`traces.registry.WorkloadOptions` (num_prompts, max_concurrency, request_rate, random_*,
-rollout_*, ...); `run_config(**fields)` builds the config they describe. Torch is imported only
-by the functions that run real models.
-
-This module orchestrates; the work itself lives in the packages (docs/architecture.md).
+A run is described by flat keyword fields (`sim.run_fields`: `RunConfig`'s and the workload
+knobs); `run_config(**fields)` builds the config they describe. Torch is imported only by the
+functions that run real models. A thin surface: the work lives in the packages
+(docs/architecture.md), and errors name fields (the CLI says the flags).
 """
 
 from __future__ import annotations
@@ -43,6 +40,7 @@ from dsd.policies.speculative_config import (
 from dsd.policies.types import KPolicy
 
 # The validation pipeline's entry points are part of the API as they are.
+from dsd.reports.console import generation_text as generation_text
 from dsd.reports.console import profile_text as profile_text
 from dsd.reports.console import run_text as run_text
 from dsd.reports.explain import PolicyExplanation as PolicyExplanation
@@ -531,21 +529,10 @@ def write_workload_table(workload: Workload, out: str | Path) -> None:
 def write_vllm_custom_jsonl(workload: Workload, out: str | Path) -> str:
     """A workload as the JSONL `vllm bench serve --dataset-name custom` replays; returns what to
     tell the user (the file, the replay command, and what the format loses)."""
-    from dsd.traces.export import write_vllm_custom_jsonl as write
+    from dsd.traces.export import replay_note, write_vllm_custom_jsonl
 
-    write(workload, Path(out))
-    lines = [
-        f"wrote {out} ({len(workload.requests):,} requests)",
-        "replay: vllm bench serve --dataset-name custom "
-        f"--dataset-path {out} --num-prompts {len(workload.requests)} --custom-output-len -1 "
-        "--skip-chat-template --disable-shuffle --ignore-eos "
-        "[--request-rate R --burstiness X | --max-concurrency C]",
-    ]
-    if any(request.arrival_s > 0 for request in workload.requests):
-        lines.append(
-            "note: the JSONL has no arrival times; the trace's timestamps are not replayed"
-        )
-    return "\n".join(lines)
+    write_vllm_custom_jsonl(workload, Path(out))
+    return replay_note(workload, out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -571,19 +558,6 @@ def generate(
         max_tokens=max_tokens, temperature=temperature, num_spec_tokens=k, seed=seed, chat=chat
     )
     return generate_texts(pair, prompts, config)
-
-
-def generation_text(report: GenerationReport, k: int) -> str:
-    """The line `dsd generate` ends with: tokens, time, speed and, with a draft, acceptance."""
-    tokens_per_s = report.num_output_tokens / report.elapsed_s if report.elapsed_s > 0 else 0.0
-    line = (
-        f"{report.num_output_tokens} output tokens in {report.elapsed_s:.2f} s "
-        f"({tokens_per_s:.1f} tok/s)"
-    )
-    if any(report.drafted_at_pos):
-        rates = ", ".join(f"{rate:.2f}" for rate in report.per_position_rates)
-        line += f"; K={k}, acceptance length {report.acceptance_length:.2f}, r_i = [{rates}]"
-    return line
 
 
 def train_pair(

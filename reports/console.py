@@ -1,9 +1,11 @@
-"""What the commands print: a run's summary (or its JSON), and a profile's. Text only: the
-files a run writes are `reports.run_outputs`."""
+"""What the commands print: a run's summary (or its JSON), a profile's, a generation's. Text
+only: the files a run writes are `reports.run_outputs`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from dsd.policies.profile import Profile
 from dsd.reports.run_outputs import (
@@ -71,3 +73,31 @@ def profile_text(measured: Profile, out: str | Path, file_format: str = "dsd-pro
     if held_out:
         text += f"\n{held_out}"
     return text
+
+
+class Generation(Protocol):
+    """What `generation_text` reads of `backend.generate.GenerationReport`."""
+
+    @property
+    def num_output_tokens(self) -> int: ...
+    @property
+    def elapsed_s(self) -> float: ...
+    @property
+    def drafted_at_pos(self) -> Sequence[int]: ...
+    @property
+    def per_position_rates(self) -> Sequence[float]: ...
+    @property
+    def acceptance_length(self) -> float: ...
+
+
+def generation_text(report: Generation, k: int) -> str:
+    """The line `dsd generate` ends with: tokens, time, speed and, with a draft, acceptance."""
+    tokens_per_s = report.num_output_tokens / report.elapsed_s if report.elapsed_s > 0 else 0.0
+    line = (
+        f"{report.num_output_tokens} output tokens in {report.elapsed_s:.2f} s "
+        f"({tokens_per_s:.1f} tok/s)"
+    )
+    if any(report.drafted_at_pos):
+        rates = ", ".join(f"{rate:.2f}" for rate in report.per_position_rates)
+        line += f"; K={k}, acceptance length {report.acceptance_length:.2f}, r_i = [{rates}]"
+    return line

@@ -235,3 +235,20 @@ def summary_rows(summary: WorkloadSummary) -> list[tuple[str, str]]:
     tags_text = ", ".join(f"{tag} {count}" for tag, count in top_tags)
     rows.append(("tags", tags_text + (f", +{more} more" if more > 0 else "")))
     return rows
+
+
+def replay_note(workload: Workload, out: str | Path) -> str:
+    """What to tell a user who exported a workload to vLLM's custom JSONL: the file, the
+    `vllm bench serve` command that replays it, and what the format loses."""
+    lines = [
+        f"wrote {out} ({len(workload.requests):,} requests)",
+        "replay: vllm bench serve --dataset-name custom "
+        f"--dataset-path {out} --num-prompts {len(workload.requests)} --custom-output-len -1 "
+        "--skip-chat-template --disable-shuffle --ignore-eos "
+        "[--request-rate R --burstiness X | --max-concurrency C]",
+    ]
+    if any(request.arrival_s > 0 for request in workload.requests):
+        lines.append(
+            "note: the JSONL has no arrival times; the trace's timestamps are not replayed"
+        )
+    return "\n".join(lines)
