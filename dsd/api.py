@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int, require_unique
 from dsd.common.progress import ProgressFactory, no_progress
-from dsd.policies.engine_configs import compiled_table
 from dsd.policies.engine_configs import export_sglang as export_sglang
 from dsd.policies.engine_configs import export_trtllm as export_trtllm
+from dsd.policies.engine_configs import export_vllm as export_vllm
 from dsd.policies.engine_configs import sglang_launch_note as sglang_launch_note  # for the CLI
 from dsd.policies.plugin import policy_spec as _policy_spec
 from dsd.policies.profile import Profile
@@ -34,9 +34,6 @@ from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374
 from dsd.policies.spec import parse_policy as _parse_policy
 from dsd.policies.spec import split_policy_list as _split_policy_list
-from dsd.policies.speculative_config import (
-    speculative_config,
-)
 from dsd.policies.types import KPolicy
 
 # The validation pipeline's entry points are part of the API as they are.
@@ -405,14 +402,8 @@ def report(out: str | Path, *, k_trace_cell: str | None = None) -> Path:
 
 
 def profile(pair: ModelPair, *, out: str | Path, **options: Any) -> Profile:
-    """Measure ITL(B, K, context), prefill, acceptance and the loop's host overhead of a pair
-    into a profile written to `out` (`file_format` dsd-profile, or dsd-json for PR #32374's
-    file); returns it. Points that fail the timing checks (`policies.profile_quality`) are
-    measured again up to `max_remeasure` times; a profile that still fails is refused (an
-    InputError naming the points) unless `allow_noisy`. `adaptive_target_pct`: add batch sizes
-    where the ITL table interpolates worst until each interior B is predicted from its
-    neighbours within that many percent, or `adaptive_budget_s` runs out. `ignore_eos`: the
-    acceptance prompts run to their output length past an EOS (as `dsd validate` runs them)."""
+    """Measure a pair into a profile written to `out`; returns it. The options and their
+    defaults are `backend.profiling.profile_to_file`'s."""
     from dsd.backend.profiling import profile_to_file
 
     return profile_to_file(pair, out=out, **options)
@@ -445,20 +436,6 @@ def parse_policy(
             raise InputError("k_max: give k_max or a profile")
         k_max = loaded.k_max
     return _parse_policy(spec, profile=loaded, k_max=k_max, max_num_seqs=max_num_seqs, seed=seed)
-
-
-def export_vllm(
-    profile: str | Path,
-    *,
-    max_num_seqs: int,
-    policy: str | object = "goodput",
-    method: str | None = None,
-    draft_model: str | None = None,
-) -> dict[str, Any]:
-    """vLLM's --speculative-config for a policy compiled to a range table on a profile (a
-    user's policy only when it declares K depends on the batch size alone)."""
-    table, k_max = compiled_table(profile, max_num_seqs, policy)
-    return speculative_config(table, k_max, method=method, draft_model=draft_model)
 
 
 def check_policy(

@@ -1,4 +1,5 @@
-"""TensorRT-LLM's and SGLang's per-batch-size draft-length configs, built from a range table.
+"""Every engine's per-batch-size draft-length config from one range table: vLLM's
+--speculative-config (`export_vllm`), TensorRT-LLM's and SGLang's.
 
 JSON objects, written only (dsd does not read them back as policies). Neither engine is
 imported: tests/policies/test_engine_configs.py holds their validation and lookup,
@@ -27,6 +28,7 @@ from dsd.policies.plugin import export_table, policy_spec
 from dsd.policies.profile_io import load_profile
 from dsd.policies.range_table import RangeTable, expand_ranges
 from dsd.policies.spec import parse_policy
+from dsd.policies.speculative_config import speculative_config
 
 # vLLM's method names (what `--method` takes for every export) -> each engine's name for it.
 TRTLLM_DECODING_TYPES = {
@@ -172,6 +174,20 @@ def compiled_table(
     spec = policy_spec(policy)
     chosen = parse_policy(spec, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
     return export_table(chosen, loaded.k_max, max_num_seqs, spec), loaded.k_max
+
+
+def export_vllm(
+    profile: str | Path,
+    *,
+    max_num_seqs: int,
+    policy: str | object = "goodput",
+    method: str | None = None,
+    draft_model: str | None = None,
+) -> dict[str, Any]:
+    """vLLM's --speculative-config for a policy compiled to a range table on a profile (a
+    user's policy only when it declares K depends on the batch size alone)."""
+    table, k_max = compiled_table(profile, max_num_seqs, policy)
+    return speculative_config(table, k_max, method=method, draft_model=draft_model)
 
 
 def export_trtllm(
