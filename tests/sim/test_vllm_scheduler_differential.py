@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from utils import create_scheduler, drive
 
-from dsd.sim.scheduler import SPECULATIVE_METHODS, Scheduler, SchedulerConfig, drafter_reservations
+from dsd.sim.policy_check import random_case
+from dsd.sim.scheduler import Scheduler, SchedulerConfig
 from dsd.sim.types import ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
@@ -207,45 +208,10 @@ def test_agrees_with_our_scheduler_on_a_roomy_pool(oracle: ModuleType, schedulin
 
 def _random_case(rng: random.Random) -> tuple[SchedulerConfig, list[RequestSpec], list[int] | int]:
     """A small random case where KV, budget, max_model_len, chunking and the prefill threshold
-    bind often; (config, requests, K per step or one K)."""
-    block_size = rng.choice([1, 2, 4, 8, 16])
-    max_model_len = rng.randint(4, 96)
-    one_request = -(-max_model_len // block_size)
-    k_max = rng.randint(0, 5)
-    max_num_seqs = rng.randint(1, 8)
-    chunked = rng.random() < 0.8
-    budget = (
-        rng.randint(max_num_seqs, 96)
-        if chunked
-        else rng.randint(max(max_model_len, max_num_seqs), max_model_len + 64)
-    )
-    threshold = rng.choice([0, 0, rng.randint(1, max_model_len)]) if chunked else 0
-    # ngram (no reservations) half the time, else a drafter with KV lookahead / draft slots
-    method = rng.choice(["ngram"] * len(SPECULATIVE_METHODS) + list(SPECULATIVE_METHODS))
-    lookahead, slots = drafter_reservations(method, k_max)
-    if lookahead >= budget or (not chunked and budget < max_model_len + slots):
-        method = "ngram"  # configs vLLM or SchedulerConfig refuse
-    requests = [
-        RequestSpec(rng.randint(2, max_model_len - 1), rng.randint(1, 40))
-        for _ in range(rng.randint(1, 8))
-    ]
-    blocks = (
-        sum(-(-(r.prompt_len + r.output_len + k_max) // block_size) for r in requests)
-        if rng.random() < 0.5  # roomy: nothing is ever preempted
-        else one_request + rng.choice([0, 1, 2, rng.randint(0, 4 * one_request)])
-    )
-    config = SchedulerConfig(
-        max_model_len=max_model_len,
-        num_kv_blocks=max(blocks, one_request),
-        k_max=k_max,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=budget,
-        block_size=block_size,
-        scheduling=rng.choice(["sync", "async"]),
-        enable_chunked_prefill=chunked,
-        long_prefill_token_threshold=threshold,
-        speculative_method=method,
-    )
+    bind often (`sim.policy_check.random_case`, what `dsd check-policy` draws); (config,
+    requests, K per step or one K)."""
+    config, requests = random_case(rng)
+    k_max = config.k_max
     ks: list[int] | int = (
         [rng.randint(0, k_max) for _ in range(rng.randint(1, 40))]
         if rng.random() < 0.5
