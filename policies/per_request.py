@@ -93,7 +93,8 @@ def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> In
 
     `gains` [D, K_max]: gains[j, k] = expected extra output tokens from request j's (k+1)-th
     draft, non-increasing in k. `itl_ms_by_total_drafts` [D * K_max + 1]: step time when m
-    drafts are made in total. Exact under the non-increasing gains (see the module docstring).
+    drafts are made in total. Exact under the non-increasing gains (docs/policies.md,
+    "per-request").
     """
     num_decode, k_max = gains.shape
     if num_decode == 0 or k_max == 0:

@@ -138,7 +138,8 @@ class _InFlight:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Drives the real scheduler; see the module docstring. Subclass via make_scheduler_machine."""
+    """Drives the real scheduler (its rules and invariants: docs/testing.md). Subclass via
+    make_scheduler_machine."""
 
     configs: ClassVar[st.SearchStrategy[SchedulerConfig]] = scheduler_configs()
     policy_factory: ClassVar[PolicyFactory | None] = None
