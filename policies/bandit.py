@@ -500,8 +500,8 @@ class BanditPolicy:
 
         The second test keeps the check from overriding a posterior that doubts its own best
         while spreading the doubt over several K (one unidentified K-slope makes every other K
-        a little likely each: MT-Bench C=256 seed 1000 on the parametric model put 44% on
-        K < 5 at B=256, none alone 25%, and the check held K=5 for the whole run)."""
+        a little likely each and none likely alone; the run it once held at K=5:
+        docs/policies.md, "bandit")."""
         wins = 0
         best_losses = 0
         for _ in range(EXPLORATION_CHECK_DRAWS):

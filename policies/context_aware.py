@@ -2,24 +2,12 @@
 
 With long contexts a decode step spends much of its time reading the KV cache, which costs the
 same whatever K is, so the extra verified tokens of a larger K are relatively cheaper and the
-best K at a given B can rise. Two forms:
-
-(b) `ContextGoodputPolicy`: K* = argmax_k AL(k) / ITL(B, k, context), smallest k on ties, with
-    B = `policies.goodput.table_batch_size(view)` (the scheduled rows, prefill chunks included:
-    the key every policy reads its table at) and context = B times the mean context of the
-    decode rows (`view.context_lens`; prefill rows carry no context in the view, so they are
-    counted at the decode rows' mean). The latency is a function
-    passed in, `ContextLatencyFn(batch_size, num_spec_tokens [n], context_tokens) -> ms [n]`,
-    because policies cannot import the simulator: the app layer hands in the sim's
-    fitted model, or `ContextLatencyGrid` (a small measured grid, multilinear, clamped) is used.
-(a) `ContextRangeTablePolicy`: a table of `[start_bs, end_bs, start_ctx, end_ctx, K]` entries
-    (bounds inclusive; ctx is the *mean* context per decode request, tokens), the 5-tuple form
-    proposed for vLLM. Rules (the range-table rules, per axis): the entries group by their
-    (start_bs, end_bs) B range; B ranges do not overlap, the first starts at 1, and a B in a gap
-    or past the last range takes the range before it; within a B range the context ranges do
-    not overlap, the first starts at 0, and a context in a gap or past the last range takes the
-    range before it; bs bounds > 0, ctx bounds >= 0, start <= end, K >= 0; K clamped to k_max.
-    `compile_context_table` builds (a) from (b) on given context bucket edges.
+best K at a given B can rise. Two forms (their rules: docs/policies.md, "context"):
+`ContextGoodputPolicy` maximises AL(k) / ITL(B, k, context) with a latency function passed in
+(`ContextLatencyFn`: policies cannot import the simulator, so the app layer hands in the sim's
+fitted model) or a small measured grid (`ContextLatencyGrid`); `ContextRangeTablePolicy` reads
+a `[start_bs, end_bs, start_ctx, end_ctx, K]` table, the 5-tuple form proposed for vLLM, which
+`compile_context_table` builds from the first form.
 
 Neither form learns acceptance (see `policies.online`) or chooses K per request.
 """

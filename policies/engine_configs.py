@@ -1,21 +1,12 @@
 """Every engine's per-batch-size draft-length config from one range table: vLLM's
---speculative-config (`export_vllm`), TensorRT-LLM's and SGLang's.
+--speculative-config (`export_vllm`), TensorRT-LLM's (`trtllm_config`) and SGLang's
+(`sglang_adaptive_config`, with the launch flags in `sglang_launch_note`).
 
-JSON objects, written only (dsd does not read them back as policies). Neither engine is
-imported: tests/policies/test_engine_configs.py holds their validation and lookup,
-re-implemented from their source, as oracles. Both start from the vLLM range table that
-`dsd export vllm` prints (`compiled_table`: the policy on the profile, compiled by
-`policies.range_table`), expanded to one K per B = 1..max_num_seqs:
-
-- `trtllm_config`: an `extra_llm_api_options` object (what `trtllm-serve --config FILE` reads)
-  with `max_batch_size` and `speculative_config.draft_len_schedule` = {largest B of a range: K}
-  (TensorRT-LLM PR #10860). It gives the table's K at every B, or refuses a table it cannot
-  express (a K above the K at B = 1, or K = 0 at every B).
-- `sglang_adaptive_config`: the `--speculative-adaptive-config` file of SGLang's adaptive
-  speculative decoding: one slot per range, keyed by the range's first B, with one candidate
-  step, the range's K. `sglang_launch_note` names the flags that go with it and the batch
-  sizes SGLang must capture CUDA graphs at for the table to hold at every B (SGLang routes a
-  batch by its CUDA-graph-padded size).
+All start from the vLLM range table that `dsd export vllm` prints (`compiled_table`: the policy
+on the profile, compiled by `policies.range_table`) and are JSON, written only: dsd does not
+read them back as policies. Neither engine is imported: tests/policies/test_engine_configs.py
+re-implements their validation and lookup from their source, as oracles. Each format, and what
+it cannot express: docs/formats.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The oracle envelope: the best static K per concurrency, from a sweep of static-K runs.
 
-Input: a table of measured mean TPOT per (concurrency, K) from static-K runs (simulated or
-real; the sweep itself belongs to the evaluation, not here). `best_static_k` picks, per
-concurrency, the K with the lowest mean TPOT (the smallest K on ties within `tie_tolerance`,
-relative). Its TPOT at each concurrency is the envelope that dynamic policies are compared to.
+`StaticSweep.best_static_k` picks, per concurrency, the static K with the lowest mean TPOT in a
+table of static-K runs (simulated or real; the sweep itself belongs to the evaluation, not
+here): the envelope that dynamic policies are compared to. `EnvelopePolicy` (SPEC
+`envelope:PATH`) applies it by batch size, since a closed loop at concurrency C runs at B ~ C:
+B takes the K of the swept concurrency nearest to it on a log scale; `to_range_table` gives the
+same map as a vLLM range table. The rule and the table file: docs/policies.md, "envelope".
 
-`EnvelopePolicy` applies it by batch size: a closed loop at concurrency C runs at B ~ C in
-steady state, so B uses the best K of the swept concurrency nearest to it on a log scale (the
-boundary between swept C_i < C_j is their geometric mean sqrt(C_i C_j), the smaller C owning
-it; sweeps are geometric grids, C = 1, 2, 4, ...). B below the smallest or above the largest
-swept concurrency uses that end's K. (Carrying the smaller C's K up to the next swept C, the
-range-table gap rule, ran B = 226 at C=128's K: the ramp-up of a C=256 run got C=128's K.)
-`to_range_table` (via `policies.range_table.compile_range_table`) gives exactly the same map.
-
-Table file (`envelope:PATH`): JSON, a list of records
-`{"concurrency": C, "k": K, "mean_tpot_ms": T}`; missing (C, K) cells are allowed, every C needs
-at least one. It does not run anything and does not interpolate TPOT between concurrencies.
+It does not run anything and does not interpolate TPOT between concurrencies.
 """
 
 from __future__ import annotations

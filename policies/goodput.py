@@ -1,35 +1,13 @@
 """The goodput K policy (vLLM PR #32374 rules) and the ITL interpolation it shares with the sim.
 
-For each batch size B and each k in 0..K_max the policy scores
-
-    goodput(B, k) = AL(k) / ITL(B, k),    AL(k) = 1 + sum_{i<=k} r_i,
-
-and picks the argmax (the smallest k on ties). With a drafter that may find fewer than k
-drafts (n-gram lookup; the profile's draft rates s_i = P(d >= i) < 1), the step verifies only
-what was drafted, so its cost is the expectation over the widest row: with B iid rows,
-
-    E[ITL](B, k) = sum_j P(max_rows min(d, k) = j) ITL(B, j),  P(max <= j) = P(min(d, k) <= j)^B
-
-(`expected_itl_ms`); AL(k) stays the expected output tokens, since r_i counts the steps that
-drafted fewer. With every s_i = 1 (model drafts) this is ITL(B, k) itself, the PR's rule.
-
-A greedy profile that recorded each prompt's draft sequence (`Profile.draft_sequences`, n-gram
-lookup) gives AL(k) and the drafted counts per k exactly instead (`sequence_acceptance`): each
-sequence is walked at k, a step at a time, as the engine would run it. Per-step rates measured
-at k_max under-count copy spans at small k: a run at k = 1 spends more of its steps inside the
-spans a k = 6 run crosses in one step (docs/policies.md).
-ITL(B, k) comes from the profiled table
-`batch_stats` / `Profile.latency` by piecewise-linear interpolation:
-
-1. per profiled B, linear in K between that B's profiled K values (clamped at its ends), which
-   fills the K values that were not profiled at that B;
-2. then linear in B between profiled B, clamped at the smallest and largest profiled B (no
-   extrapolation: a B past the last profiled B reads the last profiled row).
-
-`ItlTable` / `interpolate_itl_ms` are that interpolation as pure, vectorised functions. The
-simulator's table latency model must call them (not re-implement them), so that the policy and
-the simulated engine agree on ITL exactly. The K table is precomputed once for
-B = 1..max_num_seqs; `choose_k` is a table lookup.
+`GoodputPolicy` picks, per batch size B, the K maximising AL(K) / ITL(B, K) (the smallest on
+ties) from a table precomputed for B = 1..max_num_seqs, so `choose_k` is a lookup. AL comes
+from the profile's per-position rates, or from walking its greedy draft sequences where it has
+them (`sequence_acceptance`); ITL from the profiled table by piecewise-linear interpolation
+(`ItlTable`, `interpolate_itl_ms`), which the simulator's table latency model calls rather than
+re-implements, so that the policy and the simulated engine agree on ITL exactly; with a drafter
+that may draft fewer than K, its expectation over drafted counts (`expected_itl_ms`). The rule
+and the interpolation: docs/policies.md, "goodput".
 
 This module does not read files (see `policies.profile_io`), does not learn at run time (see
 `policies.online`), and does not model prefill or context length: ITL here is a function of

@@ -1,22 +1,17 @@
 """Host time a K policy's own decisions take per engine step: choose_k and observe, timed on
 synthetic steps.
 
-On a GPU a small model's step takes a few ms (SmolLM2-135M on CUDA graphs: 4-6 ms), so a
-learning policy's Python time is a visible part of TPOT. The profiler's host-overhead model is
-measured with static policies; the learning policies' own time beyond a static one's is kept
-per policy as a line in D (`HostOverhead.policies`), which the simulator adds to a run of that
-policy.
+On a GPU a small model's step takes a few ms, so a learning policy's Python time is a visible
+part of TPOT. The profiler's host-overhead model is measured with static policies; a learning
+policy's own time beyond a static one's is kept per policy as a line in D
+(`HostOverhead.policies`), which the simulator adds to a run of that policy. Where the steps
+are timed matters more than what they do: in the engine loop a policy runs after the
+executor's step has evicted its code and data from the host's caches, so the profiler times
+one policy step right after each real step of its host-overhead runs (`PolicyStepper`,
+`fit_policy_host_lines`), while `policy_step_us` times them back to back, with warm caches
+(what `benchmarks/policy_overhead.py` prints). The figures: docs/models.md 1.5.
 
-Where the steps are timed matters more than what they do. In the engine loop a policy's code
-runs after the executor's step, whose model forward and Python have evicted the policy's code
-and data from the host's caches: measured on the 2-core CPU with SmolLM2-135M, per-request's
-choose_k + observe took 0.37-0.46 ms there against 0.11-0.20 ms in a tight loop of the same
-calls.
-So the profiler times one policy step right after each real step of its host-overhead runs,
-a policy at a time in turn (`PolicyStepper`, `fit_policy_host_lines`; docs/models.md 1.5).
-`policy_step_us` times them back to back (a tight loop): what `benchmarks/policy_overhead.py`
-prints, the policies' own cost with warm caches. Not a model of the engine loop's own host
-work.
+Not a model of the engine loop's own host work.
 """
 
 from __future__ import annotations

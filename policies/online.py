@@ -1,32 +1,12 @@
 """The online-acceptance K policy: the goodput rule with per-position rates learned at run time.
 
-vLLM PR #32374's online mode replaced the profiled rates r_i by cumulative runtime counts after
-a warm-up. That estimator collapses: a position that is no longer drafted gets no new data
-(it reads 0, or keeps a stale low value), so once K shrinks it can never grow back, and at K=0
-nothing is ever observed again. `NaiveCumulativeAcceptancePolicy` reproduces that estimator so
-a test can show the collapse; do not use it for anything else.
-
-`OnlineAcceptancePolicy` avoids the collapse:
-
-- the profile's rates are a Beta prior: `prior_strength` pseudo-drafts per position with
-  `prior_strength * r_i` pseudo-accepts;
-- runtime counts decay by `decay` per observed step (exponential forgetting), so a position not
-  drafted recently drifts back to its prior instead of staying at 0 or at a stale value;
-- the estimates are made non-increasing in i (a running minimum), as unconditional rates are;
-- with a drafter that drafts fewer than K (the profile's draft rates s_i < 1, n-gram lookup),
-  feedback counts positions that were drafted, so the runtime counts estimate the rate given
-  drafted, q_i = P(a >= i | d >= i): the prior is q_i = r_i / s_i, and the table uses
-  r_i = q_i s_i (exact, since a >= i implies d >= i) with the expected ITL over drafted counts;
-- with a greedy profile's draft sequences (`acceptance=sequences`, the default where the
-  profile has them) the table scores goodput's walked AL(k) and drafted counts
-  (`policies.goodput.sequence_acceptance`), scaled by what was learned: AL(k) = 1 +
-  (AL_walk(k) - 1) * sum_{i<=k} r_i(estimated) / sum_{i<=k} r_i(profile). So it starts as
-  goodput does and moves by the ratio of learned to profiled accepted tokens at each k (the
-  per-position rates, measured at K_max, mis-state AL at small k, docs/policies.md);
-  `acceptance=rates` scores the rates themselves;
-- the K table (goodput over B = 1..max_num_seqs) is recomputed only when some rate moved more
-  than `recompute_tolerance` since the last table, so a step costs O(B * K_max) to count plus
-  O(K_max) to update.
+`OnlineAcceptancePolicy` (SPEC `online`) takes the profile's rates as a Beta prior and learns
+from decayed runtime counts, so a position no longer drafted drifts back to its prior instead
+of collapsing to 0, as PR #32374's cumulative counts do (`NaiveCumulativeAcceptancePolicy`
+reproduces that estimator so a test can show the collapse; do not use it for anything else).
+Its K table is goodput's, rebuilt only when some rate moved more than `recompute_tolerance`.
+The estimator, drafters that draft fewer than K, and the scaling of the walked draft sequences:
+docs/policies.md, "online".
 
 It does not change the ITL model at run time (only acceptance is learned) and it does not choose
 K per request.

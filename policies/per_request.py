@@ -1,51 +1,16 @@
 """Per-request K: each decode request gets its own K from its own learned acceptance.
 
-Acceptance model (per request, learned online; `acceptance`, docs/policies.md has the math):
+`PerRequestPolicy` (SPEC `per-request`) learns each request's acceptance online, either as one
+level against the profile's walked draft sequences (`acceptance=sequences`) or as a Beta
+posterior per draft depth (`rates`), and allocates the step's drafts to maximise expected
+output tokens per ms of step time under one of two mixed-K cost models (`mixed_k`: `padded`
+gives one K for the batch from the requests' own acceptance; `token-equivalent` an exact greedy
+allocation across requests). Requests are tracked by req_id in bounded memory. The models, the
+allocation and why the level replaced the rates: docs/policies.md, "per-request".
 
-- "sequences" (default, where the profile has greedy draft sequences): one level per request,
-  its accepted drafts over what the profile's walked sequences expect for the same drafted
-  counts (Gamma-style pseudo-counts, 1 for an unseen request), and AL_j(k) = 1 +
-  (AL_walk(k) - 1) * level, capped at the drafts a run at k makes. Both sides count the same
-  drafts, so the level does not depend on the K the request ran at. The per-position rates
-  below are measured at K_max and under-state AL at small k on an n-gram drafter (copy spans
-  take more steps at small k); scored with them it drafted 6 deep at B = 4-8 where K = 2-3
-  was best, and its own observations at K = 6 kept it there.
-- "rates": at each depth i a Beta posterior on the request's conditional acceptance c_ij
-  (prior from the profile's rates given drafted, q_i / q_(i-1)); a step that drafted d and
-  accepted a is a success at depths 1..a and a failure at a + 1 when a < d; r_i(j) = s_i *
-  prod_{m <= i} E_post[c_mj], so an unseen request reads the profile and no rate exceeds the
-  draft rate s_i. Depths are learned apart: a model that pooled them read one fully accepted
-  draft as every depth nearly certain (results/gpu/2026-11-27-h200, docs/policies.md).
-
-Allocation. The objective is expected output tokens per ms of step time,
-sum_j AL_j(K_j) / cost(K_1..K_D), with the step cost read from the profile's ITL table
-(fractional K interpolated) under one of two mixed-K cost models (`mixed_k`, the same names
-as the simulator's costing). The table is read at the step's B, prefill chunks included
-(`policies.goodput.table_batch_size`, the key every policy uses), while only the D decode rows
-get a K; below, ITL(D, .) is short for that lookup (B = D on decode-only steps):
-
-- "padded" (default, the honest one for a real engine: the draft runs max K_i sequential
-  passes over the whole batch, and the profile's ITL(D, K) is the only measured price of a
-  step): cost = ITL(D, max K_i). For a given max K = k every request's extra drafts up to k
-  are free and each adds expected tokens, so the optimum is K_j = k for all j and the policy
-  picks k = argmax_k sum_j AL_j(k) / ITL(D, k): a uniform K, but from the running requests' own
-  learned acceptance rather than the profile's.
-- "token-equivalent" (optimistic bound: it ignores the extra draft passes):
-  cost = ITL(D, K_eff), K_eff = sum(K_i + 1) / D - 1, the uniform K verifying as many tokens.
-  Because every request's marginal gain AL_j(k+1) - AL_j(k) is non-increasing in k, greedy
-  marginal-gain allocation (add one draft at a time to the request with the largest marginal
-  expected tokens) visits, for every total number of drafts m, the allocation that maximises
-  expected tokens among all with m drafts; ITL depends only on m. So we sort all D * K_max
-  marginal gains once, take prefix sums, score every m and keep the best: the exact optimum
-  (ties: fewer drafts, then lower batch position). O(D K_max log(D K_max)) per step.
-
-Memory. Requests are tracked by req_id in sorted arrays; an id not seen for
-`forget_after_steps` steps is dropped, and at most `max_tracked` ids are kept (the least
-recently seen go first), so memory is bounded whatever the run length.
-
-What it does not do: split a step's cost into draft passes and verified tokens (the table has
-no such split, so no cost model here rewards unequal K under a max-K draft), learn ITL, or look
-at context length.
+It does not split a step's cost into draft passes and verified tokens (the profile's ITL table
+has no such split, so no cost model here rewards unequal K under a max-K draft), learn ITL, or
+look at context length.
 """
 
 from __future__ import annotations
@@ -128,7 +93,8 @@ def best_allocation(gains: FloatArray, itl_ms_by_total_drafts: FloatArray) -> In
 
     `gains` [D, K_max]: gains[j, k] = expected extra output tokens from request j's (k+1)-th
     draft, non-increasing in k. `itl_ms_by_total_drafts` [D * K_max + 1]: step time when m
-    drafts are made in total. Exact under the non-increasing gains (see the module docstring).
+    drafts are made in total. Exact under the non-increasing gains (docs/policies.md,
+    "per-request").
     """
     num_decode, k_max = gains.shape
     if num_decode == 0 or k_max == 0:

@@ -1,27 +1,14 @@
 """A researcher's own K policy, named by a SPEC like the built-ins: loading, arguments, contract.
 
-`policies.spec.parse_policy` comes here for every SPEC whose name is not a built-in:
-
-- `path/to/file.py:ClassName[:key=value,...]`: a class (or factory function) defined in a Python
-  file; a relative path is read from the working directory;
-- `package.module:ClassName[:key=value,...]`: the same from an importable module;
-- `NAME[:key=value,...]`: a class an installed package registers under the entry point group
-  `dsd.policies` (in its pyproject: `[project.entry-points."dsd.policies"] NAME =
-  "package.module:ClassName"`);
-- `object:NAME#N`: a KPolicy instance or factory handed to the Python API in this process
-  (`policy_spec` registers it); it cannot be rebuilt in another process (a Ray worker).
-
-Building: `key=value` arguments are parsed into the class's config dataclass (a class attribute
-`Config`, or the annotation of an `__init__` parameter `config`) and passed as `config=`; a class
-without one takes them as its `__init__` keyword parameters (typed by their defaults). Whatever
-`__init__` names among `k_max`, `max_num_seqs`, `profile`, `seed` (the run's policy
-SeedSequence, as the bandit gets it) and `rng` (a numpy Generator on that seed) is handed in.
-
-Contract: the class must have `choose_k` and `observe` methods (checked at load); the built
-policy is a `UserPolicy`, which checks every `choose_k` answer at run time (an int, or one int
-per decode row, each in 0..k_max) and turns whatever the user's code raises into one-line
-`InputError`s naming the file and class. `policy_source(spec)` is what results record of the
-code that made them (path, class, sha256 of the file).
+`policies.spec.parse_policy` comes here for every SPEC whose name is not a built-in: a class (or
+factory) in a file (`path/to/file.py:ClassName[:key=value,...]`, relative to the working
+directory), in an importable module (`package.module:ClassName`), registered under the entry
+point group `dsd.policies` (`NAME`), or a Python object handed to the API (`object:NAME#N`,
+registered by `policy_spec`; it exists only in this process, so a Ray worker cannot rebuild
+it). The built policy is a `UserPolicy`, which checks every `choose_k` answer and turns what the
+user's code raises into one-line `InputError`s naming the file and class; `policy_source(spec)`
+is what results record of the code. Arguments, what the run hands in, the contract:
+docs/policies.md, "Write your own policy".
 
 This module loads and checks; it does not run policies (the engine does) nor property-test them
 (`sim.policy_check`).

@@ -1,24 +1,10 @@
 """Reading, validating and writing profile files: our native JSON and vLLM PR #32374's file.
 
-`load_profile(path)` detects the format from the content:
-
-- native: `{"format": "dsd-profile", "version": 1, ...}` (schema in docs/formats.md);
-- PR #32374 `dynamic_speculative_config.json`: an object with `batch_stats`
-  ({bs: {k: itl_ms}}), `max_num_speculative_tokens`, `acceptance_rate_per_pos`, `is_online`.
-
-Every problem is an `InputError` with one line naming the file and the field
-(`profile.json: batch_stats['4']['1']: ITL must be finite and > 0, got -1`). The checks are
-what the table latency model and the goodput policy need: finite positive ITL; integer B >= 1
-and K >= 0; B = 1 profiled; K = 0, 1 and K_max profiled at every profiled B; K_max rates in
-[0, 1], non-increasing (they are unconditional); accepted <= drafted counts; the optional
-`host_overhead` model (native only): finite ms >= 0, integer counts >= 1; the optional drafted
-availability (native only, absent = every step drafts its K): draft rates s_i >= r_i, or counts
-with `num_steps`, and per-request (drafted, accepted) histograms that sum to those counts.
-
-`save_profile` writes the native form atomically (temp file + os.replace);
-`profile_to_pr32374` / `save_pr32374` write the PR's form (ITL averaged over context lengths,
-per-request samples, prefill points, the host overhead and the draft rates dropped, since that
-format has no place for them).
+`load_profile(path)` detects the format from the content and checks what the table latency
+model and the goodput policy need; every problem is an `InputError` of one line naming the file
+and the field. `save_profile` writes the native form atomically; `profile_to_pr32374` /
+`save_pr32374` write the PR's form, dropping what it has no place for. The two schemas, the
+checks and what the PR's form drops: docs/formats.md.
 
 This module does not fit or interpolate anything (see `policies.goodput`, `sim`).
 """

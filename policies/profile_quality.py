@@ -1,16 +1,13 @@
 """Is a profile's timing trustworthy? Spread and monotonicity checks on its latency points.
 
-A step verifying more tokens cannot be cheaper, so the median ITL(B, K) of one context length
-must not fall as K grows at fixed B, nor as B grows at fixed K; prefill time must not fall as the
-prompt grows. A point whose middle 80% of samples spans much of its median was measured on a
-disturbed machine (`backend.profiler` first divides out the drift that all points of a timing
-round share, so the spread is the point's own). `check_profile` lists every such problem as one
-readable line per point; `backend.profiler` times all of a context's points again when any
-fails and refuses a profile that stays bad, and `dsd validate` refuses to validate against one
-(docs/validation.md, "Profiles you can trust").
+A step verifying more tokens cannot be cheaper, so at one context length the median ITL(B, K)
+must not fall as K grows at fixed B, nor as B grows at fixed K, and prefill time must not fall
+as the prompt grows; a point whose middle 80% of samples spans much of its median was measured
+on a disturbed machine. `check_profile` lists every such problem as one readable line per
+point; what the profiler and `dsd validate` do with them: docs/validation.md, "Profiles you
+can trust". Points without p10/p90 (PR #32374 files) are checked for monotonicity only.
 
-What this module does not do: measure, re-measure, or decide what a caller does with problems.
-Points without p10/p90 (PR #32374 files) are checked for monotonicity only.
+It does not measure, re-measure, or decide what a caller does with the problems.
 """
 
 from __future__ import annotations

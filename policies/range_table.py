@@ -1,18 +1,12 @@
 """vLLM's per-batch-size K table (`num_speculative_tokens_per_batch_size`) and compiling to it.
 
-A range table is a list of `[start_bs, end_bs, K]` entries, bounds inclusive. The semantics
-follow vLLM's speculative config:
+A range table is a list of `[start_bs, end_bs, K]` entries, bounds inclusive, read as vLLM's
+speculative config reads it (the rules: docs/policies.md, "table"). `RangeTablePolicy` looks K
+up in one; `compile_range_table` turns any batch-level policy into one for a given
+max_num_seqs by asking it for B = 1..max_num_seqs and merging runs of equal K.
 
-- the list is non-empty; every entry is three integers;
-- bounds are > 0 and start <= end; K >= 0;
-- entries may come in any order; sorted by start, the first starts at 1 and none overlap;
-- a B in a gap between ranges, or past the last range, takes the K of the range before it;
-- every K is clamped to `num_speculative_tokens` (our k_max);
-- a B above `max_num_seqs` is an error.
-
-`compile_range_table` turns any batch-level policy into such a table for a given max_num_seqs
-by asking it for B = 1..max_num_seqs and merging runs of equal K. This module does not read
-vLLM's whole `--speculative-config` (see `policies.speculative_config`), only the table inside it.
+This module does not read vLLM's whole `--speculative-config` (see
+`policies.speculative_config`), only the table inside it.
 """
 
 from __future__ import annotations

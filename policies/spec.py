@@ -1,40 +1,13 @@
 """Policy SPEC strings -> KPolicy objects, through a plain registry dict.
 
-SPEC grammar: `NAME[:ARGUMENT]`.
+A SPEC is `NAME[:ARGUMENT]`. A built-in NAME (`static`, `table`, `goodput`, `online`,
+`per-request`, `context`, `hysteresis`, `bandit`, `envelope`) has a builder in
+`POLICY_BUILDERS`; any other SPEC names a user's policy (`path/to/file.py:ClassName`,
+`package.module:ClassName`, or an entry point of the group `dsd.policies`), which
+`policies.plugin` loads and checks and which takes the same path from there on. Each SPEC's
+grammar and keys: docs/policies.md.
 
-- `static:K`: the same K every step (0 <= K <= k_max); `static`: K = k_max (vLLM's plain
-  `num_speculative_tokens`).
-- `table:JSON_OR_PATH`: a vLLM range table, inline (`table:[[1,8,3],[9,256,1]]`) or a JSON file
-  holding the list or a speculative config with `num_speculative_tokens_per_batch_size`.
-- `goodput[:acceptance=sequences|rates]`: PR #32374's rule on the profile (needs a profile);
-  `sequences` (default) scores AL and drafted counts per K from a greedy profile's draft
-  sequences where it has them, `rates` from the per-position rates as the PR does.
-- `online[:key=value,...]`: goodput with rates learned at run time; keys are the fields of
-  `policies.online.OnlineConfig` (warmup_steps, prior_strength, decay, recompute_tolerance).
-- `per-request[:key=value,...]`: K per request from per-request acceptance posteriors (needs a
-  profile); keys: `policies.per_request.PerRequestConfig`.
-- `context[:table=JSON_OR_PATH]`: without an argument, goodput over (B, K, context) with the
-  context latency function the caller passes (`context_latency`), else the profile's
-  context-recorded latency grid; `context:table=...` is a 5-tuple
-  `[start_bs, end_bs, start_ctx, end_ctx, K]` table (inline JSON or a file).
-- `hysteresis:BASE[:margin=...,min_dwell=...,lookahead=...,trend_smoothing=...]`: wraps the
-  batch-level policy BASE (itself a SPEC) against flapping; keys:
-  `policies.switching.HysteresisConfig`.
-- `bandit[:model=linear|arms,prior=none|profile|FILE,seed=N,key=value,...]`: Thompson sampling
-  over K that needs no profile. `model=linear` (default): shared acceptance posterior and a
-  step-time regression (`policies.bandit.BanditConfig` keys); `model=arms`:
-  independent arms per log2 B bucket (`policies.bandit.ArmsBanditConfig` keys). `prior=profile`
-  seeds either from the run's profile, `prior=FILE` from a profile file (a path without `,`),
-  e.g. the `learned_profile.json` a previous bandit run wrote: a warm start. The seed is the
-  SPEC's `seed`, else the caller's `seed` (from the run's SeedSequence), else 0.
-- `envelope:PATH`: the best static K per concurrency from a JSON sweep table
-  (`policies.envelope`).
-
-Any other SPEC names a user's policy: `path/to/file.py:ClassName[:key=value,...]`,
-`package.module:ClassName[:...]`, or a name an installed package registers under the entry
-point group `dsd.policies` (`policies.plugin` loads and checks them; they take the same path
-from here on). Built-in policies are builders in `POLICY_BUILDERS`. This module only parses;
-the policies' semantics live in their own modules.
+This module only parses; the policies' semantics live in their own modules.
 """
 
 from __future__ import annotations

@@ -2,21 +2,12 @@
 
 A table policy switches K at fixed batch-size edges. In a live engine B wanders by a request or
 two around an edge from step to step, and every crossing flips K (and, on a real engine, the
-CUDA graph / draft shape), although the two K are nearly equally good there. `HysteresisPolicy`
-wraps any batch-level base policy whose `choose_k` is a pure function of the view (static,
-table, goodput, online, context; not the bandit, which samples):
-
-- **margin** (a fraction of B): the base is asked at B, B (1 - margin) and B (1 + margin); if
-  the current K lies within the range of those answers, B is near an edge the current K borders
-  and K stays. Only when the base's answer is clear over the whole band does K follow it.
-- **min_dwell** (steps): after a change K is held for at least this many steps. Only steps with
-  decode rows count, and only changes start a dwell: the first K of a run is free to move, and
-  a step without decode rows (K does nothing there) neither sets nor holds K.
-- **lookahead**: under next-step K timing (vLLM's, sync and async) the K chosen now is verified
-  one step later, so the base is asked about the *predicted* next B: the current B plus an
-  exponentially averaged step-to-step change of B (`trend_smoothing`), clipped to
-  [1, max_num_seqs]. `lookahead` = "auto" (only when the view's K timing is next-step),
-  "always" or "never".
+CUDA graph / draft shape), although the two K are nearly equally good there.
+`HysteresisPolicy` (SPEC `hysteresis:BASE`) wraps any batch-level base policy whose `choose_k`
+is a pure function of the view (not the bandit, which samples): K follows the base only when
+its answer is clear over a band of B around the current one (`margin`), at most once per
+`min_dwell` steps, and under next-step K timing the base is asked about the predicted next B
+(`lookahead`). The rules: docs/policies.md, "hysteresis".
 
 A K above `view.k_max` is always clamped at once (the engine cannot run it), dwell or not. The
 wrapper does not change what the base learns: `observe` is passed through unchanged.

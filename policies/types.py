@@ -4,25 +4,23 @@ Vocabulary (use these words, and only these, in code and docs):
 
 - **step**: one target forward pass over the scheduled batch, with the draft passes that made
   its drafts. **B** (`batch_size`): requests scheduled in the step, prefill chunks included
-  (vLLM's key for its range table). `num_decode_reqs`: the scheduled requests that decode (only
-  they carry drafts). `num_tokens`: tokens the target computes in the step.
-- **K** (`num_spec_tokens`): draft tokens proposed for one request in one step. K=0 is plain
+  (vLLM's range-table key); `num_decode_reqs`: those that decode (only they carry drafts);
+  `num_tokens`: tokens the target computes in the step.
+- **K** (`num_spec_tokens`): draft tokens proposed for one request in one step; K=0 is plain
   decoding.
-- **drafted** `d` in [0, K]: the drafts a request actually got in a step. A model draft always
-  drafts K; a lookup drafter (n-gram) drafts what it finds, possibly fewer or none, and the step
-  verifies only those.
-- **accepted** `a` in [0, d]: the leading drafts the target agreed with. Every decode step emits
-  `a + 1` **output tokens**: the +1 is the *bonus* token when all drafts were accepted, else the
+- **drafted** `d` in [0, K]: the drafts a request got in a step (a model draft always K; a
+  lookup drafter such as n-gram what it finds, possibly none); the step verifies only those.
+- **accepted** `a` in [0, d]: the leading drafts the target agreed with. A decode step emits
+  `a + 1` **output tokens**: the *bonus* token when all drafts were accepted, else the
   *recovered* token sampled at the first rejected position. Rejected = d - a.
-- **per-position acceptance rate** `r_i` (i = 1..K_max): P(the first i drafts all accepted) at a
-  step that asked for at least i drafts, counting the steps that drafted fewer (for model drafts
-  = accepted_at_pos[i] / drafted_at_pos[i]). It is unconditional in i, so r_i <= r_{i-1}; the
-  conditional rate is r_i / r_{i-1}. vLLM's *logged* rate divides by all drafts, which reads low
-  when K varies; we count `drafted_at_pos` separately.
+- **per-position acceptance rate** `r_i` (i = 1..K_max): P(the first i drafts all accepted) at
+  a step that asked for at least i drafts, counting the steps that drafted fewer. Unconditional
+  in i, so r_i <= r_{i-1} (the conditional rate is r_i / r_{i-1}). vLLM's *logged* rate
+  divides by all drafts and reads low when K varies; we count `drafted_at_pos` separately.
 - **draft rate** `s_i`: P(d >= i) at a step that asked for at least i drafts (1 for model
   drafts); r_i <= s_i, and accepted_at_pos[i] / drafted_at_pos[i] = r_i / s_i.
 - **AL(K)** (acceptance length) = expected output tokens per decode step = 1 + sum_{i<=K} r_i.
-- **ITL(B, K)**: latency of one decode step at batch size B with K drafts per request, in ms
+- **ITL(B, K)**: latency in ms of one decode step at batch size B with K drafts per request
   (draft passes + verification + host overhead); with s_i < 1, its expectation over the widest
   row's drafted count (`policies.goodput.expected_itl_ms`).
 - **goodput(B, K)** = AL(K) / ITL(B, K): output tokens per ms per request (not SLO goodput).
@@ -34,8 +32,8 @@ Units live in names: `*_s` for clock seconds (simulated or measured), `*_ms` for
 latencies. Ids come from per-run counters.
 
 A K policy sees a frozen `StepView` before each step and returns one K for the whole batch or a
-K per decode request; after the step it gets a `StepFeedback`. Policies import nothing from
-`sim` or `backend`: plain numpy in, int or array out.
+K per decode request; after the step it gets a `StepFeedback` (docs/policies.md). Policies
+import nothing from `sim` or `backend`: plain numpy in, int or array out.
 """
 
 from __future__ import annotations

@@ -1,43 +1,14 @@
 """A sweep grid from a TOML file (`dsd sweep --grid grid.toml`), expanded into sweep cells.
 
-File layout (every key optional unless marked; a scalar where a list is allowed means one value):
+`load_grid` reads the file into a `SweepGrid`, checking every key with the key named in the
+error (types and ranges, nested tables against their dataclass fields, unknown keys, empty or
+duplicated axes, at most MAX_GRID_CELLS cells, prompt counts, dataset names and workload files,
+policy names) and taking relative paths from the grid file's folder. `expand_grid` turns it into
+cells in a fixed axis order, each seeded by its load point (`reports.sweep.load_seed`), so every
+policy at one point shares its random numbers. The file's keys, the expansion order and the
+seeds: docs/sweeps.md.
 
-    profile = "profile.json"            # required; a path or a list of paths (swept)
-    policies = ["static:0", "goodput"]  # required; policy SPECs
-    seeds = [0]                         # sweep seeds (default [0])
-    scheduling = ["sync"]               # "sync" / "async"
-    max_concurrency = [1, 4, 16]        # default closed-loop points for every workload
-    request_rate = ["inf"]              # default arrival rates (req/s, "inf" = all at t=0)
-    num_prompts_per_concurrency = 20    # num_prompts = this x C (default 20), or:
-    num_prompts = 200                   # one fixed count (needed for open loop without C)
-
-    [[workloads]]                       # default: one workload, dataset "mt-bench"
-    name = "mtbench"                    # label in tables (default: the dataset)
-    dataset = "mt-bench"                # a traces.registry name or a workload file
-    max_concurrency = [1, 4]            # this workload's own points (override the defaults)
-    request_rate = [2.0, 8.0]           #   both given: every (C, rate) pair
-    output_len = 128                    # burstiness, output_len, chat_template, shuffle, and
-    random_lengths = { input_len = 512 }  # tables random_lengths / trace_options / rollout
-
-    [config]                            # any other RunConfig field:
-    host_overhead_ms = 0.5              #   a scalar is fixed,
-    latency_model = ["table", "parametric"]  # a list is swept
-
-    [config.category_acceptance]        # per-tag acceptance rates (fixed, not an axis):
-    math = [0.61, 0.36, 0.22]           #   requests tagged "math" draw with these r_i
-
-Relative paths (profile, a workload file, a user's policy file `FILE.py:Class`) are taken
-relative to the grid file's folder.
-
-Expansion order (outermost first), each axis in the order written: profile, workload, the
-`[config]` lists (in the order written), scheduling, max_concurrency, request_rate, seed,
-policy. A cell's seed is `reports.sweep.load_seed(seed, C, rate)`: every policy at one load
-point and sweep seed shares it (common random numbers).
-
-Checked here, with the key named: types and ranges of every key (nested tables against their
-dataclass fields), unknown keys, empty or duplicated axes, the cell count (at most
-MAX_GRID_CELLS), prompt counts (at most 2**53), dataset names and workload files, and policy
-names. What this module does not do: run cells, write files, or check a policy SPEC's arguments
+What this module does not do: run cells, write files, or check a policy SPEC's arguments
 against a profile (the sweep resolves every cell before running, which does).
 """
 
@@ -511,7 +482,7 @@ def _product(axes: Sequence[tuple[str, tuple[Any, ...]]]) -> list[tuple[tuple[st
 
 
 def expand_grid(grid: SweepGrid) -> list[SweepCell]:
-    """The cells in the documented order (see the module docstring)."""
+    """The cells in the documented order (docs/sweeps.md, "Expansion order")."""
     cells: list[SweepCell] = []
     many_profiles = len(grid.profiles) > 1
     for profile in grid.profiles:

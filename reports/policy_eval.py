@@ -1,44 +1,14 @@
 """Policy evaluation (issue 9): every K policy against the static-K envelope, four workloads.
 
-Workloads, all on the published PR #32374 H100 profile (sync scheduling with vLLM's next-step
-K timing: the K a policy picks at a step is verified at the next; latency model auto = the
-fitted parametric model for this profile (docs/models.md 1.2), which prices a step of mixed K
-as max K draft passes plus the compute of every drafted token):
-
-- `mt-bench`: MT-Bench closed loop at C = 1..256, num_prompts = max(4C, 64), heterogeneous
-  per-request acceptance;
-- `azure-conv`: the Azure 2023 conversation trace replayed open loop on its own timestamps
-  and lengths: its first AZURE_WINDOW_S seconds (the same requests at both points), at 1x and
-  time-compressed AZURE_TIME_SCALES (arrival times divided by the factor);
-- `rl-rollout`: a batch submitted at t=0 that drains (lognormal outputs, median 256), 64 and 256
-  requests;
-- `phased`: a tagged workload (written beside the report) whose send order runs in phases of
-  "easy" then "hard" then "easy" requests, so the running population's acceptance moves over
-  time and no static K is right throughout; closed loop at C = 16, 64. The two categories'
-  per-position rates are measured, not chosen: the MT-Bench categories with the highest and
-  the lowest acceptance length in the bundled early-exit recording
-  (sim/models/data/earlyexit_acceptance_mtbench.json, exit layer
-  sim.models.replay.DEFAULT_EXIT_LAYER),
-  each category's rates counted by replaying greedy chain SD at K = K_MAX along its recorded
-  match sequences (sim.models.replay.per_position_rates_from_recording). The phases are tagged
-  with those category names.
-
-Per workload point, static K = 0..k_max are run for every seed; the envelope is the static K
-with the lowest seed-mean TPOT, and each policy's gap is the mean of its paired per-seed gaps
-(its TPOT over the envelope K's TPOT at the same seed, minus 1: same requests, and common random
-numbers, so the same acceptance luck wherever their K agree) with a 95% Student-t confidence
-interval. Seeds 0..n-1 per point, n chosen for the interval, not fixed: every point starts at
-MIN_SEEDS; a point where some dynamic row's half-width exceeds CI_TARGET gets twice the seeds
-(every row, static ones too), until none does or MAX_SEEDS. A gap whose interval contains 0 is
-a tie. Extra rows investigate per-request's cost model (the policy
-assuming padded or token-equivalent cost of mixed K) and the
-bandit with and without the profile prior (`bandit:prior=profile`). The bandit is run cold (a
-fresh policy per run, the default) and warm: seeded with the profile the cold bandit learned on
-a previous run of the same point (seed + WARM_START_SEED_OFFSET, `bandit:prior=FILE`), as a
-long-running server that keeps what it learned would start.
-
-Writes report.md, results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
-per workload under --out; 2 worker processes by default.
+Simulates every policy, and static K = 0..k_max beside it, on the PR #32374 H100 profile over
+MT-Bench closed loop, the Azure 2023 conversation trace replayed open loop, a draining RL
+rollout and a phased workload whose acceptance moves over time (the rates of two MT-Bench
+categories, measured from the bundled early-exit recording); each policy's gap is its TPOT
+paired seed by seed with the best static K's, with a 95% interval, and a point gets more seeds
+while some interval is too wide. The workloads, the seed rule and the results:
+docs/policies.md, "Evaluation"; what this writes under --out: report.md (it names every
+workload in full), results.json, static_sweep_mt-bench.json, phased_workload.csv and one PNG
+per workload.
 
 It does not run real models and does not tune any policy's knobs.
 """

@@ -1,45 +1,17 @@
 """vLLM 0.33's real v1 scheduler behind our scheduler's call protocol: `VllmScheduler`.
 
-`VllmScheduler(config)` builds `vllm.v1.core.sched.scheduler.Scheduler` (sync) or
-`AsyncScheduler` (async) from our `SchedulerConfig` and answers `plan_step` / `commit_step` /
-`update` as `sim.scheduler.Scheduler` does, playing vLLM's model runner and drafter: it samples
-a + 1 tokens per decode row (1 for a completed prompt, none for a partial chunk) into
-`update_from_output`, and hands the drafter's K drafts back where vLLM's EngineCore does. It is
-what `--scheduler vllm` runs (the engine loop with the fitted executor and vLLM's exact
-scheduling), and the oracle of tests/sim/test_vllm_scheduler_differential.py, which drives ours
-and this one on the same random workloads and demands the same steps.
+`VllmScheduler(config)` builds vLLM's `Scheduler` (sync) or `AsyncScheduler` (async) from our
+`SchedulerConfig` (`build_vllm_scheduler` says how the config maps) and answers `plan_step` /
+`commit_step` / `update` as `sim.scheduler.Scheduler` does, playing vLLM's model runner and
+drafter. It is what `--scheduler vllm` runs, and the oracle of
+tests/sim/test_vllm_scheduler_differential.py, which drives ours and this one on the same random
+workloads and demands the same steps. What the comparison covers and the differences left:
+docs/simulator.md, "vLLM, differentially".
 
 It is NOT a vLLM engine: no model, no worker, no tokenizer, no EOS (requests run to max_tokens);
-prefix caching is off. It needs vLLM 0.33 importable (CPU-only is enough; `_vllm` sets
-`VLLM_TARGET_DEVICE=cpu` before the first import).
-
-Config mapping: max_model_len, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill,
-long_prefill_token_threshold -> vLLM's SchedulerConfig; block_size -> CacheConfig and one
-FullAttentionSpec KV group; k_max -> SpeculativeConfig(method="ngram", num_speculative_tokens
-= k_max) in sync mode, method="ngram_gpu" in async mode (VllmConfig refuses async + "ngram"
-with the V1 model runner, which is what a machine without Triton gets; the V2 model runner, the
-GPU default, accepts both; neither changes the scheduler: no lookahead slots, pipeline parallel
-1); for `speculative_method` other than ngram, that method (`_VLLM_METHODS`) with the same small
-Llama folder as its draft checkpoint, and a check that vLLM reserves the KV lookahead and
-per-row draft slots `SchedulerConfig` says it does; no SpeculativeConfig when k_max = 0.
-num_kv_blocks usable blocks -> KVCacheConfig(num_blocks = num_kv_blocks + 1), because vLLM's
-BlockPool takes block 0 as its null block. Everything else is vLLM's default (in particular
-scheduler_reserve_full_isl=True, watermark 0, FCFS). vLLM's CPU platform forces
-async_scheduling=False in the VllmConfig; we set it back (the scheduler reads it only for PP).
-
-Drafts (next-step K timing, vLLM's only one): the K given to `commit_step` at step t is what
-the drafter proposes after step t, verified at t + 1. Sync (EngineCore.step + post_step):
-`update_draft_token_ids` after `update_from_output`, K drafts for every request of the step
-(vLLM ignores those of partial prefill chunks and finished requests; a request whose prompt
-completes at step t gets step t's drafts). Async (EngineCore.step_with_batch_queue): the caller
-plans step t + 1 before updating step t, and the AsyncScheduler's placeholder drafts for the
-next step ([-1] * num_spec_tokens_to_schedule) are resized to each request's K, what a dynamic
-SD table does per batch (per row here).
-
-vLLM pads a request admitted with a 1-token prefill, while other requests decode, to 1 + k_max
-tokens with k_max drafts of id -1 (uniform batches for CUDA graphs); such a row is a prefill
-row here that completes its prompt and samples 1 token (no model accepts -1). vLLM's modules
-are imported with importlib so that mypy does not analyse vLLM (it ships py.typed and is large).
+prefix caching is off. It needs vLLM 0.33 importable (CPU-only is enough). vLLM's modules are
+imported with importlib (`_vllm`) so that mypy does not analyse vLLM (it ships py.typed and is
+large).
 """
 
 from __future__ import annotations
@@ -117,7 +89,21 @@ def _llama_config(max_model_len: int) -> dict[str, Any]:
 
 
 def build_vllm_scheduler(config: SchedulerConfig) -> Any:
-    """vLLM's Scheduler (sync) or AsyncScheduler (async) for our config (see module docstring)."""
+    """vLLM's Scheduler (sync) or AsyncScheduler (async) for our config.
+
+    max_model_len, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill and
+    long_prefill_token_threshold go to vLLM's SchedulerConfig; block_size to CacheConfig and one
+    FullAttentionSpec KV group of num_kv_blocks + 1 blocks (vLLM's BlockPool takes one as its
+    null block). k_max with ngram is SpeculativeConfig(method="ngram") in sync mode and
+    "ngram_gpu" in async mode: VllmConfig refuses async + "ngram" with the V1 model runner, which
+    a machine without Triton gets (the V2 runner, the GPU default, accepts both), and the
+    scheduler treats the two alike (no lookahead slots). Another method is vLLM's own
+    (`_VLLM_METHODS`) with the same small Llama folder as its draft checkpoint, checked to
+    reserve the KV lookahead and draft slots our config says it does; k_max = 0 has no
+    SpeculativeConfig. Everything else is vLLM's default (scheduler_reserve_full_isl=True,
+    watermark 0, FCFS, pipeline parallel 1). vLLM's CPU platform forces async_scheduling off in
+    the VllmConfig; it is set back (the scheduler reads it only for pipeline parallelism).
+    """
     vconfig = _vllm("vllm.config")
     kv_interface = _vllm("vllm.v1.kv_cache_interface")
     structured = _vllm("vllm.v1.structured_output")

@@ -1,47 +1,14 @@
 """A stateful property-test machine for the scheduler, shipped for every policy and executor.
 
 `SchedulerMachine` is a hypothesis `RuleBasedStateMachine` that drives the REAL
-`sim.scheduler.Scheduler` through random sequences of calls: add requests (lengths up to the
-edge of `max_model_len`), schedule a step with any K (a new K every step, K = 0, K per row,
-out-of-range K that must be clamped), deliver an outcome with any accepted counts <= K and stop
-positions, abort requests (also with a step in flight), and, in async mode, schedule step t+1
-before step t's outcome arrives (at most the engine's depth of two steps in flight). Tiny KV
-pools and token budgets make preemption and chunked prefill common. After every rule it checks
-the scheduler's own `check_invariants()` and a ledger the machine keeps from public data only
-(batches, outcomes, results, the block pool's counters):
-
-- conservation: a decode row's KV tokens == prompt + confirmed outputs + in-flight outputs - 1;
-  a row's `num_computed_tokens` equals what the machine summed (scheduled - rejected drafts,
-  zero after a preemption); confirmed outputs equal the ledger's;
-- outputs: every row emits exactly min(a + 1, room) tokens (1 for the prompt-completing chunk),
-  cut after a stop; no request passes max_tokens or max_model_len (positions < max_model_len);
-  a request finishes exactly when it reaches its limit or stops;
-- K: in [0, k_max], at most the plan's draft room, 0 on prefill rows; next-step K timing (vLLM,
-  sync and async) uses the K chosen at the request's previous step (the one-step lag), same-step
-  timing this step's K;
-- limits: tokens + draft slots per row <= max_num_batched_tokens, B <= max_num_seqs, step
-  indices consecutive;
-- KV: free + held == total, held == sum over running requests of ceil(most tokens allocated
-  since admission, lookahead slots included / block_size) (rejected drafts' blocks are kept,
-  as vLLM keeps them),
-  everything free once nothing is left; each request is in exactly one state;
-- no wasted step: a request that never drafted, was never preempted and did not stop was
-  scheduled exactly prompt + max_tokens - 1 tokens (sync and async);
-- the naive `sim.testing.reference.ReferenceScheduler`, run on the same calls, produces the
-  same plans, batches, results, spec-decode counters and free blocks.
-
-At teardown the machine runs the scheduler to completion (no deadlock, every surviving request
-gets exactly its max_tokens, no block leaks).
-
-Use it from a test module:
-
-    from dsd.sim.testing.machine import make_scheduler_machine, scheduler_configs
-    TestMyPolicy = make_scheduler_machine(policy_factory=lambda cfg: MyPolicy(cfg.k_max)).TestCase
-
-`policy_factory(config) -> KPolicy` replaces the drawn K by the policy's answer (its contract:
-K in [0, k_max], one per decode row if an array). `executor_factory(config, rng) -> Executor`
-replaces the drawn outcomes by the executor's (its contract is checked: 0 <= a <= K, stop
-indexes among the row's emitted tokens, duration > 0).
+`sim.scheduler.Scheduler` through random calls (add, schedule with any K, deliver any outcome,
+abort, async steps in flight) on tiny configs where preemption and chunked prefill are common.
+After every rule it checks the scheduler's own `check_invariants()`, a ledger kept from public
+data only, and the naive `sim.testing.reference.ReferenceScheduler` run on the same calls; at
+teardown it runs to completion. `make_scheduler_machine(configs, policy_factory=...,
+executor_factory=...)` puts a policy's K or an executor's outcomes in place of the drawn ones
+and checks their contracts. The rules, the invariants, what they catch and how to reuse the
+machine: docs/testing.md.
 
 Needs the `dev` extra (hypothesis); nothing in the package imports this module. What it
 deliberately does not do: time (the engine's clock), latency or acceptance realism, or choose
@@ -171,7 +138,8 @@ class _InFlight:
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    """Drives the real scheduler; see the module docstring. Subclass via make_scheduler_machine."""
+    """Drives the real scheduler (its rules and invariants: docs/testing.md). Subclass via
+    make_scheduler_machine."""
 
     configs: ClassVar[st.SearchStrategy[SchedulerConfig]] = scheduler_configs()
     policy_factory: ClassVar[PolicyFactory | None] = None
