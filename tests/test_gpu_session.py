@@ -346,3 +346,25 @@ def test_a_fresh_machine_never_writes_into_a_folder_an_earlier_session_committed
         assert sorted(p.name for p in (repo / "results" / "gpu" / f"{day}-cpu").iterdir()) == [
             "NOTE.md"
         ]
+
+
+def test_the_results_folder_is_named_after_the_gpu_that_nvidia_smi_names(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"  # a copy of the script in a checkout of its own
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(SESSION, repo / "scripts" / SESSION.name)
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200 NVL'\n")
+    fake.chmod(0o755)
+    command = [sys.executable, repo / "scripts" / SESSION.name, "--target", tmp_path / "site"]
+    env = {**_env(tmp_path), "PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(
+        [*map(str, command), "--phase", "install", "--budget", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    folder = re.search(r"/results/gpu/(\S+) \(device (\S+), dry run False\)", result.stdout)
+    assert folder and folder.groups() == (f"{folder[1][:10]}-h200", "h200"), result.stdout
