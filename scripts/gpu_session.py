@@ -481,7 +481,7 @@ def main() -> int:
     raw = argparse.RawDescriptionHelpFormatter
     parser = Parser(prog="gpu_session.py", description=__doc__, formatter_class=raw)
     add = parser.add_argument  # the options are described above, in the module's docstring
-    add("--collect", nargs="+", type=Path, metavar="DIR ARCHIVE")
+    add("--collect", nargs="+", type=Path, metavar=("DIR", "ARCHIVE"))
     add("--phase", type=phase_list, default=list(PHASES), metavar="LIST")
     add("--results", type=Path)
     add("--dry-run", action="store_true")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import datetime
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -18,10 +20,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 REPO = Path(__file__).resolve().parents[1]
 SESSION = REPO / "scripts" / "gpu_session.py"
@@ -368,3 +374,34 @@ def test_the_results_folder_is_named_after_the_gpu_that_nvidia_smi_names(tmp_pat
     assert result.returncode == 0, result.stderr
     folder = re.search(r"/results/gpu/(\S+) \(device (\S+), dry run False\)", result.stdout)
     assert folder and folder.groups() == (f"{folder[1][:10]}-h200", "h200"), result.stdout
+
+
+@functools.cache
+def _session_module() -> ModuleType:
+    """scripts/gpu_session.py, imported (a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("gpu_session", SESSION)
+    assert spec and spec.loader
+    module = sys.modules["gpu_session"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@given(calls_per_machine=st.lists(st.integers(1, 3), min_size=1, max_size=4), twice=st.booleans())
+def test_collect_keeps_every_call_once_in_call_order(
+    calls_per_machine: list[int], twice: bool
+) -> None:
+    """Machines one after another, each warm across its calls (a call's archive holds the text of
+    the machine's earlier calls too): the merged summary is every call's line once, in order,
+    also when the last archive is given again. Each line is unique (the driver's carry a time)."""
+    collect = _session_module().collect
+    with tempfile.TemporaryDirectory() as folder:
+        tmp, archives, lines = Path(folder), [], []
+        for machine, calls in enumerate(calls_per_machine):
+            text = ""
+            for call in range(calls):
+                lines.append(f"machine {machine} call {call} ok\n")
+                text += lines[-1]
+                archives.append(_archive(tmp / f"a{len(archives)}.tar.gz", {"summary.txt": text}))
+        collect(tmp / "gpu", archives + archives[-1:] * twice)
+        merged = (tmp / "gpu" / "2026-01-01-h100" / "summary.txt").read_text()
+    assert merged == "".join(lines)
