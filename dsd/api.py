@@ -32,6 +32,7 @@ import numpy as np
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profile
@@ -177,8 +178,8 @@ def _execute(
 ) -> RunOutcome:
     """Build the engine with a step sink, run it, and write `out` when given (nothing is written
     when the run fails). `pair`: a real run's, whose outputs are read back."""
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise InputError(f"--out {out}: exists and is not a folder")
+    if out is not None:
+        check_output_folder(out)
     with contextlib.ExitStack() as stack:
         sink: StepParquetSink | None = None
         if out is not None:
@@ -971,9 +972,7 @@ def hardware_report(
         None if time_budget_s is None else time.monotonic() + time_budget_s - REPORT_WRITE_RESERVE_S
     )
     stage = on_stage or (lambda text: None)
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--out {out}: exists and is not a folder")
+    folder = check_output_folder(out)
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.pair import check_draft_spec
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from dsd.common.atomic import atomic_write_bytes
 from dsd.common.errors import InputError
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
 from dsd.sim.engine import RunResult
@@ -219,9 +220,7 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Pat
     """Write `files` into `out_dir`: all or nothing for a new folder, file by file otherwise.
 
     A `Path` value is a finished file on the same file system, moved in by rename."""
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target}: exists and is not a folder")
+    target = check_output_folder(out_dir)
     if target.is_dir():
         for name, data in files.items():
             if isinstance(data, Path):

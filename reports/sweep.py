@@ -55,6 +55,7 @@ from dsd.common.atomic import atomic_write_bytes, atomic_write_text
 from dsd.common.errors import InputError, WorkerDied
 from dsd.common.png import figure_png_bytes
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_folder
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
@@ -471,8 +472,7 @@ def sweep_to_folder(
     cells = identify(cells)
     for cell in cells:
         resolve(cell.config)
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise InputError(f"--out {out_dir}: exists and is not a folder")
+    check_output_folder(out_dir)
     num_workers = default_workers() if workers is None else workers
     if num_workers < 1:
         raise InputError(f"--workers: must be >= 1, got {num_workers}")

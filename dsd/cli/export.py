@@ -36,14 +36,20 @@ def export_vllm(
     output_format: Annotated[
         str, typer.Option("--format", help="speculative-config or dsd-json (PR #32374).")
     ] = "speculative-config",
-    out: Annotated[Path | None, typer.Option(help="Write here (atomically), not stdout.")] = None,
+    out: Annotated[
+        str | None,
+        typer.Option(help="Write this file (atomically) instead of stdout; not a folder."),
+    ] = None,
 ) -> None:
     """Print vLLM's --speculative-config for a policy, or the profile in PR #32374 form."""
     from dsd import api
     from dsd.common.atomic import atomic_write_text
     from dsd.common.errors import require_choice
+    from dsd.common.user_paths import check_output_file
 
     require_choice(output_format, "--format", FORMATS)
+    if out is not None:  # a folder, '' or 'dir/' is refused before anything is computed
+        check_output_file(out, "--out")
     if output_format == "dsd-json":
         text = json.dumps(api.export_pr32374(profile), indent=4) + "\n"
     else:
