@@ -3,7 +3,8 @@
 This module only assembles the app and enforces the error contract: bad user input
 (`dsd.common.errors.InputError`, missing files, bad flags, an OS error about a named path)
 prints one line `error: ...` on stderr and exits with code 2, with no traceback; a sweep whose
-worker process died prints one line and exits 1 (finished cells are kept); outputs are
+worker process died prints one line and exits 1 (finished cells are kept), and one stopped by
+Ctrl-C or SIGTERM says what it kept and exits 128 + the signal's number; outputs are
 written atomically by the API, so a failed command leaves nothing half-written.
 """
 
@@ -15,7 +16,7 @@ import typer
 
 from dsd.cli import export, report, run, simulate, traces, validate, zoo
 from dsd.common import invocation
-from dsd.common.errors import InputError, WorkerDied
+from dsd.common.errors import InputError, StoppedBySignal, WorkerDied
 from dsd.common.user_paths import os_error_reason
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     except WorkerDied as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except StoppedBySignal as exc:  # what was kept, and how to resume
+        print(str(exc), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
     except FileNotFoundError as exc:
         fail(f"{_path_of(exc)}: no such file or folder")
     except IsADirectoryError as exc:
