@@ -46,6 +46,11 @@ KINDS: tuple[LatencyModelKind, ...] = ("table", "parametric")
 # reports a fit 12% worst vs the table's 13-15% still priced the validation cells worse:
 # docs/models.md 1.2).
 FIT_MARGIN = 0.5
+# "auto" takes the table without fitting where the table's own worst |error| at a profiled B,
+# held out or fitted, is under this: a profile dense enough to interpolate within measurement
+# noise (a few percent: docs/validation.md) gains nothing from a fit, which
+# costs seconds per held-out B. Every profile shipped here is far above it (12-229%).
+TABLE_HOLDS_PCT = 2.0
 # "auto" holds out at most this many interior B, spread evenly (ends included): with more, each
 # held-out fit still costs a whole fit (seconds at 64 B) and a dense profile's worst knot error
 # is seen on a sample as well. Every profile shipped here has fewer (their results unchanged).
@@ -112,9 +117,10 @@ def select_latency_model(
     "parametric": the fitted model. "auto": the parametric model when the table does not cover
     K=0..k_max (k_max defaults to the profile's) at every profiled B; the table with fewer
     than 3 profiled B (nothing to hold out, and the table is exact at its points); else the
-    parametric model where its worst |error| over the profiled B, each held out (leave one
-    knot out) or fitted, is under FIT_MARGIN times the table's, else the table; the table with
-    more than MAX_FITTED_BATCH_SIZES profiled B (where a fit is needed there, ValueError).
+    table where its own worst |error| over the profiled B, each held out (leave one knot out)
+    or fitted, is under TABLE_HOLDS_PCT (no fit needed); else the parametric model where its
+    worst |error| is under FIT_MARGIN times the table's, else the table; the table with more
+    than MAX_FITTED_BATCH_SIZES profiled B (where a fit is needed there, ValueError).
     `mixed_k="token-equivalent"` is a pricing of the table (the parametric model has its own):
     "auto" then takes the table. ValueError for an unknown kind, a model that cannot be built,
     or token-equivalent pricing without the table.
@@ -153,15 +159,20 @@ def select_latency_model(
             "(the fit's cost grows with the points)"
         )
         return table, LatencyChoice("table", kind, reason)
+    scores: dict[str, dict[str, float]] = {"table": model_scores(profile, "table")}  # instant
+    table_worst = max(scores["table"].values())
+    if table_worst < TABLE_HOLDS_PCT:
+        reason = (
+            f"the table holds between its profiled B (worst |error| {table_worst:.1f}%, held out "
+            f"or fitted, under {TABLE_HOLDS_PCT:g}%): no fit needed"
+        )
+        return table, LatencyChoice("table", kind, reason, scores)
     held_out = held_out_batch_sizes(profile)
     title = f"latency model auto: fits with each of {len(held_out)} profiled B held out"
     try:
-        # one unit per parametric fit (the table's are instant); silent unless past a second
+        # one unit per parametric fit; silent unless past a second
         with delayed_stderr_progress(len(held_out) + 1, title) as advance:
-            scores: dict[str, dict[str, float]] = {
-                str(name): model_scores(profile, name, advance if name == "parametric" else None)
-                for name in KINDS
-            }
+            scores["parametric"] = model_scores(profile, "parametric", advance)
     except ValueError as exc:  # too few points left to fit the parametric model on
         return table, LatencyChoice("table", kind, f"the parametric model cannot be scored: {exc}")
     worst = {name: max(score.values()) for name, score in scores.items()}

@@ -168,12 +168,17 @@ def test_auto_choice(profile: Profile, k_max: int | None, expected: str, reason:
 
 
 def test_auto_keeps_the_table_when_too_few_points_are_left_to_fit() -> None:
-    """Three B with one K each: held out, two points remain, too few to fit."""
+    """Three B with one K each: held out, two points remain, too few to fit. (B = 2 measured
+    10% above the line, so the table does not hold between its B by itself.)"""
     profile = dataclasses.replace(
         linear_profile((1, 2, 4)),
         k_max=0,
         acceptance_rates=(),
-        latency=tuple(p for p in linear_profile((1, 2, 4)).latency if p.num_spec_tokens == 0),
+        latency=tuple(
+            dataclasses.replace(p, median_ms=p.median_ms * (1.1 if p.batch_size == 2 else 1))
+            for p in linear_profile((1, 2, 4)).latency
+            if p.num_spec_tokens == 0
+        ),
     )
     model, choice = select_latency_model(profile, "auto")
     assert isinstance(model, TableLatencyModel)
@@ -297,10 +302,11 @@ def test_token_equivalent_pricing_needs_a_table_that_covers_k() -> None:
 # --- bounded work for dense profiles ---------------------------------------------------------
 
 
-def _dense_profile(num_batch_sizes: int) -> Profile:
-    """A plausible table at B = 1, 5, 9, ... (ITL linear in B and K)."""
+def _dense_profile(num_batch_sizes: int, wobble: float = 0.0) -> Profile:
+    """A plausible table at B = 1, 5, 9, ... (ITL linear in B and K), every other B `wobble`
+    slower (a measurement's noise)."""
     points = tuple(
-        LatencyPoint(b, k, 6.5 + 0.03 * b * (k + 1) + 0.7 * k)
+        LatencyPoint(b, k, (6.5 + 0.03 * b * (k + 1) + 0.7 * k) * (1 + wobble * (b // 4 % 2)))
         for b in range(1, 4 * num_batch_sizes, 4)
         for k in (0, 1, 3, 5)
     )
@@ -375,7 +381,7 @@ def test_fits_past_a_second_show_progress_on_a_terminal_and_nothing_elsewhere(
 
     monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(slow_fit))
     monkeypatch.setenv("DSD_CACHE_DIR", "off")  # every fit runs; none is stored
-    profile = _dense_profile(12)  # 10 interior B: 8 held out, then a fit on all
+    profile = _dense_profile(12, wobble=0.1)  # 10 interior B: 8 held out, then a fit on all
     select_latency_model(profile, "auto")  # off a terminal: quiet (a line a minute at most)
     assert capsys.readouterr().err == ""
     terminal = _Terminal()
@@ -388,3 +394,18 @@ def test_fits_past_a_second_show_progress_on_a_terminal_and_nothing_elsewhere(
     )
     assert any("/9 B=" in part for part in shown) and "parametric fit" not in terminal.text
     assert terminal.text.endswith("\r\x1b[K")  # the line is erased once done
+
+
+def test_a_table_that_holds_between_its_b_is_taken_without_any_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_fit(profile: Profile) -> ParametricLatencyModel:
+        raise AssertionError("no parametric fit expected")
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(no_fit))
+    monkeypatch.setenv("DSD_CACHE_DIR", "off")
+    model, choice = select_latency_model(_dense_profile(64), "auto")  # linear: exact between B
+    assert isinstance(model, TableLatencyModel)
+    assert "the table holds between its profiled B" in choice.reason
+    assert set(choice.scores) == {"table"}
+    assert max(choice.scores["table"].values()) < latency_choice.TABLE_HOLDS_PCT
