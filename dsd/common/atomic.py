@@ -41,11 +41,12 @@ def atomic_write(
     `write` must write the whole file at exactly `temp_path` (a library that appends its own
     suffix, like `np.save`, must be given an open file instead). The parent folder is created
     if missing. A `path` that cannot be a file (empty, ending in '/', a directory, a device) is
-    an InputError before anything is written; an OS error names `path`, not the temp file.
+    an InputError before anything is written; an OS error (an OSError, as callers such as a
+    cache expect) names `path`, not the temp file.
     `fsync=False` skips the flush to disk (still atomic against process kills, not against
     power loss).
     """
-    target = check_output_file(path)
+    target = check_output_file(path, os_errors=True)
     folder = target.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)

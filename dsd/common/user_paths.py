@@ -74,17 +74,22 @@ def check_input_file(path: str | os.PathLike[str], what: str = "file") -> os.sta
     return status
 
 
-def check_output_file(path: str | os.PathLike[str], flag: str = "") -> Path:
+def check_output_file(
+    path: str | os.PathLike[str], flag: str = "", *, os_errors: bool = False
+) -> Path:
     """`path` as a Path if a file may be written there (missing, or a regular file to replace);
     InputError naming it otherwise: empty, ending in '/' (a folder), an existing directory or
-    device, a name too long, a symlink loop. `flag` ("--out") prefixes the message."""
+    device, a name too long, a symlink loop. `flag` ("--out") prefixes the message. With
+    `os_errors`, an OS error looking the path up (a name too long, a symlink loop, a file where
+    a folder should be) stays an OSError about `path`, for writers that handle those (a
+    cache that skips a store it cannot make)."""
     text = os.fspath(path)
     named = f"{flag} {text}".strip() if text else (flag or "output path")
     if not text.strip():
         raise InputError(f"{named}: an empty path; give a file name")
     if text.endswith(("/", os.sep)):
         raise InputError(f"{named}: ends with '/', a folder; give a file name, e.g. {text}NAME")
-    status = _stat_unless_missing(text, named)
+    status = _stat_unless_missing(text, named, os_errors=os_errors)
     if status is not None and stat.S_ISDIR(status.st_mode):
         raise InputError(f"{named}: is a directory; give a file name, e.g. {text}/NAME")
     if status is not None and not stat.S_ISREG(status.st_mode):
@@ -106,11 +111,16 @@ def check_output_folder(path: str | os.PathLike[str], flag: str = "--out") -> Pa
     return Path(text)
 
 
-def _stat_unless_missing(text: str, named: str) -> os.stat_result | None:
-    """The stat of `text`, None when it (or a folder above it) does not exist yet."""
+def _stat_unless_missing(
+    text: str, named: str, *, os_errors: bool = False
+) -> os.stat_result | None:
+    """The stat of `text`, None when it (or a folder above it) does not exist yet; another OS
+    error is an InputError (`os_errors`: raised as it is)."""
     try:
         return os.stat(text)
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if os_errors:
+            raise
         raise InputError(f"{named}: {os_error_reason(exc)}") from None
