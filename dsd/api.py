@@ -32,7 +32,7 @@ import numpy as np
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int
 from dsd.common.progress import ProgressFactory, no_progress
-from dsd.common.user_paths import check_output_folder
+from dsd.common.user_paths import check_output_file, check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374, save_pr32374, save_profile
@@ -512,6 +512,7 @@ def profile(
 
     if file_format not in ("dsd-profile", "dsd-json"):
         raise InputError(f"--format: choose dsd-profile or dsd-json, got {file_format!r}")
+    check_output_file(out, "--out")  # before minutes of measuring, not after
     check_fast_path(fast_path, str(pair.device))
     if pair.draft is None:
         raise InputError("--draft: profiling needs a draft (a model spec or early-exit:N)")
@@ -627,6 +628,8 @@ def validate(
     A profile that fails the timing checks (`policies.profile_quality`) is refused before
     anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
     from dsd.reports.validation import write_validation_report
+
+    check_output_folder(out)  # before the real runs, not after them
 
     cells, record, retimed = _validation(
         pair,
@@ -1259,7 +1262,7 @@ def plot_workload(workload: Workload, out: str | Path) -> list[Path]:
     """lengths.png and arrivals.png of a workload in folder `out`; their paths."""
     from dsd.traces.export import plot_workload as plot
 
-    return plot(workload, Path(out))
+    return plot(workload, check_output_folder(out))
 
 
 def write_workload_table(workload: Workload, out: str | Path) -> None:
