@@ -248,3 +248,13 @@ def test_an_unknown_target_lists_every_named_shape(capsys: pytest.CaptureFixture
     line = _refused(["run", "--target", "nosuch", "--draft", "ngram:2-6"], capsys, "nosuch: ")
     for name in MODEL_CONFIGS:
         assert name in line
+
+
+def test_a_grid_file_that_is_a_fifo_is_refused_not_read(
+    cwd: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.mkfifo(cwd / "grid.toml")  # read, it would block forever
+    _refused(
+        ["sweep", "--grid", "grid.toml", "--out", "x"], capsys, "grid.toml: not a regular file"
+    )
+    assert sorted(path.name for path in cwd.iterdir()) == ["grid.toml"]
