@@ -175,7 +175,9 @@ def step_parquet_sink(out_dir: str | os.PathLike[str]) -> Iterator[StepParquetSi
         if folder.exists():
             break
         first_missing = folder
-    sink = StepParquetSink(parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.steps")
+    sink = StepParquetSink(
+        parent / f".{target.name[:128]}.{os.getpid()}.{os.urandom(4).hex()}.steps"
+    )
     try:
         parent.mkdir(parents=True, exist_ok=True)
         sink.path.touch()  # fail now, naming the folder, rather than after the run
@@ -231,7 +233,7 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Pat
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     # mkdir (not mkdtemp, which makes 0700) so the folder gets the user's usual permissions.
-    staging = parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    staging = parent / f".{target.name[:128]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     staging.mkdir()
     try:
         for name, data in files.items():
