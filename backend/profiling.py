@@ -13,6 +13,7 @@ from dsd.backend.profiler import ProfileConfig, dataset_prompts, profile_pair
 from dsd.common import invocation
 from dsd.common.errors import InputError
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_file
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import save_pr32374, save_profile
 
@@ -52,6 +53,7 @@ def profile_to_file(
     acceptance prompts run to their output length past an EOS (as `dsd validate` runs them)."""
     if file_format not in ("dsd-profile", "dsd-json"):
         raise InputError(f"file_format: choose dsd-profile or dsd-json, got {file_format!r}")
+    check_output_file(out, "out")  # before minutes of measuring, not after
     check_fast_path(fast_path, str(pair.device))
     if pair.draft is None:
         raise InputError("draft: profiling needs a draft (a model spec or early-exit:N)")

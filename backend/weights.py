@@ -39,7 +39,7 @@ from dsd.backend.gguf import (
     read_gguf,
     write_gguf,
 )
-from dsd.backend.model import ModelConfig, RopeScaling, Transformer
+from dsd.backend.model import MODEL_CONFIGS, ModelConfig, RopeScaling, Transformer
 from dsd.common.atomic import atomic_write_bytes, atomic_write_json
 from dsd.common.errors import InputError
 
@@ -322,7 +322,11 @@ def load_model(spec: str, device: Any = "cpu", dtype: torch.dtype = torch.float3
         if magic == b"GGUF" or path.suffix == ".gguf":
             return load_gguf_model(path, device, dtype)
         raise InputError(f"{path}: not a GGUF file or a checkpoint folder")
-    raise InputError(f"{spec}: no such file or folder (or use {SMOLLM2_SPEC})")
+    shapes = ", ".join(sorted(name for name in MODEL_CONFIGS if name != SMOLLM2_SPEC))
+    raise InputError(
+        f"{spec}: no such file or folder; a model is {SMOLLM2_SPEC} (real weights), a named shape "
+        f"with random weights ({shapes}), a .gguf file or a checkpoint folder"
+    )
 
 
 def check_pair(

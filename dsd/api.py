@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int, require_unique
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.engine_configs import export_sglang as export_sglang
 from dsd.policies.engine_configs import export_trtllm as export_trtllm
 from dsd.policies.engine_configs import export_vllm as export_vllm
@@ -117,8 +118,8 @@ def _execute(
 ) -> RunOutcome:
     """Build the engine with a step sink, run it, and write `out` when given (nothing is written
     when the run fails). `pair`: a real run's, whose outputs are read back."""
-    if out is not None and Path(out).exists() and not Path(out).is_dir():
-        raise InputError(f"out {out}: exists and is not a folder")
+    if out is not None:
+        check_output_folder(out, "out")
     with contextlib.ExitStack() as stack:
         sink: StepParquetSink | None = None
         if out is not None:
@@ -493,7 +494,7 @@ def plot_workload(workload: Workload, out: str | Path) -> list[Path]:
     """lengths.png and arrivals.png of a workload in folder `out`; their paths."""
     from dsd.traces.export import plot_workload as plot
 
-    return plot(workload, Path(out))
+    return plot(workload, check_output_folder(out, "out"))
 
 
 def write_workload_table(workload: Workload, out: str | Path) -> None:

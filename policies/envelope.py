@@ -12,16 +12,15 @@ It does not run anything and does not interpolate TPOT between concurrencies.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from dsd.common.arrays import FloatArray, IntArray
 from dsd.common.errors import InputError, require_int
+from dsd.common.user_files import parse_user_json, read_user_text
 from dsd.policies.range_table import RangeTable, compile_range_table
 from dsd.policies.types import MAX_NUM_SEQS, StepFeedback, StepView
 
@@ -93,16 +92,8 @@ class StaticSweep:
 
     @staticmethod
     def read(path: str) -> StaticSweep:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{path}: cannot read: {exc.strerror}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(
-                f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
-            ) from None
+        # NaN passes: a sweep's table marks a cell it could not run so
+        data = parse_user_json(read_user_text(path), path, allow_nonfinite=True)
         return StaticSweep.from_records(data, path)
 
     def best_static_k(self, tie_tolerance: float = 0.0) -> tuple[IntArray, FloatArray]:

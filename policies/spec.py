@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from dsd.common.errors import InputError, require_int
+from dsd.common.user_paths import check_input_file
 from dsd.policies.bandit import (
     BanditConfig,
     BanditPolicy,
@@ -222,12 +223,12 @@ def _build_bandit(argument: str | None, context: PolicyContext) -> KPolicy:
         # A profile file: a measured one, or one a previous run learned (`learned_profile.json`
         # of `dsd simulate --out`), to start warm. Its K range need not match the run's.
         try:
-            profile = load_profile(prior)
-        except OSError as error:
+            check_input_file(prior, "profile file")
+        except InputError as error:
             raise InputError(
-                f"policy 'bandit': prior must be none, profile or a profile file; "
-                f"cannot read {prior!r}: {error.strerror or error}"
+                f"policy 'bandit': prior must be none, profile or a profile file; {error}"
             ) from None
+        profile = load_profile(prior)
     if model == "linear":
         return BanditPolicy(
             context.k_max,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dsd.common.errors import InputError
-from dsd.common.user_files import decode_user_text
+from dsd.common.user_files import read_user_text
 from dsd.policies.plugin import load_factory, split_user_spec
 from dsd.policies.spec import POLICY_BUILDERS
 from dsd.reports.sweep import SweepCell, load_seed
@@ -459,11 +459,8 @@ def parse_grid(data: dict[str, Any], source: str, base_dir: str | Path = ".") ->
 def load_grid(path: str | Path) -> SweepGrid:
     """Read and check a grid file (one-line InputError naming the file and key)."""
     source = str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise InputError(f"{source}: cannot read: {exc.strerror}") from None
-    text = decode_user_text(raw, source)  # a BOM is dropped; a bad byte named by line/column
+    # not a directory, FIFO or device; a BOM is dropped; a bad byte named by line/column
+    text = read_user_text(path, source)
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

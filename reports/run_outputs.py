@@ -41,6 +41,7 @@ import numpy as np
 from dsd.common import strict_json
 from dsd.common.atomic import atomic_write_bytes
 from dsd.common.errors import InputError
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import profile_json_text
 from dsd.policies.spec import policy_source
@@ -180,7 +181,9 @@ def step_parquet_sink(out_dir: str | os.PathLike[str]) -> Iterator[StepParquetSi
         if folder.exists():
             break
         first_missing = folder
-    sink = StepParquetSink(parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.steps")
+    sink = StepParquetSink(
+        parent / f".{target.name[:128]}.{os.getpid()}.{os.urandom(4).hex()}.steps"
+    )
     try:
         parent.mkdir(parents=True, exist_ok=True)
         sink.path.touch()  # fail now, naming the folder, rather than after the run
@@ -225,9 +228,7 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Pat
     """Write `files` into `out_dir`: all or nothing for a new folder, file by file otherwise.
 
     A `Path` value is a finished file on the same file system, moved in by rename."""
-    target = Path(out_dir)
-    if target.exists() and not target.is_dir():
-        raise FileExistsError(f"{target}: exists and is not a folder")
+    target = check_output_folder(out_dir)
     if target.is_dir():
         for name, data in files.items():
             if isinstance(data, Path):
@@ -238,7 +239,7 @@ def write_files(out_dir: str | os.PathLike[str], files: Mapping[str, bytes | Pat
     parent = target.parent
     parent.mkdir(parents=True, exist_ok=True)
     # mkdir (not mkdtemp, which makes 0700) so the folder gets the user's usual permissions.
-    staging = parent / f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    staging = parent / f".{target.name[:128]}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     staging.mkdir()
     try:
         for name, data in files.items():

@@ -20,7 +20,9 @@
   JSON, the spec JSON) after its K trace `DIR/cells/<id>.ktrace.parquet`, both atomically. A
   re-run skips every cell whose file holds the same spec (a stale or unreadable file is
   recomputed and replaced), so a killed sweep loses no finished cell. Local process pool by
-  default; Ray tasks with `ray_address` (imported only there).
+  default; Ray tasks with `ray_address` (imported only there). A folder holding another grid
+  is refused, and Ctrl-C or SIGTERM ends the pool's workers at once and says how many cells
+  are saved (reports.sweep_guard).
 - `run_sweep(cells, workers)`: in memory, results in cell order (the ablation report uses it).
 - `sweep_to_folder(cells, out_dir, ...)`: the whole `dsd sweep`: check every cell, record the
   resolved grid, run and save, write the tables.
@@ -52,11 +54,13 @@ import pandas as pd
 
 from dsd.common import invocation, strict_json
 from dsd.common.atomic import atomic_write_bytes, atomic_write_text
-from dsd.common.errors import InputError, WorkerDied
+from dsd.common.errors import InputError, StoppedBySignal, WorkerDied
 from dsd.common.png import figure_png_bytes
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.spec import policy_source
 from dsd.reports.run_outputs import result_json_text, write_files
+from dsd.reports.sweep_guard import check_same_grid, end_workers, quiet_worker, stop_on_sigterm
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
 from dsd.sim.metrics import TPOT_TTFT_KEYS
@@ -409,7 +413,8 @@ def _run_local(
         for cell in cells:
             store(run_cell(cell))
         return
-    with ProcessPoolExecutor(max_workers=min(workers, len(cells))) as pool:
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(cells)), initializer=quiet_worker)
+    try:
         pending: set[Future[CellResult]] = {pool.submit(run_cell, cell) for cell in cells}
         while pending:
             finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -422,6 +427,12 @@ def _run_local(
                             store(other.result())
                     raise WorkerDied("a worker process died (killed or out of memory)") from None
                 store(done)
+    except BaseException:
+        # a cell's error, a dead worker, Ctrl-C or SIGTERM: the other cells' work is lost
+        # anyway, so end the workers now rather than wait for their cells (or orphan them)
+        end_workers(pool)
+        raise
+    pool.shutdown()
 
 
 def _run_on_ray(
@@ -508,8 +519,7 @@ def sweep_to_folder(
     cells = identify(cells)
     for cell in cells:
         resolve(cell.config)
-    if Path(out_dir).exists() and not Path(out_dir).is_dir():
-        raise InputError(f"--out {out_dir}: exists and is not a folder")
+    check_output_folder(out_dir)
     num_workers = default_workers() if workers is None else workers
     if num_workers < 1:
         raise InputError(f"--workers: must be >= 1, got {num_workers}")
@@ -537,10 +547,11 @@ def sweep_to_folder(
         ],
         "base": resolved_config_dict(cells[0].config),
     }
+    check_same_grid(Path(out_dir) / RESOLVED_GRID_FILE, resolved_grid)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(out_dir) / RESOLVED_GRID_FILE, result_json_text(resolved_grid) + "\n")
     runner = f"ray {ray_address or 'local'}" if use_ray else f"{num_workers} workers"
-    with progress(len(cells), f"sweep ({runner})") as advance:
+    with progress(len(cells), f"sweep ({runner})") as advance, stop_on_sigterm():
         try:
             run = run_sweep_to_dir(
                 cells,
@@ -554,6 +565,17 @@ def sweep_to_folder(
             raise WorkerDied(
                 f"{exc}; finished cells are saved in {out_dir}/cells; run the same command "
                 "again to resume"
+            ) from None
+        except (KeyboardInterrupt, StoppedBySignal) as exc:
+            name, code = (
+                ("Ctrl-C", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+            )
+            # counted on disk: a signal may land between a cell's write and its progress tick
+            saved = sum(cell_file(out_dir, cell.cell_id).is_file() for cell in cells)
+            raise StoppedBySignal(
+                f"stopped by {name}: {saved} of {len(cells)} cells are saved in "
+                f"{out_dir}/cells; run the same command again to resume (saved cells are reused)",
+                code,
             ) from None
     frame = write_sweep_outputs(out_dir, run.rows, resolved_grid, title=title)
     return SweepOutcome(

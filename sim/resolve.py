@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dsd.common.errors import InputError
+from dsd.common.user_paths import check_input_file
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
 from dsd.policies.spec import parse_policy, policy_name, policy_source, spec_k_max
@@ -64,13 +65,11 @@ SIM_STREAM_NAMES: tuple[str, ...] = ("acceptance", "latency_noise", "policy")
 
 
 def _file_key(path: str, what: str = "profile") -> tuple[str, int, int]:
-    resolved = Path(path).expanduser().resolve()
-    if resolved.is_dir():
-        raise InputError(f"{path}: is a directory, expected a {what} file")
-    if not resolved.is_file():
-        raise InputError(f"{path}: no such file")
-    stat = resolved.stat()
-    return str(resolved), stat.st_size, stat.st_mtime_ns
+    expanded = Path(path).expanduser()
+    # checked (named as given, unless "~" was expanded) before resolve(), which raises
+    # RuntimeError on a symlink loop
+    stat = check_input_file(path if str(expanded) == str(Path(path)) else expanded, f"{what} file")
+    return str(expanded.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=32)
@@ -299,6 +298,14 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
     # policies hold state).
     resolved.build_policy()
     resolved.scheduler_config  # noqa: B018 (built for its checks)
+    if config.max_num_batched_tokens < max_num_seqs:
+        # vLLM's SchedulerConfig refuses it (0.33: "must be greater than or equal to
+        # max_num_seqs"); run anyway, the budget would force K to 0 at every step
+        raise InputError(
+            f"max_num_batched_tokens ({config.max_num_batched_tokens}) must be greater than or "
+            f"equal to max_num_seqs ({max_num_seqs}), as vLLM requires: raise the budget or "
+            "lower --max-num-seqs"
+        )
     return resolved
 
 

@@ -9,6 +9,9 @@ from collections.abc import Callable, Iterator
 # Torch CPU ops on tiny test models are dominated by thread spin-up when two pytest workers share
 # two cores; one thread per worker is much faster. Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# vLLM resolves its platform once per process, at the first use of any of its configs: every
+# test that touches vLLM (the oracle, check-policy, its SchedulerConfig) must find the CPU one.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import pytest
 from hypothesis import HealthCheck, settings

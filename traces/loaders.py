@@ -19,7 +19,6 @@ This module does not generate synthetic arrivals and does not use prefix-cache h
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -32,7 +31,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from dsd.common.errors import InputError
-from dsd.common.user_files import decode_user_text
+from dsd.common.user_files import parse_user_json, read_user_text
+from dsd.common.user_paths import check_input_file
 from dsd.traces.workload import RequestSpec, Workload
 
 TRACES_DIR = Path(__file__).resolve().parent / "data" / "traces"
@@ -146,7 +146,7 @@ def _int_column(
     row = _first_bad(bad)
     if row is not None:
         raise InputError(
-            f"{path.name}: line {line_of[row]}: {column} must be an integer >= {minimum} "
+            f"{path}: line {line_of[row]}: {column} must be an integer >= {minimum} "
             f"(at most 2**53), got {_short(values.iloc[row])}"
         )
     return numbers.astype(np.int64)
@@ -162,22 +162,22 @@ def _read_azure(path: Path) -> _Columns:
         if match:
             expected, line_no, seen = match.groups()
             raise InputError(
-                f"{path.name}: line {line_no}: expected {expected} fields, got {seen}"
+                f"{path}: line {line_no}: expected {expected} fields, got {seen}"
             ) from None
-        raise InputError(f"{path.name}: not a readable CSV ({exc})") from None
+        raise InputError(f"{path}: not a readable CSV ({exc})") from None
     except pd.errors.EmptyDataError:
-        raise InputError(f"{path.name}: empty file") from None
+        raise InputError(f"{path}: empty file") from None
     missing = [column for column in _AZURE_COLUMNS if column not in frame.columns]
     if missing:
-        raise InputError(f"{path.name}: line 1: missing column {missing[0]!r}")
+        raise InputError(f"{path}: line 1: missing column {missing[0]!r}")
     if frame.empty:
-        raise InputError(f"{path.name}: no rows")
+        raise InputError(f"{path}: no rows")
     line_of = np.arange(len(frame)) + 2  # [N] header is line 1; blank lines are rows here
     stamps = pd.to_datetime(frame["TIMESTAMP"], format="ISO8601", errors="coerce")
     row = _first_bad(stamps.isna().to_numpy())
     if row is not None:
         raise InputError(
-            f"{path.name}: line {line_of[row]}: TIMESTAMP must be a date-time, "
+            f"{path}: line {line_of[row]}: TIMESTAMP must be a date-time, "
             f"got {frame['TIMESTAMP'].iloc[row]!r}"
         )
     times_s = (stamps - stamps.min()).dt.total_seconds().to_numpy(dtype=np.float64)  # [N]
@@ -198,7 +198,7 @@ def _jsonl_objects(path: Path) -> tuple[list[dict[str, object]], list[int]]:
             rows.append(_parse_json_line(path, line, line_no))
             line_numbers.append(line_no)
     if not rows:
-        raise InputError(f"{path.name}: no rows")
+        raise InputError(f"{path}: no rows")
     return rows, line_numbers
 
 
@@ -206,12 +206,12 @@ def _json_int(path: Path, row: dict[str, object], key: str, minimum: int, line_n
     value = row.get(key)
     # bool is an int subclass in Python; a JSON true is not a token count
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InputError(f"{path.name}: line {line_no}: {key} must be an integer, got {value!r}")
+        raise InputError(f"{path}: line {line_no}: {key} must be an integer, got {value!r}")
     # a JSON integer may have any number of digits: compare before converting to float
     finite = isinstance(value, int) or math.isfinite(value)
     if not (finite and value == int(value) and minimum <= value <= MAX_FIELD_VALUE):
         raise InputError(
-            f"{path.name}: line {line_no}: {key} must be an integer >= {minimum} "
+            f"{path}: line {line_no}: {key} must be an integer >= {minimum} "
             f"(at most 2**53), got {_short(value)}"
         )
     return int(value)
@@ -241,7 +241,7 @@ def _read_custom_jsonl(path: Path) -> _Columns:
     for index, (row, line_no) in enumerate(zip(rows, line_numbers, strict=True)):
         prompt = row.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            raise InputError(f"{path.name}: line {line_no}: 'prompt' must be non-empty text")
+            raise InputError(f"{path}: line {line_no}: 'prompt' must be non-empty text")
         prompts.append(prompt)
         if "prompt_len" in row:
             prompt_lens[index] = _json_int(path, row, "prompt_len", 1, line_no)
@@ -255,7 +255,7 @@ def _read_custom_jsonl(path: Path) -> _Columns:
         lengths = _token_counts(path, [str(prompts[i]) for i in to_tokenize])
         for index, length in zip(to_tokenize, lengths, strict=True):
             if length < 1:
-                raise InputError(f"{path.name}: line {line_numbers[index]}: prompt has 0 tokens")
+                raise InputError(f"{path}: line {line_numbers[index]}: prompt has 0 tokens")
             prompt_lens[index] = length
     times_s = np.zeros(count, dtype=np.float64)  # [N] custom datasets carry no times
     return _sorted_columns(times_s, prompt_lens, output_lens, [None] * count, prompts)
@@ -267,7 +267,7 @@ def _token_counts(path: Path, texts: list[str]) -> list[int]:
         from tokenizers import Tokenizer
     except ImportError:
         raise InputError(
-            f"{path.name}: rows without 'prompt_len' need the `tokenizers` package to count "
+            f"{path}: rows without 'prompt_len' need the `tokenizers` package to count "
             "prompt tokens (pip install tokenizers), or add a 'prompt_len' field"
         ) from None
     tokenizer = Tokenizer.from_file(str(TOKENIZER_PATH))
@@ -281,23 +281,23 @@ def _read_schema_table(path: Path) -> _Columns:
         try:
             frame = pd.read_parquet(path)
         except (OSError, ValueError) as exc:
-            raise InputError(f"{path.name}: not a readable parquet file ({exc})") from None
+            raise InputError(f"{path}: not a readable parquet file ({exc})") from None
         line_of = np.arange(len(frame)) + 1  # [N] parquet has rows, not lines: 1-based row
         where = "row"
     else:
         try:
             frame = pd.read_csv(path, keep_default_na=False, skip_blank_lines=False, dtype=str)
         except pd.errors.ParserError as exc:
-            raise InputError(f"{path.name}: not a readable CSV ({exc})") from None
+            raise InputError(f"{path}: not a readable CSV ({exc})") from None
         except pd.errors.EmptyDataError:
-            raise InputError(f"{path.name}: empty file") from None
+            raise InputError(f"{path}: empty file") from None
         line_of = _csv_row_lines(path, len(frame))  # [N] prompts may span several lines
         where = "line"
     for column in ("prompt_len", "output_len"):
         if column not in frame.columns:
-            raise InputError(f"{path.name}: missing column {column!r}")
+            raise InputError(f"{path}: missing column {column!r}")
     if frame.empty:
-        raise InputError(f"{path.name}: no rows")
+        raise InputError(f"{path}: no rows")
     try:
         prompt_lens = _int_column(path, frame["prompt_len"], "prompt_len", 1, line_of)
         output_lens = _int_column(path, frame["output_len"], "output_len", 1, line_of)
@@ -309,7 +309,7 @@ def _read_schema_table(path: Path) -> _Columns:
             row = _first_bad(~np.isfinite(times_s) | (times_s < 0))
         if row is not None:
             raise InputError(
-                f"{path.name}: {where} {line_of[row]}: arrival_s must be finite and >= 0, "
+                f"{path}: {where} {line_of[row]}: arrival_s must be finite and >= 0, "
                 f"got {frame['arrival_s'].iloc[row]!r}"
             )
     else:
@@ -413,14 +413,12 @@ def _to_workload(name: str, columns: _Columns, default_tag: str | None) -> Workl
 
 
 def _check_file(path: Path) -> None:
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a directory, expected a file")
-    if path.suffix.lower() != ".parquet":
+    if path.suffix.lower() == ".parquet":
+        check_input_file(path, "trace file")
+    else:
         # Text formats: refuse bytes that are not UTF-8 here, with their line, rather than as a
         # UnicodeDecodeError from whichever reader meets them first.
-        decode_user_text(path.read_bytes(), path.name)
+        read_user_text(path)
 
 
 def load_azure_trace(path: str | Path, options: TraceOptions | None = None) -> Workload:
@@ -476,11 +474,11 @@ def load_workload_file(path: str | Path, options: TraceOptions | None = None) ->
             reader, tag = _read_custom_jsonl, None
         else:
             raise InputError(
-                f"{path.name}: line 1: neither a Mooncake trace (timestamp, input_length, "
+                f"{path}: line 1: neither a Mooncake trace (timestamp, input_length, "
                 "output_length) nor a vLLM custom dataset (prompt, output_tokens)"
             )
     else:
-        raise InputError(f"{path.name}: unsupported file type {suffix!r} (.csv, .parquet, .jsonl)")
+        raise InputError(f"{path}: unsupported file type {suffix!r} (.csv, .parquet, .jsonl)")
     columns = _apply_options(reader(path), options or TraceOptions())
     return _to_workload(path.stem, columns, tag)
 
@@ -490,16 +488,11 @@ def _first_json_object(path: Path) -> dict[str, object]:
         for line_no, line in enumerate(lines, start=1):
             if line.strip():
                 return _parse_json_line(path, line, line_no)
-    raise InputError(f"{path.name}: no rows")
+    raise InputError(f"{path}: no rows")
 
 
 def _parse_json_line(path: Path, line: str, line_no: int) -> dict[str, object]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: line {line_no}: invalid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise InputError(f"{path.name}: line {line_no}: JSON nested too deeply") from None
+    row = parse_user_json(line, str(path), allow_nonfinite=True, line=line_no)
     if not isinstance(row, dict):
-        raise InputError(f"{path.name}: line {line_no}: expected a JSON object")
+        raise InputError(f"{path}: line {line_no}: expected a JSON object")
     return row

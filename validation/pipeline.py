@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dsd.common import invocation
 from dsd.common.errors import InputError, require_int, require_unique
 from dsd.common.progress import ProgressFactory, no_progress
+from dsd.common.user_paths import check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile, save_profile
 from dsd.policies.spec import policy_sources
@@ -62,6 +63,7 @@ def validate(
     anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
     from dsd.validation.report import write_validation_report
 
+    check_output_folder(out, "out")  # before the real runs, not after them
     cells, record, retimed = run_cells(
         pair,
         profile=profile,
@@ -259,9 +261,7 @@ def hardware_report(
         None if time_budget_s is None else time.monotonic() + time_budget_s - REPORT_WRITE_RESERVE_S
     )
     stage = on_stage or (lambda text: None)
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"out {out}: exists and is not a folder")
+    folder = check_output_folder(out, "out")
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.pair import check_draft_spec, load_pair
     from dsd.backend.profiling import profile_to_file

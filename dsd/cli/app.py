@@ -1,10 +1,11 @@
 """The `dsd` command: one typer app; each command group lives in its own `dsd/cli/*.py`.
 
 This module only assembles the app and enforces the error contract: bad user input
-(`dsd.common.errors.InputError`, missing files, bad flags) prints one line `error: ...` on
-stderr and exits with code 2, with no traceback; a sweep whose worker process died prints one
-line and exits 1 (finished cells are kept); outputs are written atomically by the API, so a
-failed command leaves nothing half-written.
+(`dsd.common.errors.InputError`, missing files, bad flags, an OS error about a named path)
+prints one line `error: ...` on stderr and exits with code 2, with no traceback; a sweep whose
+worker process died prints one line and exits 1 (finished cells are kept), and one stopped by
+Ctrl-C or SIGTERM says what it kept and exits 128 + the signal's number; outputs are
+written atomically by the API, so a failed command leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from dsd.cli import (
 )
 from dsd.cli.flags import flag_of
 from dsd.common import invocation
-from dsd.common.errors import InputError, WorkerDied
+from dsd.common.errors import InputError, StoppedBySignal, WorkerDied
+from dsd.common.user_paths import os_error_reason
 
 # Newer typer releases bundle their own copy of click and raise flag errors from it; older ones
 # use the click package. Import only the one typer uses: the click package on top of the bundled
@@ -165,12 +167,19 @@ def main(argv: list[str] | None = None) -> None:
     except WorkerDied as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    except StoppedBySignal as exc:  # what was kept, and how to resume
+        print(str(exc), file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
     except FileNotFoundError as exc:
         fail(f"{_path_of(exc)}: no such file or folder")
     except IsADirectoryError as exc:
         fail(f"{_path_of(exc)}: is a directory, expected a file")
     except PermissionError as exc:
         fail(f"{_path_of(exc)}: permission denied")
+    except OSError as exc:  # about a path the user gave (a name too long, a busy folder, ...)
+        if exc.filename is None and exc.filename2 is None:
+            raise
+        fail(f"{_path_of(exc)}: {os_error_reason(exc)}")
     if isinstance(result, int) and result != 0:
         raise SystemExit(result)
 

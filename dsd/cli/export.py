@@ -32,7 +32,10 @@ Method = Annotated[
     str | None, typer.Option(help="vLLM spec method, e.g. eagle (mapped to the engine's name).")
 ]
 DraftModel = Annotated[str | None, typer.Option(help="Draft model name/path.")]
-Out = Annotated[Path | None, typer.Option(help="Write here (atomically), not stdout.")]
+Out = Annotated[
+    str | None,
+    typer.Option(help="Write this file (atomically) instead of stdout; not a folder."),
+]
 FORMATS = ("speculative-config", "dsd-json")
 
 
@@ -53,6 +56,7 @@ def export_vllm(
     from dsd.common.errors import require_choice
 
     require_choice(output_format, "--format", FORMATS)
+    _check_out(out)
     if output_format == "dsd-json":
         text = strict_json.dumps(api.export_pr32374(profile), indent=4) + "\n"
     else:
@@ -67,7 +71,15 @@ def export_vllm(
     _write(text, out)
 
 
-def _write(text: str, out: Path | None) -> None:
+def _check_out(out: str | None) -> None:
+    """A folder, '' or 'dir/' is refused before anything is computed."""
+    from dsd.common.user_paths import check_output_file
+
+    if out is not None:
+        check_output_file(out, "--out")
+
+
+def _write(text: str, out: str | None) -> None:
     from dsd.common.atomic import atomic_write_text
 
     if out is None:
@@ -96,6 +108,8 @@ def export_trtllm(
     """
     from dsd import api
 
+    _check_out(out)
+
     config = api.export_trtllm(
         profile, max_num_seqs=max_num_seqs, policy=policy, method=method, draft_model=draft_model
     )
@@ -122,6 +136,8 @@ def export_sglang(
     captured sizes takes the K of the larger. --method: eagle, eagle3 or mtp.
     """
     from dsd import api
+
+    _check_out(out)
 
     config = api.export_sglang(profile, max_num_seqs=max_num_seqs, policy=policy, method=method)
     _write(strict_json.dumps(config) + "\n", out)

@@ -28,7 +28,7 @@ Source = Annotated[
 def show(
     source: Source,
     out: Annotated[
-        Path | None, typer.Option(help="Folder for lengths.png and arrivals.png.")
+        str | None, typer.Option(help="Folder for lengths.png and arrivals.png.")
     ] = None,
     **options: Any,
 ) -> None:

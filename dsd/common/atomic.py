@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dsd.common import strict_json
+from dsd.common.user_paths import check_output_file
 
 # Permission bits of a finished output: an ordinary user-readable file.
 OUTPUT_MODE = 0o644
@@ -28,7 +29,8 @@ TEMP_SUFFIX = ".tmp"
 
 
 def _temp_prefix(target: Path) -> str:
-    return f".{target.name}."
+    # at most 128 characters of the name: a name near the file system's limit still gets one
+    return f".{target.name[:128]}."
 
 
 def atomic_write(
@@ -38,15 +40,21 @@ def atomic_write(
 
     `write` must write the whole file at exactly `temp_path` (a library that appends its own
     suffix, like `np.save`, must be given an open file instead). The parent folder is created
-    if missing. `fsync=False` skips the flush to disk (still atomic against process kills,
-    not against power loss).
+    if missing. A `path` that cannot be a file (empty, ending in '/', a directory, a device) is
+    an InputError before anything is written; an OS error (an OSError, as callers such as a
+    cache expect) names `path`, not the temp file.
+    `fsync=False` skips the flush to disk (still atomic against process kills, not against
+    power loss).
     """
-    target = Path(path)
+    target = check_output_file(path, os_errors=True)
     folder = target.parent
-    folder.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(
-        prefix=_temp_prefix(target), suffix=TEMP_SUFFIX, dir=folder
-    )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(
+            prefix=_temp_prefix(target), suffix=TEMP_SUFFIX, dir=folder
+        )
+    except OSError as exc:
+        raise _about_target(exc, target) from None
     os.close(handle)
     temp_path = Path(temp_name)
     try:
@@ -55,11 +63,22 @@ def atomic_write(
             _fsync_file(temp_path)
         os.chmod(temp_path, OUTPUT_MODE)
         os.replace(temp_path, target)
+    except OSError as exc:
+        temp_path.unlink(missing_ok=True)
+        if exc.filename == str(temp_path) or exc.filename2 == str(target):
+            raise _about_target(exc, target) from None
+        raise
     except BaseException:
         temp_path.unlink(missing_ok=True)
         raise
     if fsync:
         _fsync_folder(folder)
+
+
+def _about_target(error: OSError, target: Path) -> OSError:
+    """The same OS error about the user's target, not the hidden temp file (a long name's temp
+    file is longer still; its name means nothing to the user)."""
+    return OSError(error.errno, error.strerror, str(target))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> None:

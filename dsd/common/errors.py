@@ -21,6 +21,16 @@ class WorkerDied(RuntimeError):
     """A worker process of a sweep died (killed, out of memory); finished cells are saved."""
 
 
+class StoppedBySignal(BaseException):
+    """SIGINT or SIGTERM stopped long work; the message says what was kept. A BaseException,
+    like KeyboardInterrupt, so no `except Exception` swallows it. `exit_code`: 128 + the
+    signal's number, as a shell reports a process the signal ended."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def require_int(
     value: object, name: str, minimum: int, maximum: int | None = None, *, optional: bool = False
 ) -> None:

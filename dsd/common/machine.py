@@ -1,4 +1,5 @@
-"""What a measurement must record about the machine it ran on: CPU model and load.
+"""What a measurement must record about the machine it ran on: CPU model and load; and the
+memory a run may still take (`available_memory_bytes`, for refusing what cannot fit).
 
 Timings on a shared CPU mean little without the load around them and the threads used; every
 profile, benchmark and report records these (docs/validation.md, "Measuring on a shared CPU").
@@ -33,3 +34,18 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown"
+
+
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can get without swapping (Linux's MemAvailable), else the free
+    physical pages; None where the OS reports neither."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, ValueError, AttributeError):
+        return None

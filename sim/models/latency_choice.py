@@ -2,7 +2,10 @@
 profiled batch sizes.
 
 - `leave_one_knot_out` / `knot_error_pct`: every interior B of a profile dropped, the model
-  fitted on the rest, its error at the dropped points (docs/models.md 1.2).
+  fitted on the rest, its error at the dropped points (docs/models.md 1.2); "auto" and the
+  summary hold out at most MAX_HELD_OUT_KNOTS of them, spread evenly. A progress line on
+  stderr past a second of fitting; a fit of more than MAX_FITTED_BATCH_SIZES profiled B is
+  refused (auto takes the table there).
 - `select_latency_model` (and `fit_latency_model`, its model alone): "table", "parametric", or
   "auto": of the models that can run the profile (the table only where it covers K = 0..k_max),
   the one whose worst error at a profiled point, held out or fitted, is lowest, the fit only
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dsd.common.disk_memo import disk_memo, source_fingerprint
+from dsd.common.progress import Advance, delayed_stderr_progress
 from dsd.policies.profile import Profile
 from dsd.sim.models import latency as latency_module
 from dsd.sim.models.latency import (
@@ -42,6 +46,18 @@ KINDS: tuple[LatencyModelKind, ...] = ("table", "parametric")
 # reports a fit 12% worst vs the table's 13-15% still priced the validation cells worse:
 # docs/models.md 1.2).
 FIT_MARGIN = 0.5
+# "auto" takes the table without fitting where the table's own worst |error| at a profiled B,
+# held out or fitted, is under this: a profile dense enough to interpolate within measurement
+# noise (a few percent: docs/validation.md) gains nothing from a fit, which
+# costs seconds per held-out B. Every profile shipped here is far above it (12-229%).
+TABLE_HOLDS_PCT = 2.0
+# "auto" holds out at most this many interior B, spread evenly (ends included): with more, each
+# held-out fit still costs a whole fit (seconds at 64 B) and a dense profile's worst knot error
+# is seen on a sample as well. Every profile shipped here has fewer (their results unchanged).
+MAX_HELD_OUT_KNOTS = 8
+# A parametric fit takes at most this many profiled B (its cost grows with the points: a minute
+# of scipy per fit near the cap); the table takes any number.
+MAX_FITTED_BATCH_SIZES = 256
 
 
 @dataclass(frozen=True)
@@ -101,8 +117,10 @@ def select_latency_model(
     "parametric": the fitted model. "auto": the parametric model when the table does not cover
     K=0..k_max (k_max defaults to the profile's) at every profiled B; the table with fewer
     than 3 profiled B (nothing to hold out, and the table is exact at its points); else the
-    parametric model where its worst |error| over the profiled B, each held out (leave one
-    knot out) or fitted, is under FIT_MARGIN times the table's, else the table.
+    table where its own worst |error| over the profiled B, each held out (leave one knot out)
+    or fitted, is under TABLE_HOLDS_PCT (no fit needed); else the parametric model where its
+    worst |error| is under FIT_MARGIN times the table's, else the table; the table with more
+    than MAX_FITTED_BATCH_SIZES profiled B (where a fit is needed there, ValueError).
     `mixed_k="token-equivalent"` is a pricing of the table (the parametric model has its own):
     "auto" then takes the table. ValueError for an unknown kind, a model that cannot be built,
     or token-equivalent pricing without the table.
@@ -121,11 +139,13 @@ def select_latency_model(
             f"mixed_k=token-equivalent prices mixed K on the profile's table, and the parametric "
             f"model ({why}) has its own pricing: use mixed_k=padded or a table that covers K"
         )
+    if kind == "parametric" or not covered:
+        _check_fit_size(profile, kind)
     if kind == "parametric":
-        return fit_parametric(profile), LatencyChoice("parametric", kind, "asked for")
+        return _fit_with_progress(profile), LatencyChoice("parametric", kind, "asked for")
     if not covered:
         reason = f"the table does not cover K=0..{wanted} at every profiled B"
-        return fit_parametric(profile), LatencyChoice("parametric", kind, reason)
+        return _fit_with_progress(profile), LatencyChoice("parametric", kind, reason)
     table = TableLatencyModel(profile, mixed_k=mixed_k)
     if mixed_k == "token-equivalent":
         reason = "mixed_k=token-equivalent is a pricing of the table"
@@ -133,10 +153,26 @@ def select_latency_model(
     if len(profile.batch_sizes()) < 3:
         reason = "fewer than 3 profiled B: none to hold out, and the table is exact at its points"
         return table, LatencyChoice("table", kind, reason)
+    if len(profile.batch_sizes()) > MAX_FITTED_BATCH_SIZES:
+        reason = (
+            f"more than {MAX_FITTED_BATCH_SIZES} profiled B: a table that dense needs no fit "
+            "(the fit's cost grows with the points)"
+        )
+        return table, LatencyChoice("table", kind, reason)
+    scores: dict[str, dict[str, float]] = {"table": model_scores(profile, "table")}  # instant
+    table_worst = max(scores["table"].values())
+    if table_worst < TABLE_HOLDS_PCT:
+        reason = (
+            f"the table holds between its profiled B (worst |error| {table_worst:.1f}%, held out "
+            f"or fitted, under {TABLE_HOLDS_PCT:g}%): no fit needed"
+        )
+        return table, LatencyChoice("table", kind, reason, scores)
+    held_out = held_out_batch_sizes(profile)
+    title = f"latency model auto: fits with each of {len(held_out)} profiled B held out"
     try:
-        scores: dict[str, dict[str, float]] = {
-            str(name): model_scores(profile, name) for name in KINDS
-        }
+        # one unit per parametric fit; silent unless past a second
+        with delayed_stderr_progress(len(held_out) + 1, title) as advance:
+            scores["parametric"] = model_scores(profile, "parametric", advance)
     except ValueError as exc:  # too few points left to fit the parametric model on
         return table, LatencyChoice("table", kind, f"the parametric model cannot be scored: {exc}")
     worst = {name: max(score.values()) for name, score in scores.items()}
@@ -148,6 +184,25 @@ def select_latency_model(
     )
     model = table if chosen == "table" else fit_parametric(profile)
     return model, LatencyChoice(chosen, kind, reason, scores)
+
+
+def _check_fit_size(profile: Profile, kind: LatencyModelKind) -> None:
+    """ValueError when the parametric fit `kind` may need would take more profiled B than
+    MAX_FITTED_BATCH_SIZES (minutes of scipy per fit, silently)."""
+    count = len(profile.batch_sizes())
+    if count > MAX_FITTED_BATCH_SIZES:
+        raise ValueError(
+            f"{count} profiled batch sizes: the parametric fit ({kind}) takes at most "
+            f"{MAX_FITTED_BATCH_SIZES}; use --latency-model table, or profile fewer B"
+        )
+
+
+def _fit_with_progress(profile: Profile) -> ParametricLatencyModel:
+    """`fit_parametric`, with a progress line past a second."""
+    with delayed_stderr_progress(1, "latency model: parametric fit") as advance:
+        model = fit_parametric(profile)
+        advance("all B")
+    return model
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,21 +254,51 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
 # --------------------------------------------------------------------------------------------
 
 
-def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOutKnot]:
-    """For every interior profiled B (neither the smallest nor the largest), the `kind` model
-    fitted on the other B's points, and its error on the dropped ones (the measured side is
-    the mean median over contexts at each K). Empty with fewer than 3 batch sizes.
+def held_out_batch_sizes(profile: Profile, limit: int | None = MAX_HELD_OUT_KNOTS) -> list[int]:
+    """The interior profiled B (neither the smallest nor the largest) that leave-one-knot-out
+    drops in turn: all of them, or `limit` spread evenly over them by rank (ends included)."""
+    interior = profile.batch_sizes()[1:-1]
+    if limit is None or len(interior) <= limit:
+        return interior
+    last = len(interior) - 1
+    ranks = sorted({round(i * last / max(limit - 1, 1)) for i in range(limit)})
+    return [interior[rank] for rank in ranks]
+
+
+def leave_one_knot_out(
+    profile: Profile,
+    kind: LatencyModelKind,
+    advance: Advance | None = None,
+    *,
+    limit: int | None = None,
+) -> list[HeldOutKnot]:
+    """For every interior profiled B (`held_out_batch_sizes`: all, or `limit` of them spread
+    evenly), the `kind` model fitted on the other B's points, and its error on the dropped
+    ones (the measured side is the mean median over contexts at each K). Empty with fewer than
+    3 batch sizes. `advance` is called after each fit.
 
     How well the model holds between the points a profile measured (docs/models.md 1.2).
     """
     knots: list[HeldOutKnot] = []
-    for batch_size in profile.batch_sizes()[1:-1]:
+    for batch_size in held_out_batch_sizes(profile, limit):
         rest = dataclasses.replace(
             profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
         )
-        model = fit_latency_model(rest, kind=kind)
+        model = _model_of_kind(rest, kind)
         knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
+        if advance is not None:
+            advance(f"B={batch_size}")
     return knots
+
+
+def _model_of_kind(profile: Profile, kind: LatencyModelKind) -> LatencyModel:
+    """The table or the parametric fit of `profile`, no choice and no progress line of its own
+    (its caller's counts the fits)."""
+    if kind == "table":
+        return TableLatencyModel(profile)
+    if kind == "parametric":
+        return fit_parametric(profile)
+    raise ValueError(f"leave one knot out scores table or parametric, not {kind!r}")
 
 
 def knot_error_pct(model: LatencyModel, profile: Profile, batch_size: int) -> dict[int, float]:
@@ -229,15 +314,18 @@ def knot_error_pct(model: LatencyModel, profile: Profile, batch_size: int) -> di
     }
 
 
-def model_scores(profile: Profile, kind: LatencyModelKind) -> dict[str, float]:
+def model_scores(
+    profile: Profile, kind: LatencyModelKind, advance: Advance | None = None
+) -> dict[str, float]:
     """The `kind` model's worst |error| % at a held-out interior B (against the mean over
     contexts) and at any profiled point when fitted on all points (the parametric model's fit
-    error, each context its own point; the table's is 0 but for contexts it averages)."""
-    held_out = max(
-        (abs(v) for knot in leave_one_knot_out(profile, kind) for v in knot.error_pct.values()),
-        default=0.0,
-    )
-    full = fit_latency_model(profile, kind=kind)
+    error, each context its own point; the table's is 0 but for contexts it averages).
+    `advance` is called after each fit."""
+    knots = leave_one_knot_out(profile, kind, advance, limit=MAX_HELD_OUT_KNOTS)
+    held_out = max((abs(v) for knot in knots for v in knot.error_pct.values()), default=0.0)
+    full = _model_of_kind(profile, kind)
+    if advance is not None:
+        advance("all B")
     if isinstance(full, ParametricLatencyModel):
         fitted = full.fit_report.max_abs_pct  # per point: each context its own
     else:  # exact at its points, but for contexts averaged where it has no context axis
@@ -252,7 +340,7 @@ def held_out_summary(profile: Profile) -> str:
     picks ("" below 3 B)."""
     parts = []
     for kind in KINDS:
-        knots = leave_one_knot_out(profile, kind)
+        knots = leave_one_knot_out(profile, kind, limit=MAX_HELD_OUT_KNOTS)
         if not knots:
             return ""
         worst = max(knots, key=lambda knot: abs(knot.worst[1]))

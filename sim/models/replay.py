@@ -26,7 +26,6 @@ acceptance (the recording's `alpha` is not read).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from dsd.common.arrays import BoolArray, IntArray
 from dsd.common.atomic import atomic_write_text
 from dsd.common.errors import InputError
 from dsd.common.streams import CounterStream
+from dsd.common.user_files import parse_user_json, read_user_text
 from dsd.sim.models.acceptance import DenseRows
 from dsd.traces.workload import RequestSpec
 
@@ -276,13 +276,8 @@ def load_replay_recording(
 ) -> ReplayRecording:
     """Read a "dsd-replay" file, or an early-exit match recording at exit `layer` (the bundled
     file's format); one-line InputError naming the file on any problem."""
-    name = Path(path).name
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"{name}: cannot read: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{name}: line {exc.lineno}: invalid JSON: {exc.msg}") from exc
+    name = os.fspath(path)  # as given: errors name it so
+    data = parse_user_json(read_user_text(path), name)
     if isinstance(data, dict) and data.get("format") == REPLAY_FORMAT:
         return _parse_native(data, name)
     if not isinstance(data, dict) or not isinstance(data.get("prompts"), list):

@@ -261,11 +261,16 @@ def test_the_sweep_cell_id_depends_on_the_file_content_not_its_folder(
         ids.append(pd.read_csv(folder / out / "sweep.csv")["cell_id"].tolist())
     assert ids[0] == ids[1]
     (other / "k_policy.py").write_text((folder / "k_policy.py").read_text() + "\n# changed\n")
+    # an edited file is another grid: refused in b (its cells were the old file's), run in c
     code, _out, err = run_cli(
         [*argv, "--policies", "elsewhere/k_policy.py:BatchCutoff", "--out", "b"], capsys
     )
+    assert code == 2 and "holds another sweep" in err
+    code, _out, err = run_cli(
+        [*argv, "--policies", "elsewhere/k_policy.py:BatchCutoff", "--out", "c"], capsys
+    )
     assert code == 0, err
-    assert pd.read_csv(folder / "b" / "sweep.csv")["cell_id"].tolist() != ids[0]
+    assert pd.read_csv(folder / "c" / "sweep.csv")["cell_id"].tolist() != ids[0]
 
 
 @pytest.mark.slow

@@ -97,6 +97,36 @@ def test_sweep_bad_inputs_fail_with_one_line_and_no_folder(
     assert not out_dir.exists()
 
 
+def test_another_grid_into_a_sweep_folder_is_refused_and_the_same_grid_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out_dir = tmp_path / "sweep"
+    code, _, err = run_cli([*TINY, "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    before = {path.name: path.read_bytes() for path in out_dir.iterdir() if path.is_file()}
+    cells_before = sorted(path.name for path in (out_dir / "cells").iterdir())
+    other = [*TINY]
+    other[other.index("static:0,goodput")] = "static:0,static:2"
+    code, out, err = run_cli([*other, "--out", str(out_dir)], capsys)
+    assert code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {out_dir} holds another sweep")
+    assert "policies static:0,goodput there, static:0,static:2 here" in lines[0]
+    assert "give a new --out" in lines[0]
+    # nothing replaced, no cell of the other grid beside the old ones
+    assert before == {path.name: path.read_bytes() for path in out_dir.iterdir() if path.is_file()}
+    assert sorted(path.name for path in (out_dir / "cells").iterdir()) == cells_before
+    # other settings than policies and concurrencies are named too
+    code, _, err = run_cli([*TINY, "--seed", "7", "--out", str(out_dir)], capsys)
+    assert code == 2 and "settings differ: seed" in err, err
+    code, _, err = run_cli([*TINY, "--output-len", "16", "--out", str(out_dir)], capsys)
+    assert code == 2 and "settings differ: output_len" in err, err
+    # the same grid resumes: every cell reused
+    code, out, err = run_cli([*TINY, "--out", str(out_dir)], capsys)
+    assert code == 0, err
+    assert "(0 run, 4 reused)" in out
+
+
 def test_cell_seeds_depend_on_seed_and_concurrency_only() -> None:
     base = RunConfig(profile=str(H100), policy="static:0")
     cells = sweep_cells(base, ["static:0", "goodput"], [1, 16], num_prompts_per_concurrency=3)

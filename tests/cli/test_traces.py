@@ -102,4 +102,5 @@ def test_malformed_trace_file_is_an_error_line(
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:04.0,x,1\n", encoding="utf-8"
     )
     assert run_cli(["traces", "show", str(bad)]) == 2
-    assert capsys.readouterr().err.startswith("error: bad.csv: line 2: ContextTokens")
+    # the path as the user gave it, not only its name
+    assert capsys.readouterr().err.startswith(f"error: {bad}: line 2: ContextTokens")

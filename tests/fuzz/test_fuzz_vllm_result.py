@@ -177,12 +177,12 @@ def _in_missing_folder(folder: Path) -> Path:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (_missing, "cannot read"),  # a typo in the path
-        (_directory, "cannot read"),  # a folder where the file should be
-        (_in_missing_folder, "cannot read"),  # the folder itself is missing
+        (_missing, "no such file"),  # a typo in the path
+        (_directory, "is a directory"),  # a folder where the file should be
+        (_in_missing_folder, "no such file"),  # the folder itself is missing
         pytest.param(
             _unreadable,
-            "cannot read",
+            "permission denied",
             marks=pytest.mark.skipif(
                 hasattr(os, "geteuid") and os.geteuid() == 0, reason="root reads mode-0 files"
             ),

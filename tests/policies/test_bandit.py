@@ -507,7 +507,7 @@ def test_spec_builds_the_named_bandit(spec: str, kind: type) -> None:
     ("spec", "message"),
     [
         ("bandit:model=tree", "model must be linear or arms"),  # unknown model
-        ("bandit:prior=magic", "cannot read 'magic'"),  # neither a prior word nor a file
+        ("bandit:prior=magic", "profile file; magic: no such file"),  # neither word nor file
         ("bandit:prior=", "prior must be none, profile or a profile file"),  # empty
         ("bandit:discount=0.9", "expected key=value with key in"),  # an arms key on linear
         ("bandit:acceptance_discount=fast", "acceptance_discount must be a number"),  # not a number

@@ -131,6 +131,67 @@ def test_killed_sweep_resumes_and_computes_every_cell_exactly_once(
         assert len(row) == 1 and row["cell_spec_json"].iloc[0] == cell.spec_json
 
 
+@pytest.mark.parametrize(
+    ("signum", "exit_code", "said"),
+    [
+        (signal.SIGTERM, 128 + signal.SIGTERM, "stopped by SIGTERM"),  # `kill PID`: the driver
+        (signal.SIGINT, 128 + signal.SIGINT, "stopped by Ctrl-C"),  # a terminal's Ctrl-C: all
+    ],
+)
+def test_a_signal_stops_the_sweep_at_once_ends_its_workers_and_says_what_it_kept(
+    tmp_path: Path, signum: signal.Signals, exit_code: int, said: str
+) -> None:
+    psutil = pytest.importorskip("psutil")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(SLOW_GRID)
+    out = tmp_path / "sweep"
+    process = subprocess.Popen(
+        _sweep_command(grid, out),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # Ctrl-C as at a terminal: a test runner may have left SIGINT ignored, which a child keeps
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _finished(out):
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            assert time.monotonic() < deadline, "no cell finished in 120 s"
+            time.sleep(0.02)
+        workers = psutil.Process(process.pid).children(recursive=True)
+        assert len(workers) == 2, "both pool workers should be busy"
+        if signum == signal.SIGINT:
+            os.killpg(process.pid, signum)  # a terminal sends Ctrl-C to the whole group
+        else:
+            os.kill(process.pid, signum)  # to the driver alone
+        sent = time.monotonic()
+        process.wait(timeout=60)
+        took = time.monotonic() - sent
+        stderr = process.stderr.read() if process.stderr else ""
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        if process.stderr is not None:
+            process.stderr.close()
+    assert process.returncode == exit_code, stderr
+    assert took < 5.0, f"the sweep took {took:.1f} s to stop"  # not after the running cells
+    _gone, alive = psutil.wait_procs(workers, timeout=5)
+    assert alive == [], f"pool workers left running: {[p.pid for p in alive]}"
+    # One line: what was kept, and that the same command resumes it.
+    kept = len(_finished(out))
+    assert stderr.strip() == (
+        f"{said}: {kept} of 12 cells are saved in {out}/cells; run the same command again to "
+        "resume (saved cells are reused)"
+    )
+    resumed = subprocess.run(
+        _sweep_command(grid, out), capture_output=True, text=True, timeout=300, check=False
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"({12 - kept} run, {kept} reused)" in resumed.stdout
+
+
 TINY_GRID = f"""
 profile = "{H100}"
 policies = ["static:0", "goodput"]

@@ -168,12 +168,17 @@ def test_auto_choice(profile: Profile, k_max: int | None, expected: str, reason:
 
 
 def test_auto_keeps_the_table_when_too_few_points_are_left_to_fit() -> None:
-    """Three B with one K each: held out, two points remain, too few to fit."""
+    """Three B with one K each: held out, two points remain, too few to fit. (B = 2 measured
+    10% above the line, so the table does not hold between its B by itself.)"""
     profile = dataclasses.replace(
         linear_profile((1, 2, 4)),
         k_max=0,
         acceptance_rates=(),
-        latency=tuple(p for p in linear_profile((1, 2, 4)).latency if p.num_spec_tokens == 0),
+        latency=tuple(
+            dataclasses.replace(p, median_ms=p.median_ms * (1.1 if p.batch_size == 2 else 1))
+            for p in linear_profile((1, 2, 4)).latency
+            if p.num_spec_tokens == 0
+        ),
     )
     model, choice = select_latency_model(profile, "auto")
     assert isinstance(model, TableLatencyModel)
@@ -292,3 +297,115 @@ def test_token_equivalent_pricing_needs_a_table_that_covers_k() -> None:
         select_latency_model(h100_profile(), k_max=7, mixed_k="token-equivalent")
     with pytest.raises(ValueError, match="asked for"):
         select_latency_model(h100_profile(), "parametric", mixed_k="token-equivalent")
+
+
+# --- bounded work for dense profiles ---------------------------------------------------------
+
+
+def _dense_profile(num_batch_sizes: int, wobble: float = 0.0) -> Profile:
+    """A plausible table at B = 1, 5, 9, ... (ITL linear in B and K), every other B `wobble`
+    slower (a measurement's noise)."""
+    points = tuple(
+        LatencyPoint(b, k, (6.5 + 0.03 * b * (k + 1) + 0.7 * k) * (1 + wobble * (b // 4 % 2)))
+        for b in range(1, 4 * num_batch_sizes, 4)
+        for k in (0, 1, 3, 5)
+    )
+    return Profile(k_max=5, latency=points, acceptance_rates=(0.8, 0.6, 0.5, 0.4, 0.3))
+
+
+@pytest.mark.parametrize("num_batch_sizes", [3, 10, 11, 64, 10_000])
+def test_auto_holds_out_at_most_a_bounded_even_spread_of_interior_b(num_batch_sizes: int) -> None:
+    profile = _dense_profile(num_batch_sizes)
+    interior = profile.batch_sizes()[1:-1]
+    held = latency_choice.held_out_batch_sizes(profile)
+    assert len(held) == min(len(interior), latency_choice.MAX_HELD_OUT_KNOTS)
+    assert held == sorted(set(held)) and set(held) <= set(interior)
+    assert (held[0], held[-1]) == (interior[0], interior[-1])  # the ends of the interior
+    # every interior B when asked (the profiler's table check)
+    assert latency_choice.held_out_batch_sizes(profile, None) == interior
+
+
+def test_a_profile_too_dense_to_fit_takes_the_table_under_auto_and_is_refused_a_fit() -> None:
+    profile = _dense_profile(latency_choice.MAX_FITTED_BATCH_SIZES + 1)
+    model, choice = select_latency_model(profile, "auto")  # instant: no fit at all
+    assert isinstance(model, TableLatencyModel)
+    assert f"more than {latency_choice.MAX_FITTED_BATCH_SIZES} profiled B" in choice.reason
+    with pytest.raises(ValueError, match=r"257 profiled batch sizes: the parametric fit"):
+        select_latency_model(profile, "parametric")
+
+
+def test_cli_refuses_a_parametric_fit_of_a_too_dense_profile_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dsd.cli import main
+
+    path = tmp_path / "dense.json"
+    save_pr32374(_dense_profile(latency_choice.MAX_FITTED_BATCH_SIZES + 1), path)
+    argv = ["simulate", "--profile", str(path), "--policy", "static:1", "--num-prompts", "4"]
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--latency-model", "parametric"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"error: {path}: cannot build a parametric latency model: 257 profiled")
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what was written."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.text += text
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_fits_past_a_second_show_progress_on_a_terminal_and_nothing_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    # one real fit, then a slow machine's fits: the same model, 0.15 s each (9 fits: 1.35 s)
+    fitted = ParametricLatencyModel.fit(h100_profile())
+
+    def slow_fit(profile: Profile) -> ParametricLatencyModel:
+        del profile
+        time.sleep(0.15)
+        return fitted
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(slow_fit))
+    monkeypatch.setenv("DSD_CACHE_DIR", "off")  # every fit runs; none is stored
+    profile = _dense_profile(12, wobble=0.1)  # 10 interior B: 8 held out, then a fit on all
+    select_latency_model(profile, "auto")  # off a terminal: quiet (a line a minute at most)
+    assert capsys.readouterr().err == ""
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    select_latency_model(profile, "auto")
+    shown = terminal.text.split("\r\x1b[K")
+    assert any(
+        part.startswith("latency model auto: fits with each of 8 profiled B held out: ")
+        for part in shown
+    )
+    assert any("/9 B=" in part for part in shown) and "parametric fit" not in terminal.text
+    assert terminal.text.endswith("\r\x1b[K")  # the line is erased once done
+
+
+def test_a_table_that_holds_between_its_b_is_taken_without_any_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_fit(profile: Profile) -> ParametricLatencyModel:
+        raise AssertionError("no parametric fit expected")
+
+    monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(no_fit))
+    monkeypatch.setenv("DSD_CACHE_DIR", "off")
+    model, choice = select_latency_model(_dense_profile(64), "auto")  # linear: exact between B
+    assert isinstance(model, TableLatencyModel)
+    assert "the table holds between its profiled B" in choice.reason
+    assert set(choice.scores) == {"table"}
+    assert max(choice.scores["table"].values()) < latency_choice.TABLE_HOLDS_PCT

@@ -132,7 +132,7 @@ def test_malformed_azure_rows_name_file_and_line(tmp_path: Path, body: str, mess
     path.write_text(AZURE_HEADER + body, encoding="utf-8")
     with pytest.raises(InputError, match=message) as raised:
         load_azure_trace(path)
-    assert str(raised.value).startswith("bad_azure.csv: ")
+    assert str(raised.value).startswith(f"{path}: ")  # the path as given, not its name
     assert "\n" not in str(raised.value)
 
 
@@ -150,7 +150,7 @@ GOOD_MOONCAKE = '{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_
     ("body", "message"),
     [
         # not JSON on line 2
-        (GOOD_MOONCAKE + "{oops\n", "line 2: invalid JSON"),
+        (GOOD_MOONCAKE + "{oops\n", "line 2 column 2: invalid JSON"),
         # missing output_length on line 3 (a blank line 2 is skipped but counted)
         (GOOD_MOONCAKE + "\n" + '{"timestamp": 5, "input_length": 3}\n', "line 3: output_length"),
         # negative timestamp on line 1
@@ -173,7 +173,7 @@ def test_malformed_mooncake_rows_name_file_and_line(
     path.write_text(body, encoding="utf-8")
     with pytest.raises(InputError, match=message) as raised:
         load_mooncake_trace(path)
-    assert str(raised.value).startswith("bad_mooncake.jsonl: ")
+    assert str(raised.value).startswith(f"{path}: ")
 
 
 def test_unsorted_rows_are_stably_sorted(tmp_path: Path) -> None:

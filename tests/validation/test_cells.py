@@ -106,7 +106,7 @@ def test_bad_vllm_result_raises_one_line_input_error(data, message: str) -> None
 
 
 def test_unreadable_or_malformed_vllm_file(tmp_path) -> None:
-    with pytest.raises(InputError, match=r"missing\.json: cannot read"):
+    with pytest.raises(InputError, match=r"missing\.json: no such file"):
         load_vllm_result(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text('{"input_lens": [1,\n')
