@@ -59,6 +59,7 @@ from dsd.policies.spec import policy_source
 from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
+from dsd.sim.interval import interval_metrics
 from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import plain_config_value, resolve, resolved_config_dict
 
@@ -150,11 +151,15 @@ class CellResult:
 
 
 def run_cell(cell: SweepCell) -> CellResult:
-    """Run one cell (top-level so process pools and Ray can pickle it)."""
+    """Run one cell (top-level so process pools and Ray can pickle it), with the prediction
+    interval its config's `interval_runs` ask for."""
     run = run_simulation(cell.config)
     trace = run.steps.loc[:, list(K_TRACE_COLUMNS)].reset_index(drop=True)
+    metrics = dict(run.metrics)
+    if cell.config.interval_runs:
+        metrics.update(interval_metrics(resolve(cell.config), run.metrics))
     return CellResult(
-        cell=cell, metrics=dict(run.metrics), num_preemptions=run.num_preemptions, k_trace=trace
+        cell=cell, metrics=metrics, num_preemptions=run.num_preemptions, k_trace=trace
     )
 
 

@@ -208,8 +208,28 @@ class ResolvedRun:
         )
 
 
+def profiled_prompt_keys(config: RunConfig) -> frozenset[str]:
+    """The prompt keys the config's profile recorded acceptance for (`held_out_prompts` leaves
+    them out); empty unless the config asks for held-out prompts. InputError when it does and
+    the profile recorded none."""
+    if not config.held_out_prompts:
+        return frozenset()
+    if config.profile is None:
+        raise InputError("held_out_prompts: needs a profile (its acceptance prompts are left out)")
+    keys = frozenset(
+        key for key in _cached_profile(_file_key(config.profile)).draft_outcome_keys if key
+    )
+    if not keys:
+        raise InputError(
+            f"held_out_prompts: the profile {config.profile} records no prompt keys (profile "
+            "again with `dsd profile`, which records them)"
+        )
+    return keys
+
+
 def config_workload(config: RunConfig) -> Workload:
-    """The requests the config's dataset and workload fields describe."""
+    """The requests the config's dataset and workload fields describe (without the profile's
+    acceptance prompts under `held_out_prompts`)."""
     return build_workload(
         config.dataset,
         num_prompts=config.num_prompts,
@@ -223,6 +243,7 @@ def config_workload(config: RunConfig) -> Workload:
         random_lengths=config.random_lengths,
         trace_options=config.trace_options,
         rollout=config.rollout,
+        exclude_prompt_keys=profiled_prompt_keys(config),
     )
 
 

@@ -63,6 +63,13 @@ REQUEST_SHAPE: FlagGroup = {
         bool, False, "Prompt-set lengths without the chat template.", "--raw-prompt"
     ),
     "shuffle": option(bool, False, "Permute a prompt set with the seed.", "--shuffle"),
+    "held_out_prompts": option(
+        bool,
+        False,
+        "Leave out the prompts the profile's acceptance run recorded (predict prompts it never "
+        "saw; validate: on unless --in-sample).",
+        "--held-out-prompts",
+    ),
     "random_input_len": option(int, 1024, "random: mean prompt tokens."),
     "random_output_len": option(int, 128, "random: mean output tokens."),
     "random_range_ratio": option(float, 0.0, "random: lengths in [L(1-r), L(1+r)]."),
@@ -161,6 +168,12 @@ SIMULATOR: FlagGroup = {
     ),
     "jitter_sigma": option(
         float, 0.0, "Lognormal step-latency noise sigma (0: none).", "--latency-jitter"
+    ),
+    "interval_runs": option(
+        int,
+        0,
+        "Re-runs on seeds derived from --seed for a 90% prediction interval of the figures "
+        "(each costs one simulation; 0: none; validate: 8 unless given).",
     ),
 }
 
