@@ -18,10 +18,12 @@ def _print_cells(cells: Sequence[Any]) -> None:
     sources = sorted({cell.host_overhead_source for cell in cells})
     typer.echo(f"simulator host overhead per step: {', '.join(sources)}")
     for cell in cells:
+        low, high = cell.interval("mean_tpot_ms")
+        interval = f" (90%: {low:.3f}-{high:.3f})" if math.isfinite(low + high) else ""
         typer.echo(
             f"{cell.policy:>16} C={cell.max_concurrency}: mean TPOT measured "
             f"{float(cell.measured.get('mean_tpot_ms', math.nan)):.3f} ms, simulated "
-            f"{float(cell.simulated.get('mean_tpot_ms', math.nan)):.3f} ms, error "
+            f"{float(cell.simulated.get('mean_tpot_ms', math.nan)):.3f} ms{interval}, error "
             f"{cell.error_pct('mean_tpot_ms'):+.1f} %"
         )
 
@@ -66,6 +68,14 @@ def register(app: typer.Typer) -> None:
                 "simulated side by them."
             ),
         ] = True,
+        in_sample: Annotated[
+            bool,
+            typer.Option(
+                "--in-sample",
+                help="Run the cells on the profile's own acceptance prompts (a timing check; "
+                "default: prompts it never recorded).",
+            ),
+        ] = False,
         **given: Any,
     ) -> None:
         """Simulated vs measured per (policy, C), or the simulator vs a vLLM bench result."""
@@ -97,6 +107,7 @@ def register(app: typer.Typer) -> None:
             fast_path=fast_path,
             allow_noisy_profile=allow_noisy_profile,
             retime=retime,
+            held_out_prompts=not in_sample and given.pop("held_out_prompts", True),
             progress=flags.progress_bar,
             **given,
         )

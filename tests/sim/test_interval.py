@@ -78,7 +78,7 @@ def test_held_out_prompts_leave_the_profiled_ones_out() -> None:
 @pytest.mark.parametrize(
     ("fields", "fragment"),
     [
-        ({"profile": NO_KEYS}, "records no prompt keys"),
+        ({"profile": NO_KEYS}, "records no prompts"),
         ({"profile": PROFILE, "dataset": "random"}, "only a named prompt set"),
         ({"profile": None}, "needs a profile"),
     ],

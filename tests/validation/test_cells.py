@@ -211,13 +211,14 @@ def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path
     rows = list(csv.DictReader((tmp_path / "report" / "cells.csv").open()))
     assert [r["policy"] for r in rows] == ["static:0", "static:2"]
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "dsd validate x" in report and "| static:2 | 2 | mean TPOT |" in report
+    prompts = rows[1]["num_prompts"]  # stated per cell
+    assert "dsd validate x" in report and f"| static:2 | 2 | {prompts} | mean TPOT |" in report
     config = json.loads((tmp_path / "report" / "config.json").read_text())
     assert set(config["summary"]) == {
         f"{stat}_abs_{part}_error_pct"
         for stat in ("median", "max")
         for part in ("tpot", "timing", "acceptance", "speed_adjusted", "speed_adjusted_timing")
-    }
+    } | {"interval_cells", "interval_coverage", "median_interval_half_width_pct"}
     assert "timing_error_pct_mean_tpot_ms" in rows[0] and rows[1]["replayed_mean_tpot_ms"]
     leftovers = [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # atomic writes leave no temp files
