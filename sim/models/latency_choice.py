@@ -9,8 +9,10 @@ profiled batch sizes.
   when clearly (`FIT_MARGIN`); the table where the run prices mixed K token-equivalent (a
   pricing of the table). Its `LatencyChoice` says which and why (a run's config.json).
 - A parametric fit is a pure function of the profile's latency points and of `sim.models.latency`'s
-  code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once per interior B plus
-  once on all points, seconds of scipy that every later run of the same profile skips.
+  code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once on all points, then
+  once per interior B starting from that fit (a knot fewer moves the optimum a little: a few
+  solver steps instead of the whole valley), and stops as soon as an error shows the fit cannot
+  win; every later run of the same profile skips them all.
 
 Not here: the models themselves (`sim.models.latency`).
 """
@@ -133,20 +135,23 @@ def select_latency_model(
     if len(profile.batch_sizes()) < 3:
         reason = "fewer than 3 profiled B: none to hold out, and the table is exact at its points"
         return table, LatencyChoice("table", kind, reason)
+    scores: dict[str, dict[str, float]] = {"table": model_scores(profile, "table")}
+    # The fit wins only below this: its scoring stops at the first error that reaches it
+    bound = FIT_MARGIN * max(scores["table"].values())
     try:
-        scores: dict[str, dict[str, float]] = {
-            str(name): model_scores(profile, name) for name in KINDS
-        }
+        fitted = fit_parametric(profile)
+        scores["parametric"] = model_scores(profile, "parametric", stop_at=bound, full=fitted)
     except ValueError as exc:  # too few points left to fit the parametric model on
         return table, LatencyChoice("table", kind, f"the parametric model cannot be scored: {exc}")
     worst = {name: max(score.values()) for name, score in scores.items()}
-    chosen = "parametric" if worst["parametric"] < FIT_MARGIN * worst["table"] else "table"
+    chosen = "parametric" if worst["parametric"] < bound else "table"
+    # (where the table wins, the fit's figure is the worst error before its scoring stopped)
     reason = (
         f"worst |error| at a profiled B, held out or fitted: table {worst['table']:.1f}%, "
         f"parametric {worst['parametric']:.1f}% (the fit replaces the table below "
         f"{FIT_MARGIN:g}x its error)"
     )
-    model = table if chosen == "table" else fit_parametric(profile)
+    model = table if chosen == "table" else fitted
     return model, LatencyChoice(chosen, kind, reason, scores)
 
 
@@ -169,13 +174,17 @@ def _fit_code() -> dict[str, str]:
     }
 
 
-def fit_parametric(profile: Profile) -> ParametricLatencyModel:
-    """`ParametricLatencyModel.fit(profile)`, or the same fit stored by an earlier process."""
+def fit_parametric(
+    profile: Profile, start: tuple[float, ...] | None = None
+) -> ParametricLatencyModel:
+    """`ParametricLatencyModel.fit(profile, start)`, or the same fit stored by an earlier
+    process."""
     key = {
         "points": [list(dataclasses.astuple(point)) for point in profile.latency],
         "device_type": profile.metadata.get("device_type"),  # the fit frees a CPU-only term
         "forward_tokens": list(forward_tokens_of(profile)),  # and prices its padding
         "code": _fit_code(),
+        **({} if start is None else {"start": list(start)}),
     }
 
     def encode(model: ParametricLatencyModel) -> dict[str, Any]:
@@ -189,9 +198,12 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
         params = tuple(float(v) for v in stored["params"])
         return ParametricLatencyModel.from_fit(profile, params, FitReport(**report))
 
-    return disk_memo(
-        "parametric-fit", key, lambda: ParametricLatencyModel.fit(profile), encode, decode
-    )
+    def fit() -> ParametricLatencyModel:
+        if start is None:
+            return ParametricLatencyModel.fit(profile)
+        return ParametricLatencyModel.fit(profile, start)
+
+    return disk_memo("parametric-fit", key, fit, encode, decode)
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,20 +211,37 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
 # --------------------------------------------------------------------------------------------
 
 
-def leave_one_knot_out(profile: Profile, kind: LatencyModelKind) -> list[HeldOutKnot]:
+def leave_one_knot_out(
+    profile: Profile,
+    kind: LatencyModelKind,
+    stop_at: float | None = None,
+    full: LatencyModel | None = None,
+) -> list[HeldOutKnot]:
     """For every interior profiled B (neither the smallest nor the largest), the `kind` model
     fitted on the other B's points, and its error on the dropped ones (the measured side is
-    the mean median over contexts at each K). Empty with fewer than 3 batch sizes.
+    the mean median over contexts at each K). Empty with fewer than 3 batch sizes. `stop_at`:
+    no more knots once one has an |error| of at least this many percent; `full`: the `kind`
+    model fitted on every point, where the caller has it.
 
     How well the model holds between the points a profile measured (docs/models.md 1.2).
     """
     knots: list[HeldOutKnot] = []
-    for batch_size in profile.batch_sizes()[1:-1]:
+    interior = profile.batch_sizes()[1:-1]
+    # Each held-out fit starts where the fit on every point ended: a knot fewer moves the
+    # optimum a little, so the solver takes a few steps instead of the whole valley again
+    start = None
+    if kind == "parametric" and interior:
+        start = (
+            full if isinstance(full, ParametricLatencyModel) else fit_parametric(profile)
+        ).params
+    for batch_size in interior:
         rest = dataclasses.replace(
             profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
         )
-        model = fit_latency_model(rest, kind=kind)
+        model = fit_parametric(rest, start) if start is not None else fit_latency_model(rest, kind)
         knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
+        if stop_at is not None and abs(knots[-1].worst[1]) >= stop_at:
+            break
     return knots
 
 
@@ -229,21 +258,29 @@ def knot_error_pct(model: LatencyModel, profile: Profile, batch_size: int) -> di
     }
 
 
-def model_scores(profile: Profile, kind: LatencyModelKind) -> dict[str, float]:
+def model_scores(
+    profile: Profile,
+    kind: LatencyModelKind,
+    stop_at: float | None = None,
+    full: LatencyModel | None = None,
+) -> dict[str, float]:
     """The `kind` model's worst |error| % at a held-out interior B (against the mean over
     contexts) and at any profiled point when fitted on all points (the parametric model's fit
-    error, each context its own point; the table's is 0 but for contexts it averages)."""
-    held_out = max(
-        (abs(v) for knot in leave_one_knot_out(profile, kind) for v in knot.error_pct.values()),
-        default=0.0,
-    )
-    full = fit_latency_model(profile, kind=kind)
+    error, each context its own point; the table's is 0 but for contexts it averages).
+    `stop_at`: fit no more held-out knots once an error reaches it (the fitted one first: then
+    none), so the held-out figure is the worst of those fitted, a lower bound. `full`: the
+    `kind` model fitted on every point, where the caller has it."""
+    full = full if full is not None else fit_latency_model(profile, kind=kind)
     if isinstance(full, ParametricLatencyModel):
         fitted = full.fit_report.max_abs_pct  # per point: each context its own
     else:  # exact at its points, but for contexts averaged where it has no context axis
         fitted = max(
             abs(v) for b in profile.batch_sizes() for v in knot_error_pct(full, profile, b).values()
         )
+    if stop_at is not None and fitted >= stop_at:
+        return {"held_out_max_abs_pct": 0.0, "fitted_max_abs_pct": fitted}
+    knots = leave_one_knot_out(profile, kind, stop_at, full)
+    held_out = max((abs(v) for knot in knots for v in knot.error_pct.values()), default=0.0)
     return {"held_out_max_abs_pct": held_out, "fitted_max_abs_pct": fitted}
 
 
