@@ -79,6 +79,8 @@ class CellResult:
     # speed`: > 1 slower), in trial order; () without timing rounds
     trial_speeds: tuple[float, ...] = ()
     num_prompts: int = 0  # requests of the cell (0: not recorded)
+    # a vLLM file's cell: each latency model's mean-TPOT error % on it ({}: not scored)
+    latency_model_errors_pct: dict[str, float] = field(default_factory=dict)
 
     def interval(self, key: str) -> tuple[float, float]:
         """The simulator's prediction interval of `key` (`sim.interval`; NaN, NaN without)."""

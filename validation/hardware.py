@@ -38,6 +38,7 @@ from dsd.validation.report import (
     level_lines,
     plot_k_over_time,
     plot_tpot_vs_concurrency,
+    prompts_lines,
     report_markdown,
     save_concurrency_plot,
     speed_adjusted_lines,
@@ -526,7 +527,11 @@ def hardware_markdown(
         lines.append(
             f"| {goal.name} | {goal.figure} | {_verdict(goal, bool(config.get('quick')))} |"
         )
-    lines += ["", "## Machine", ""]
+    prompts = sorted({cell.num_prompts for cell in cells if cell.num_prompts})
+    if prompts:
+        lines += ["", f"Prompts per cell: {', '.join(map(str, prompts))}."]
+    lines += ["", *prompts_lines(config)]
+    lines += ["## Machine", ""]
     for key in ("device_name", "dtype", "matmul", "load_average", "versions", "date", "quick"):
         if key in config:
             lines.append(f"- {key}: {config[key]}")

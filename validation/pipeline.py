@@ -430,9 +430,13 @@ def validate_vllm(
     out: str | Path | None = None,
     **fields: Any,
 ) -> CellResult:
-    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics."""
+    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics,
+    with every latency model's mean-TPOT error on it (`CellResult.latency_model_errors_pct`:
+    each model scored against a measured engine under load, not only at held-out knots)."""
     import math
 
+    from dsd.sim.models.latency_choice import KINDS
+    from dsd.sim.resolve import resolve
     from dsd.validation.cells import validate_against_vllm
     from dsd.validation.report import write_validation_report
     from dsd.validation.vllm_result import load_vllm_result
@@ -443,6 +447,16 @@ def validate_vllm(
     # The file's workload replaces the dataset's: a one-request placeholder keeps resolve cheap.
     config = run_config(profile=profile, policy=policy, dataset="random", num_prompts=1, **fields)
     cell = validate_against_vllm(result, config)
+    errors: dict[str, float] = {}
+    for kind in KINDS:  # table, parametric
+        try:
+            scored = validate_against_vllm(
+                result, dataclasses.replace(config, latency_model=kind, interval_runs=0)
+            )
+        except InputError:  # the table does not cover the run's K: no score for it
+            continue
+        errors[kind] = scored.error_pct("mean_tpot_ms")
+    cell = dataclasses.replace(cell, latency_model_errors_pct=errors)
     if out is not None:
         write_validation_report(
             out,
@@ -458,6 +472,8 @@ def validate_vllm(
                 "host_overhead_ms": config.host_overhead_ms,
                 "host_overhead_source": cell.host_overhead_source,
                 "num_requests": len(result.workload.requests),
+                "latency_model": resolve(config, workload=result.workload).latency_kind,
+                "latency_model_errors_pct_mean_tpot_ms": errors,
                 "vllm_run": result.info,
             },
             title=f"Validation: simulator vs {Path(result.source).name}",

@@ -2,8 +2,8 @@
 
 A flag is a name (the API's keyword: a `RunConfig` field, a `WorkloadOptions` knob, or an API
 argument), its type with its `typer.Option` (spelling, help) and its default. Flags come in
-groups (`SOURCE`, `REQUESTS`, `ARRIVALS`, `ENGINE`, `SIMULATOR`, `PAIR`, `REAL`, `SEED`); a
-command lists the groups it takes, like vLLM's benchmarks share `add_dataset_parser`:
+groups (`SOURCE`, `REQUESTS`, `ARRIVALS`, `ENGINE`, `SIMULATOR`, `HELD_OUT`, `PAIR`, `REAL`,
+`SEED`); a command lists the groups it takes, like vLLM's benchmarks share `add_dataset_parser`:
 
     @command(app, "simulate", SOURCE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, SEED)
     def simulate(profile: Profile, **flags: Any) -> None: ...
@@ -63,13 +63,6 @@ REQUEST_SHAPE: FlagGroup = {
         bool, False, "Prompt-set lengths without the chat template.", "--raw-prompt"
     ),
     "shuffle": option(bool, False, "Permute a prompt set with the seed.", "--shuffle"),
-    "held_out_prompts": option(
-        bool,
-        False,
-        "Leave out the prompts the profile's acceptance run recorded (predict prompts it never "
-        "saw; validate: on unless --in-sample).",
-        "--held-out-prompts",
-    ),
     "random_input_len": option(int, 1024, "random: mean prompt tokens."),
     "random_output_len": option(int, 128, "random: mean output tokens."),
     "random_range_ratio": option(float, 0.0, "random: lengths in [L(1-r), L(1+r)]."),
@@ -174,6 +167,17 @@ SIMULATOR: FlagGroup = {
         0,
         "Re-runs on seeds derived from --seed for a 90% prediction interval of the figures "
         "(each costs one simulation; 0: none; validate: 8 unless given).",
+    ),
+}
+
+# --- which prompts a simulated run takes (validate: held out unless its own --in-sample) -------
+HELD_OUT: FlagGroup = {
+    "held_out_prompts": option(
+        bool,
+        False,
+        "Leave out the prompts the profile's acceptance run recorded (predict prompts it never "
+        "saw).",
+        "--held-out-prompts",
     ),
 }
 

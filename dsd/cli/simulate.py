@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         flags.ARRIVALS,
         flags.ENGINE,
         flags.SIMULATOR,
+        flags.HELD_OUT,
         flags.SEED,
     )
     def simulate(
@@ -81,6 +82,7 @@ def register(app: typer.Typer) -> None:
         flags.ARRIVALS,
         flags.ENGINE,
         flags.SIMULATOR,
+        flags.HELD_OUT,
         flags.SEED,
     )
     def sweep(

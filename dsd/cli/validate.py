@@ -88,6 +88,11 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--measured: give the run's --policy SPEC")
             cell = api.validate_vllm(measured, profile=profile, policy=policy, out=out, **given)
             _print_cells([cell])
+            scores = ", ".join(
+                f"{kind} {error:+.1f} %" for kind, error in cell.latency_model_errors_pct.items()
+            )
+            if scores:
+                typer.echo(f"mean TPOT error by latency model: {scores}")
             return
         if "target" not in pair_flags:
             raise InputError("--target: needed to run the real backend (or pass --measured)")
@@ -107,7 +112,7 @@ def register(app: typer.Typer) -> None:
             fast_path=fast_path,
             allow_noisy_profile=allow_noisy_profile,
             retime=retime,
-            held_out_prompts=not in_sample and given.pop("held_out_prompts", True),
+            held_out_prompts=not in_sample,
             progress=flags.progress_bar,
             **given,
         )

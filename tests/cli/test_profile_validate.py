@@ -151,6 +151,14 @@ def test_validate_against_vllm_file(app, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "C=2" in result.output
     assert (out / "report.md").is_file()
+    # every latency model scored against the measured engine, the chosen one among them
+    config = json.loads((out / "config.json").read_text())
+    errors = config["latency_model_errors_pct_mean_tpot_ms"]
+    assert set(errors) == {"table", "parametric"}
+    assert f"table {errors['table']:+.1f} %" in result.output.replace("  ", " ")
+    row = next(csv.DictReader((out / "cells.csv").open()))
+    assert float(row["error_pct_mean_tpot_ms"]) == pytest.approx(errors[config["latency_model"]])
+    assert float(row["simulated_mean_tpot_ms_lo"]) <= float(row["simulated_mean_tpot_ms_hi"])
 
 
 @pytest.mark.parametrize(
