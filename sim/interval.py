@@ -42,6 +42,9 @@ INTERVAL_KEYS: tuple[str, ...] = (
     "acceptance_length",
 )
 DEFAULT_LEVEL = 0.90
+# The figures a slower or faster machine moves (times up, throughput down, by one factor)
+TIME_KEYS: tuple[str, ...] = ("mean_tpot_ms", "median_tpot_ms", "mean_ttft_ms", "mean_itl_ms")
+RATE_KEYS: tuple[str, ...] = ("output_throughput",)
 # Re-runs of a validation cell: with the run itself 9 draws, t(0.95, 8) = 1.86 (1.64 for
 # infinitely many), and nine simulations of a cell cost far less than one real trial of it.
 VALIDATION_INTERVAL_RUNS = 8
@@ -160,3 +163,30 @@ def interval_text(metrics: Mapping[str, Any], key: str, digits: int = 1) -> str:
     if not (math.isfinite(low) and math.isfinite(high) and math.isfinite(level)):
         return ""
     return f"({level:.0%}: {low:.{digits}f}-{high:.{digits}f})"
+
+
+def with_speed_spread(
+    metrics: Mapping[str, Any], speed_sigma: float, level: float = DEFAULT_LEVEL
+) -> dict[str, Any]:
+    """`metrics` whose interval keys (`interval_metrics`) are widened by a machine whose speed
+    varies between runs with log standard deviation `speed_sigma`: each half-width and z(level)
+    x sigma x the figure added in quadrature (times and throughput alike; acceptance length
+    unchanged). The interval of the workload's sampling alone stays under KEY_sampling_lo /
+    _hi; `interval_speed_sigma` records the sigma. Unchanged without an interval or a finite
+    sigma."""
+    from scipy.stats import norm  # only where intervals are asked for
+
+    widened = dict(metrics)
+    if not (math.isfinite(speed_sigma) and speed_sigma >= 0) or "interval_level" not in metrics:
+        return widened
+    z = float(norm.ppf(0.5 + level / 2))
+    for key in (*TIME_KEYS, *RATE_KEYS):
+        low, high = _metric(metrics, f"{key}_lo"), _metric(metrics, f"{key}_hi")
+        if not (math.isfinite(low) and math.isfinite(high)):
+            continue
+        center, half = (low + high) / 2.0, (high - low) / 2.0
+        half = math.hypot(half, z * speed_sigma * abs(center))
+        widened[f"{key}_sampling_lo"], widened[f"{key}_sampling_hi"] = low, high
+        widened[f"{key}_lo"], widened[f"{key}_hi"] = center - half, center + half
+    widened["interval_speed_sigma"] = speed_sigma
+    return widened

@@ -44,7 +44,7 @@ from dsd.common.errors import InputError
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import RunResult, run_interleaved
-from dsd.sim.interval import interval_metrics
+from dsd.sim.interval import interval_metrics, with_speed_spread
 from dsd.sim.resolve import ResolvedRun, resolve, with_latency_from
 from dsd.validation.vllm_result import VllmBenchResult
 
@@ -382,9 +382,30 @@ def validation_cells(
     if timing is not None:
         retimed = timing.profile()
         resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]
-    return [
+    results = [
         cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
+    return with_machine_spread(results)
+
+
+def machine_speed_sigma(cells: Sequence[CellResult]) -> float:
+    """The log standard deviation of every real trial's machine speed (`TimingRounds.speed`)
+    over the cells: how far the machine's speed moved between the runs the simulator is priced
+    for (NaN below 3 speeds)."""
+    speeds = np.array([s for cell in cells for s in cell.trial_speeds], dtype=np.float64)
+    speeds = speeds[np.isfinite(speeds) & (speeds > 0)]
+    return float(np.std(np.log(speeds), ddof=1)) if speeds.size >= 3 else float("nan")
+
+
+def with_machine_spread(cells: Sequence[CellResult]) -> list[CellResult]:
+    """The cells with each simulated interval widened by the machine's speed spread over the
+    validation (`machine_speed_sigma`, `sim.interval.with_speed_spread`): a prediction for a
+    run on this machine, whose speed the simulator's re-runs hold fixed. Unchanged without
+    timing rounds (no speeds)."""
+    sigma = machine_speed_sigma(cells)
+    if not math.isfinite(sigma):
+        return list(cells)
+    return [replace(cell, simulated=with_speed_spread(cell.simulated, sigma)) for cell in cells]
 
 
 class SpeedProbes:

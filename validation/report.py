@@ -139,12 +139,20 @@ def interval_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str
     """The report's sentence on the prediction intervals' calibration (none without them)."""
     if not summary["interval_cells"]:
         return []
+    sigmas = [as_number(cell.simulated.get("interval_speed_sigma")) for cell in cells]
+    sigma = next((value for value in sigmas if math.isfinite(value)), math.nan)
+    timing = (
+        f"widened by the machine's speed spread over the trials (log sigma {100 * sigma:.1f}%, "
+        "their probes' speeds)"
+        if math.isfinite(sigma)
+        else "not timing noise (no trial speeds without re-timing)"
+    )
     return [
         f"Prediction intervals: measured mean TPOT inside the simulator's 90% interval in "
         f"{summary['interval_coverage']:.0%} of {int(summary['interval_cells'])} cells "
         f"(median half-width {format_number(summary['median_interval_half_width_pct'], 1)} %). "
         "The interval is how far other draws of the cell's acceptance move the prediction "
-        "(sim.interval), not timing noise.",
+        f"(sim.interval), {timing}.",
         "",
     ]
 

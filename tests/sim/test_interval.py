@@ -9,7 +9,13 @@ import pytest
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile
 from dsd.sim.config import RunConfig
-from dsd.sim.interval import INTERVAL_KEYS, interval_of, interval_seeds, interval_text
+from dsd.sim.interval import (
+    INTERVAL_KEYS,
+    interval_of,
+    interval_seeds,
+    interval_text,
+    with_speed_spread,
+)
 from dsd.sim.resolve import config_workload
 from dsd.sim.run_fields import run_config
 
@@ -94,3 +100,20 @@ def test_held_out_prompts_refuse_what_they_cannot_do(fields, fragment) -> None:
 def test_interval_runs_is_checked() -> None:
     with pytest.raises(InputError, match="interval_runs"):
         RunConfig(policy="static:2", interval_runs=-1)
+
+
+def test_a_speed_spread_widens_the_times_in_quadrature() -> None:
+    metrics = {"interval_level": 0.9, "mean_tpot_ms": 10.0, "mean_tpot_ms_lo": 9.0,
+               "mean_tpot_ms_hi": 11.0, "output_throughput_lo": 90.0,
+               "output_throughput_hi": 110.0, "acceptance_length_lo": 2.0,
+               "acceptance_length_hi": 3.0}  # fmt: skip
+    widened = with_speed_spread(metrics, 0.02)
+    half = math.hypot(1.0, 1.644854 * 0.02 * 10.0)
+    assert widened["mean_tpot_ms_lo"] == pytest.approx(10.0 - half, rel=1e-6)
+    assert widened["mean_tpot_ms_hi"] == pytest.approx(10.0 + half, rel=1e-6)
+    assert widened["mean_tpot_ms_sampling_lo"] == 9.0  # the sampling interval kept
+    assert widened["output_throughput_hi"] == pytest.approx(100 + math.hypot(10, 1.644854 * 2))
+    assert widened["acceptance_length_hi"] == 3.0  # a machine's speed moves no acceptance
+    assert widened["interval_speed_sigma"] == 0.02
+    assert with_speed_spread(metrics, math.nan) == metrics
+    assert with_speed_spread({"mean_tpot_ms": 1.0}, 0.02) == {"mean_tpot_ms": 1.0}
