@@ -385,7 +385,7 @@ def validation_cells(
     results = [
         cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
-    return with_machine_spread(results)
+    return results if timing is None else with_machine_spread(results)
 
 
 def machine_speed_sigma(cells: Sequence[CellResult]) -> float:
