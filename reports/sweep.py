@@ -83,6 +83,13 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "completed",
     "num_steps",
 )
+# A cell's prediction interval (sim.interval) in the shown table, where cells have one.
+INTERVAL_COLUMNS: tuple[str, ...] = (
+    "mean_tpot_ms_lo",
+    "mean_tpot_ms_hi",
+    "output_throughput_lo",
+    "output_throughput_hi",
+)
 # Step-table columns kept in the K trace.
 K_TRACE_COLUMNS: tuple[str, ...] = (
     "step_index",
@@ -639,6 +646,8 @@ def shown_table(frame: pd.DataFrame) -> pd.DataFrame:
         *(["sweep_seed"] if "sweep_seed" in params else []),
         "seed",
         *METRIC_COLUMNS,
+        # the 90% prediction interval where the sweep asked for one (--interval-runs)
+        *[c for c in INTERVAL_COLUMNS if c in frame.columns],
         "num_preemptions",
         "cell_id",
     ]
