@@ -623,11 +623,8 @@ class ParametricLatencyModel:
         return self.prefill.source
 
     @staticmethod
-    def fit(profile: Profile, start: Sequence[float] | None = None) -> ParametricLatencyModel:
-        """Least-squares fit (relative error, robust loss) to every latency point. Deterministic.
-        `start`: parameters (PARAM_NAMES order) to start the solver from instead of the fixed
-        initial guess: a fit of nearly the same points (leave one knot out) then takes a few
-        steps instead of the long way down the valley."""
+    def fit(profile: Profile) -> ParametricLatencyModel:
+        """Least-squares fit (relative error, robust loss) to every latency point. Deterministic."""
         points = profile.latency
         if len(points) < 3:
             raise ValueError(f"need >= 3 latency points to fit, the profile has {len(points)}")
@@ -662,10 +659,6 @@ class ParametricLatencyModel:
                 0.05 * smallest,  # matrix product
             ]
         )
-        if start is not None:
-            if len(start) != len(PARAM_NAMES):
-                raise ValueError(f"start: expected {len(PARAM_NAMES)} parameters, got {len(start)}")
-            initial = np.array(start, dtype=np.float64)
         upper = np.full(len(PARAM_NAMES), np.inf)
         if not context_aware:
             # No context recorded: the KV term is not identifiable; pin it at 0. By its bound,

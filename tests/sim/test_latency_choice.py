@@ -297,9 +297,8 @@ def test_token_equivalent_pricing_needs_a_table_that_covers_k() -> None:
         select_latency_model(h100_profile(), "parametric", mixed_k="token-equivalent")
 
 
-# "auto"'s choice on the shipped and test profiles as it was when every held-out knot was
-# fitted from the fixed initial guess, before they started from the full fit and stopped once
-# the fit could not win (the committed reports' profiles chose alike too)
+# "auto"'s choice on the shipped and test profiles as it was when every knot was scored, before
+# the scoring stopped once the fit could not win (the committed reports' profiles chose alike)
 SHIPPED_CHOICES = {
     PROFILES / "pr32374_llama31_8b_eagle_h100.json": "parametric",
     PROFILES / "pr32374_branch_test_fixture.json": "parametric",
