@@ -43,7 +43,7 @@ class HardwarePlan:
 
 
 # The full plan: about 2 h 10 min on the 2-core CPU with SmolLM2-135M at one thread (the
-# profile and B = 1 arms ~50 min as before, the held-out cells ~75 min: docs/validation.md). Why
+# profile and B = 1 arms ~50 min as before, the held-out cells ~77 min: docs/validation.md). Why
 # each figure (two contexts, 20 profile rounds, noisy points kept, 32 prompts a cell) is
 # docs/validation.md's "The plan"; what each choice measured is in the results' notes.
 FULL_HARDWARE_PLAN = HardwarePlan(
