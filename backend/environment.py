@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import sys
+from collections.abc import Callable
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -70,3 +71,45 @@ def forward_tokens(target: Transformer) -> list[int]:
     widths = [target.tokens_worth_computing(n) for n in range(1, FORWARD_TOKENS_SCAN + 1)]
     padded = [n for n, width in enumerate(widths, start=1) if width != n]
     return widths[: max(padded)] if padded else []
+
+
+def machine_differences(recorded: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """What differs between where a profile was taken (its metadata, `environment_metadata`
+    then) and here: device (the CPU model or GPU name), dtype, torch threads and the matrix
+    product path, each as 'KEY: THEN (profile) vs NOW (here)'. A key either side lacks is not
+    compared (a PR #32374 profile records none)."""
+
+    def threads(metadata: dict[str, Any]) -> Any:
+        settings = metadata.get("threads")
+        return settings.get("torch_intra_op_threads") if isinstance(settings, dict) else None
+
+    readers: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "device": lambda m: m.get("device"),
+        "dtype": lambda m: m.get("dtype"),
+        "threads": threads,
+        "matmul": lambda m: m.get("matmul"),
+    }
+    differences = []
+    for key, read in readers.items():
+        then, now = read(recorded), read(here)
+        if then is not None and now is not None and then != now:
+            differences.append(f"{key}: {then} (profile) vs {now} (here)")
+    return differences
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_if_elsewhere(profile_path: str, recorded: dict[str, Any], here: dict[str, Any]) -> None:
+    """One line on stderr, once per profile and difference in a process, when a profile taken
+    on another machine prices a real run here (its step times, and what goodput and the
+    simulator read from them, are that machine's)."""
+    differences = machine_differences(recorded, here)
+    key = (profile_path, "; ".join(differences))
+    if differences and key not in _warned:
+        _warned.add(key)
+        print(
+            f"warning: profile {profile_path} was taken elsewhere ({key[1]}): its step times "
+            "are not this machine's; profile here, or re-time it (dsd validate re-times)",
+            file=sys.stderr,
+        )

@@ -41,6 +41,11 @@ def resolve_real(config: RunConfig, pair: ModelPair, fast_path: str = "off") -> 
     if pair.draft is None:
         config = dataclasses.replace(config, k_max=0)
     resolved = resolve(config, workload=pair.real_workload(config_workload(config)))
+    if resolved.profile is not None and config.profile is not None:
+        from dsd.backend.environment import environment_metadata, warn_if_elsewhere
+
+        here = environment_metadata(pair.device, pair.dtype)
+        warn_if_elsewhere(config.profile, resolved.profile.metadata, here)
     return dataclasses.replace(
         resolved,
         prefill_forward=engine_prefill_forward(fast_path),

@@ -126,7 +126,7 @@ def _execute(
             sink = stack.enter_context(step_parquet_sink(out))
         engine = engine_for(sink if sink is not None else (None if keep_steps else discard_steps))
         result = engine.run()
-        metrics = bench_result(result, resolved, executor_settings)
+        metrics = bench_result(result, resolved, executor_settings, simulated=pair is None)
         learned = learned_profile(engine.policy)
         output_ids = outputs = None
         if pair is not None:

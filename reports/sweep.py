@@ -63,6 +63,7 @@ from dsd.reports.run_outputs import result_json_text, write_files
 from dsd.reports.sweep_guard import check_same_grid, end_workers, quiet_worker, stop_on_sigterm
 from dsd.sim.build import run_simulation
 from dsd.sim.config import RunConfig
+from dsd.sim.interval import interval_metrics
 from dsd.sim.metrics import TPOT_TTFT_KEYS
 from dsd.sim.resolve import plain_config_value, resolve, resolved_config_dict
 
@@ -85,6 +86,13 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "acceptance_length",
     "completed",
     "num_steps",
+)
+# A cell's prediction interval (sim.interval) in the shown table, where cells have one.
+INTERVAL_COLUMNS: tuple[str, ...] = (
+    "mean_tpot_ms_lo",
+    "mean_tpot_ms_hi",
+    "output_throughput_lo",
+    "output_throughput_hi",
 )
 # Step-table columns kept in the K trace.
 K_TRACE_COLUMNS: tuple[str, ...] = (
@@ -154,11 +162,15 @@ class CellResult:
 
 
 def run_cell(cell: SweepCell) -> CellResult:
-    """Run one cell (top-level so process pools and Ray can pickle it)."""
+    """Run one cell (top-level so process pools and Ray can pickle it), with the prediction
+    interval its config's `interval_runs` ask for."""
     run = run_simulation(cell.config)
     trace = run.steps.loc[:, list(K_TRACE_COLUMNS)].reset_index(drop=True)
+    metrics = dict(run.metrics)
+    if cell.config.interval_runs:
+        metrics.update(interval_metrics(resolve(cell.config), run.metrics))
     return CellResult(
-        cell=cell, metrics=dict(run.metrics), num_preemptions=run.num_preemptions, k_trace=trace
+        cell=cell, metrics=metrics, num_preemptions=run.num_preemptions, k_trace=trace
     )
 
 
@@ -656,6 +668,8 @@ def shown_table(frame: pd.DataFrame) -> pd.DataFrame:
         *(["sweep_seed"] if "sweep_seed" in params else []),
         "seed",
         *METRIC_COLUMNS,
+        # the 90% prediction interval where the sweep asked for one (--interval-runs)
+        *[c for c in INTERVAL_COLUMNS if c in frame.columns],
         "num_preemptions",
         "cell_id",
     ]

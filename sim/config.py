@@ -33,6 +33,8 @@ MIXED_K_COSTINGS: tuple[str, ...] = ("padded", "token-equivalent")
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_BLOCK_SIZE = 16
+# Most re-runs a prediction interval may take (`interval_runs`).
+MAX_INTERVAL_RUNS = 1000
 # k_max of a run whose config and profile give none (a real run of a static policy).
 DEFAULT_K_MAX = 4
 
@@ -91,6 +93,9 @@ class RunConfig:
     chat_template: bool = True
     # Permute a prompt set with the seed before taking num_prompts.
     shuffle: bool = False
+    # Leave out the prompts the profile's acceptance run recorded (`Profile.draft_outcome_keys`)
+    # before taking num_prompts: a prediction for prompts the profile never saw (held out).
+    held_out_prompts: bool = False
     # The `random` dataset's lengths (--random-input-len/--random-output-len/--random-range-ratio).
     random_lengths: RandomLengths = field(default_factory=RandomLengths)
     # Window / sampling / caps / time scale for traces and workload files (None: defaults).
@@ -149,6 +154,10 @@ class RunConfig:
     fixed_batch_size: int | None = None
     # Run seed, >= 0: roots every random stream (see the module docstring).
     seed: int = 0
+    # The simulator only: re-runs on seeds derived from `seed` that state how far the
+    # workload's own sampling moves the run's figures (`sim.interval`: a 90% prediction
+    # interval per figure); each costs one more simulation. 0: none.
+    interval_runs: int = 0
     # How the table model charges a step whose rows draft different K: "padded" ITL(D, max K)
     # (what the draft's max-K passes cost) or "token-equivalent" ITL(D, sum(K_i + 1) / D - 1).
     # The parametric model has its own decomposition and ignores this.
@@ -182,6 +191,10 @@ class RunConfig:
             raise InputError("trace_options: must be a traces.loaders.TraceOptions or None")
         if self.rollout is not None and not isinstance(self.rollout, RolloutConfig):
             raise InputError("rollout: must be a traces.rollout.RolloutConfig or None")
+        if not isinstance(self.held_out_prompts, bool):
+            raise InputError(
+                f"held_out_prompts: must be true or false, got {self.held_out_prompts!r}"
+            )
         require_choice(self.scheduling, "scheduling", SCHEDULING_MODES)
         require_choice(self.k_timing, "k_timing", K_TIMINGS)
         require_choice(self.speculative_method, "speculative_method", SPECULATIVE_METHODS)
@@ -220,5 +233,6 @@ class RunConfig:
         require_choice(self.prefill_cost, "prefill_cost", PREFILL_COST_MODES)
         require_int(self.fixed_batch_size, "fixed_batch_size", 1, optional=True)
         require_int(self.seed, "seed", 0)
+        require_int(self.interval_runs, "interval_runs", 0, MAX_INTERVAL_RUNS)
         require_choice(self.mixed_k, "mixed_k", MIXED_K_COSTINGS)
         _check_category_acceptance(self.category_acceptance)

@@ -48,6 +48,7 @@ from dsd.sim.models.latency_choice import LatencyChoice, select_latency_model
 from dsd.sim.models.replay import ReplayRecording, load_replay_recording
 from dsd.sim.models.shapes import StepShapes
 from dsd.sim.scheduler import SchedulerConfig
+from dsd.traces.datasets import PROMPT_SET_NAMES
 from dsd.traces.registry import build_workload
 from dsd.traces.workload import Workload
 
@@ -207,8 +208,32 @@ class ResolvedRun:
         )
 
 
+def profiled_prompt_keys(config: RunConfig) -> frozenset[str]:
+    """The prompt keys of the config's profile's acceptance run, which `held_out_prompts`
+    leaves out (empty unless the config asks for held-out prompts): those its per-request
+    outcomes record, else the first `num_prompts` of the prompt set its metadata names (as
+    `dsd profile` takes them: in file order). InputError when the profile says neither."""
+    if not config.held_out_prompts:
+        return frozenset()
+    if config.profile is None:
+        raise InputError("held_out_prompts: needs a profile (its acceptance prompts are left out)")
+    profile = _cached_profile(_file_key(config.profile))
+    keys = frozenset(key for key in profile.draft_outcome_keys if key)
+    dataset, count = profile.metadata.get("dataset"), profile.metadata.get("num_prompts")
+    if not keys and dataset in PROMPT_SET_NAMES and isinstance(count, int) and count > 0:
+        profiled = build_workload(str(dataset), num_prompts=count).requests
+        keys = frozenset(request.prompt_key or "" for request in profiled) - {""}
+    if not keys:
+        raise InputError(
+            f"held_out_prompts: the profile {config.profile} records no prompts to leave out "
+            "(profile again with `dsd profile`, which records them; validate: --in-sample)"
+        )
+    return keys
+
+
 def config_workload(config: RunConfig) -> Workload:
-    """The requests the config's dataset and workload fields describe."""
+    """The requests the config's dataset and workload fields describe (without the profile's
+    acceptance prompts under `held_out_prompts`)."""
     return build_workload(
         config.dataset,
         num_prompts=config.num_prompts,
@@ -222,6 +247,7 @@ def config_workload(config: RunConfig) -> Workload:
         random_lengths=config.random_lengths,
         trace_options=config.trace_options,
         rollout=config.rollout,
+        exclude_prompt_keys=profiled_prompt_keys(config),
     )
 
 

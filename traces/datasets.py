@@ -31,7 +31,7 @@ import gzip
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from dsd.common.errors import InputError
-from dsd.traces.workload import RequestSpec, Workload
+from dsd.traces.workload import RequestSpec, Workload, prompt_key
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 PROMPTS_DIR = DATA_DIR / "prompts"
@@ -258,6 +258,7 @@ def prompt_set_workload(
     chat_template: bool = True,
     shuffle: bool = False,
     rng: np.random.Generator | None = None,
+    exclude_keys: Collection[str] = (),
 ) -> Workload:
     """Requests from a named prompt set, all arriving at 0 (see traces.arrivals to re-time).
 
@@ -266,10 +267,17 @@ def prompt_set_workload(
         with references (instructcoder), else DEFAULT_OUTPUT_LEN (256).
     chat_template: prompt_len counts the chat-templated prompt (vLLM bench default) or raw text.
     shuffle: permute the set with `rng` before taking/cycling (rng required then).
+    exclude_keys: `prompt_key`s of prompts to leave out before taking (a profile's acceptance
+        prompts, so a run predicts prompts the profile never saw); InputError when none is left.
     """
     _check_count("num_prompts", num_prompts, 1)
     _check_count("output_len", output_len, 1)
     records = load_prompt_set(name)
+    if exclude_keys:
+        excluded = frozenset(exclude_keys)
+        records = tuple(record for record in records if prompt_key(record.text) not in excluded)
+        if not records:
+            raise InputError(f"held_out_prompts: every prompt of {name} was profiled")
     order = np.arange(len(records))  # [size]
     if shuffle:
         if rng is None:

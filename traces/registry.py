@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,7 @@ def build_workload(
     random_lengths: RandomLengths | None = None,
     trace_options: TraceOptions | None = None,
     rollout: RolloutConfig | None = None,
+    exclude_prompt_keys: Collection[str] = (),
 ) -> Workload:
     """The workload a name or path stands for, re-timed and capped like `vllm bench serve`.
 
@@ -138,6 +139,8 @@ def build_workload(
     random_lengths: the `random` dataset's knobs (default: 1024 in, 128 out, ratio 0).
     trace_options: window / sampling / caps / time scale for traces and files.
     rollout: the rl-rollout shape (num_prompts, if given, overrides its num_requests).
+    exclude_prompt_keys: prompt keys a prompt set leaves out before taking (held-out prompts:
+        `traces.datasets.prompt_set_workload`); other workloads refuse them.
     """
     # Seeds feed np.random.SeedSequence (non-negative, any size); counts and lengths beyond
     # 2**53 cannot be real and would overflow int64 arithmetic downstream.
@@ -159,6 +162,11 @@ def build_workload(
     if output_len is not None and output_len < 1:
         raise InputError(f"output_len: must be >= 1, got {output_len}")
     validate_rate(request_rate, burstiness)
+    if exclude_prompt_keys and name_or_path not in PROMPT_SET_NAMES:
+        raise InputError(
+            f"held_out_prompts: only a named prompt set can leave profiled prompts out, "
+            f"not {name_or_path}"
+        )
     if name_or_path in PROMPT_SET_NAMES:
         workload = prompt_set_workload(
             name_or_path,
@@ -167,6 +175,7 @@ def build_workload(
             chat_template=chat_template,
             shuffle=shuffle,
             rng=_stream(seed, _STREAM_ORDER),
+            exclude_keys=exclude_prompt_keys,
         )
     elif name_or_path == RANDOM_NAME:
         if output_len is not None:

@@ -44,6 +44,7 @@ from dsd.common.errors import InputError
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import RunResult, run_interleaved
+from dsd.sim.interval import interval_metrics, with_speed_spread
 from dsd.sim.resolve import ResolvedRun, resolve, with_latency_from
 from dsd.validation.vllm_result import VllmBenchResult
 
@@ -77,6 +78,23 @@ class CellResult:
     # how slow the machine ran during each real trial against all the timing (`TimingRounds.
     # speed`: > 1 slower), in trial order; () without timing rounds
     trial_speeds: tuple[float, ...] = ()
+    num_prompts: int = 0  # requests of the cell (0: not recorded)
+    # a vLLM file's cell: each latency model's mean-TPOT error % on it ({}: not scored)
+    latency_model_errors_pct: dict[str, float] = field(default_factory=dict)
+
+    def interval(self, key: str) -> tuple[float, float]:
+        """The simulator's prediction interval of `key` (`sim.interval`; NaN, NaN without)."""
+        return _as_float(self.simulated.get(f"{key}_lo")), _as_float(
+            self.simulated.get(f"{key}_hi")
+        )
+
+    def inside_interval(self, key: str) -> bool | None:
+        """Whether the measured `key` lies in the simulator's interval (None without either)."""
+        low, high = self.interval(key)
+        measured = _as_float(self.measured.get(key))
+        if not all(math.isfinite(v) for v in (low, high, measured)):
+            return None
+        return low <= measured <= high
 
     @property
     def machine_speed(self) -> float:
@@ -246,11 +264,14 @@ def cell_result(
     temperature 0), also the simulator replaying the first trial's acceptance."""
     simulated = simulated_run(resolved)
     replayed = None if pair is None else replayed_run(resolved, pair, runs[0])
+    # the interval over other draws of acceptance for the very requests the real side ran
+    interval = interval_metrics(resolved, simulated.metrics, redraw_workload=False)
     return CellResult(
         policy=resolved.config.policy,
         max_concurrency=resolved.workload.max_concurrency,
         measured=median_metrics([run.metrics for run in runs]),
-        simulated=dict(simulated.metrics),
+        simulated={**simulated.metrics, **interval},
+        num_prompts=len(resolved.workload.requests),
         measured_steps=runs[0].steps,
         simulated_steps=simulated.steps,
         host_overhead_source=resolved.host_overhead_source,
@@ -361,9 +382,30 @@ def validation_cells(
     if timing is not None:
         retimed = timing.profile()
         resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]
-    return [
+    results = [
         cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
+    return results if timing is None else with_machine_spread(results)
+
+
+def machine_speed_sigma(cells: Sequence[CellResult]) -> float:
+    """The log standard deviation of every real trial's machine speed (`TimingRounds.speed`)
+    over the cells: how far the machine's speed moved between the runs the simulator is priced
+    for (NaN below 3 speeds)."""
+    speeds = np.array([s for cell in cells for s in cell.trial_speeds], dtype=np.float64)
+    speeds = speeds[np.isfinite(speeds) & (speeds > 0)]
+    return float(np.std(np.log(speeds), ddof=1)) if speeds.size >= 3 else float("nan")
+
+
+def with_machine_spread(cells: Sequence[CellResult]) -> list[CellResult]:
+    """The cells with each simulated interval widened by the machine's speed spread over the
+    validation (`machine_speed_sigma`, `sim.interval.with_speed_spread`): a prediction for a
+    run on this machine, whose speed the simulator's re-runs hold fixed. Unchanged without
+    timing rounds (no speeds)."""
+    sigma = machine_speed_sigma(cells)
+    if not math.isfinite(sigma):
+        return list(cells)
+    return [replace(cell, simulated=with_speed_spread(cell.simulated, sigma)) for cell in cells]
 
 
 class SpeedProbes:
@@ -395,11 +437,13 @@ def validate_against_vllm(result: VllmBenchResult, config: RunConfig) -> CellRes
     """The simulator on the file's workload (profile and policy from `config`) vs the file."""
     resolved = resolve(config, workload=result.workload)
     simulated = simulated_run(resolved)
+    interval = interval_metrics(resolved, simulated.metrics, redraw_workload=False)
     return CellResult(
         policy=config.policy,
         max_concurrency=result.workload.max_concurrency,
         measured=dict(result.metrics),
-        simulated=dict(simulated.metrics),
+        simulated={**simulated.metrics, **interval},
+        num_prompts=len(result.workload.requests),
         measured_steps=None,
         simulated_steps=simulated.steps,
         host_overhead_source=resolved.host_overhead_source,

@@ -19,6 +19,7 @@ from dsd.common.user_paths import check_output_folder
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile, save_profile
 from dsd.policies.spec import policy_sources
+from dsd.sim.interval import VALIDATION_INTERVAL_RUNS
 from dsd.sim.run_fields import run_config
 from dsd.validation.plan import (
     FULL_HARDWARE_PLAN,
@@ -49,6 +50,7 @@ def validate(
     fast_path: str = "off",
     allow_noisy_profile: bool = False,
     retime: bool = True,
+    held_out_prompts: bool = True,
     progress: ProgressFactory = no_progress,
     **fields: Any,
 ) -> list[CellResult]:
@@ -60,7 +62,11 @@ def validate(
     every group of real runs and the simulated
     side is priced by them (`validation.retime.TimingRounds`; `profile_retimed.json` in `out`).
     A profile that fails the timing checks (`policies.profile_quality`) is refused before
-    anything runs, unless `allow_noisy_profile` (then its problems go into the report)."""
+    anything runs, unless `allow_noisy_profile` (then its problems go into the report).
+    `held_out_prompts`: the cells take none of the prompts the profile recorded acceptance for
+    (a prediction; False: the profile's own prompts, a check of timing alone). Each cell's
+    simulated side states a 90% interval over `interval_runs` (a run field, default
+    `VALIDATION_INTERVAL_RUNS`) re-draws of its acceptance."""
     from dsd.validation.report import write_validation_report
 
     check_output_folder(out, "out")  # before the real runs, not after them
@@ -74,6 +80,7 @@ def validate(
         fast_path=fast_path,
         allow_noisy_profile=allow_noisy_profile,
         retime=retime,
+        held_out_prompts=held_out_prompts,
         progress=progress,
         **fields,
     )
@@ -97,11 +104,14 @@ def run_cells(
     progress: ProgressFactory,
     retime_share: float = 1.0,
     deadline_s: float | None = None,
+    held_out_prompts: bool = True,
+    prompts_per_cell: int | None = None,
     **fields: Any,
 ) -> tuple[list[CellResult], ValidationRecord, Profile | None]:
     """The cells of `validate`, the record of how they ran (the report's config.json) and the
     re-timed profile their simulated side was priced by (None: not re-timed)."""
-    from dsd.backend.environment import environment_metadata
+    fields.setdefault("interval_runs", VALIDATION_INTERVAL_RUNS)
+    from dsd.backend.environment import environment_metadata, machine_differences
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.real import resolve_real
     from dsd.policies.profile_quality import check_profile, problems_line
@@ -112,6 +122,14 @@ def run_cells(
     require_unique("max_concurrency", list(max_concurrency))
     check_fast_path(fast_path, str(pair.device))
     loaded_profile = load_profile(profile)
+    elsewhere = machine_differences(
+        loaded_profile.metadata, environment_metadata(pair.device, pair.dtype)
+    )
+    if elsewhere and not retime:
+        raise InputError(
+            f"profile {profile}: taken on another machine ({'; '.join(elsewhere)}); its step "
+            "times price nothing here unless re-timed: drop --no-retime, or profile here"
+        )
     problems = check_profile(loaded_profile)
     if problems and not allow_noisy_profile:
         raise InputError(
@@ -123,7 +141,15 @@ def run_cells(
             f"num_prompts_per_concurrency: must be >= 1, got {num_prompts_per_concurrency}"
         )
     configs = [
-        validation_cell_config(profile, spec, concurrency, num_prompts_per_concurrency, **fields)
+        validation_cell_config(
+            profile,
+            spec,
+            concurrency,
+            num_prompts_per_concurrency,
+            held_out_prompts=held_out_prompts,
+            prompts_per_cell=prompts_per_cell,
+            **fields,
+        )
         for concurrency in max_concurrency
         for spec in policies
     ]
@@ -207,7 +233,11 @@ def run_cells(
         ),
     )
     # a user's policy: its file, class and the file's sha256, by the SPEC the cells ran
-    record = record.with_extra(**policy_sources(r.config.policy for r in resolved))
+    record = record.with_extra(
+        held_out_prompts=held_out_prompts,
+        interval_runs=first.interval_runs,
+        **policy_sources(r.config.policy for r in resolved),
+    )
     return cells, record, retimed
 
 
@@ -344,6 +374,7 @@ def hardware_report(
         policies=policies,
         max_concurrency=plan.concurrency,
         num_prompts_per_concurrency=plan.prompts_per_concurrency,
+        prompts_per_cell=plan.prompts_per_cell,
         trials=plan.trials,
         fast_path=fast_path,
         allow_noisy_profile=plan.allow_noisy_profile,
@@ -355,9 +386,12 @@ def hardware_report(
         k_max=k_max,
         seed=seed,
         deadline_s=deadline_s,
-        # The cells' prompts are among the profiled ones: each is simulated with its own
-        # measured draft outcomes (sim.models.acceptance.EmpiricalAcceptance matches prompt keys).
+        # Prompts the profile never ran (held out): each is given a recorded request's draft
+        # outcomes (sim.models.acceptance.EmpiricalAcceptance), drawn anew in every re-run of the
+        # prediction interval; the replay of each run's own drafts is the timing check.
         acceptance_model="empirical",
+        held_out_prompts=True,
+        shuffle=True,
     )
     loads.append(load_average())
     environment = environment_metadata(pair.device, pair.dtype)
@@ -396,18 +430,33 @@ def validate_vllm(
     out: str | Path | None = None,
     **fields: Any,
 ) -> CellResult:
-    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics."""
+    """The simulator on a `vllm bench serve --save-result` file's workload vs its metrics,
+    with every latency model's mean-TPOT error on it (`CellResult.latency_model_errors_pct`:
+    each model scored against a measured engine under load, not only at held-out knots)."""
     import math
 
+    from dsd.sim.models.latency_choice import KINDS
+    from dsd.sim.resolve import resolve
     from dsd.validation.cells import validate_against_vllm
     from dsd.validation.report import write_validation_report
     from dsd.validation.vllm_result import load_vllm_result
 
     seed = int(fields.get("seed", 0))
+    fields.setdefault("interval_runs", VALIDATION_INTERVAL_RUNS)
     result = load_vllm_result(measured, seed=seed)
     # The file's workload replaces the dataset's: a one-request placeholder keeps resolve cheap.
     config = run_config(profile=profile, policy=policy, dataset="random", num_prompts=1, **fields)
     cell = validate_against_vllm(result, config)
+    errors: dict[str, float] = {}
+    for kind in KINDS:  # table, parametric
+        try:
+            scored = validate_against_vllm(
+                result, dataclasses.replace(config, latency_model=kind, interval_runs=0)
+            )
+        except InputError:  # the table does not cover the run's K: no score for it
+            continue
+        errors[kind] = scored.error_pct("mean_tpot_ms")
+    cell = dataclasses.replace(cell, latency_model_errors_pct=errors)
     if out is not None:
         write_validation_report(
             out,
@@ -423,6 +472,8 @@ def validate_vllm(
                 "host_overhead_ms": config.host_overhead_ms,
                 "host_overhead_source": cell.host_overhead_source,
                 "num_requests": len(result.workload.requests),
+                "latency_model": resolve(config, workload=result.workload).latency_kind,
+                "latency_model_errors_pct_mean_tpot_ms": errors,
                 "vllm_run": result.info,
             },
             title=f"Validation: simulator vs {Path(result.source).name}",

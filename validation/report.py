@@ -58,6 +58,11 @@ class Cell(Protocol):
     @property
     def trial_speeds(self) -> tuple[float, ...]: ...
 
+    @property
+    def num_prompts(self) -> int: ...
+
+    def interval(self, key: str) -> tuple[float, float]: ...
+    def inside_interval(self, key: str) -> bool | None: ...
     def error_pct(self, key: str) -> float: ...
     def timing_error_pct(self, key: str) -> float: ...
     def acceptance_error_pct(self, key: str) -> float: ...
@@ -106,7 +111,50 @@ def tpot_error_summary(cells: Sequence[Cell]) -> dict[str, float]:
         median, largest = _median_max_abs(errors)
         summary[f"median_abs_{name}_error_pct"] = median
         summary[f"max_abs_{name}_error_pct"] = largest
+    summary.update(interval_summary(cells))
     return summary
+
+
+def interval_summary(cells: Sequence[Cell], key: str = "mean_tpot_ms") -> dict[str, float]:
+    """Calibration of the simulator's prediction intervals of `key` over the cells that have
+    one: `interval_cells`, `interval_coverage` (the share whose measured value lies inside)
+    and `median_interval_half_width_pct` (half the width over the simulated value); NaN
+    figures without intervals."""
+    inside = [cell.inside_interval(key) for cell in cells]
+    judged = [flag for flag in inside if flag is not None]
+    widths = []
+    for cell in cells:
+        low, high = cell.interval(key)
+        simulated = as_number(cell.simulated.get(key))
+        if math.isfinite(low) and math.isfinite(high) and simulated > 0:
+            widths.append((high - low) / 2.0 / simulated * 100.0)
+    return {
+        "interval_cells": float(len(judged)),
+        "interval_coverage": sum(judged) / len(judged) if judged else float("nan"),
+        "median_interval_half_width_pct": float(np.median(widths)) if widths else float("nan"),
+    }
+
+
+def interval_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str]:
+    """The report's sentence on the prediction intervals' calibration (none without them)."""
+    if not summary["interval_cells"]:
+        return []
+    sigmas = [as_number(cell.simulated.get("interval_speed_sigma")) for cell in cells]
+    sigma = next((value for value in sigmas if math.isfinite(value)), math.nan)
+    timing = (
+        f"widened by the machine's speed spread over the trials (log sigma {100 * sigma:.1f}%, "
+        "their probes' speeds)"
+        if math.isfinite(sigma)
+        else "not timing noise (no trial speeds without re-timing)"
+    )
+    return [
+        f"Prediction intervals: measured mean TPOT inside the simulator's 90% interval in "
+        f"{summary['interval_coverage']:.0%} of {int(summary['interval_cells'])} cells "
+        f"(median half-width {format_number(summary['median_interval_half_width_pct'], 1)} %). "
+        "The interval is how far other draws of the cell's acceptance move the prediction "
+        f"(sim.interval), {timing}.",
+        "",
+    ]
 
 
 def cells_csv(cells: Sequence[Cell]) -> str:
@@ -139,6 +187,12 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         # the executor (host planning, policy, bookkeeping; steps.csv has every step)
         "measured_step_ms",
         "measured_outside_executor_ms",
+        # The simulator's 90% prediction interval of mean TPOT (sim.interval), whether the
+        # measured value lies in it, and the cell's requests
+        "simulated_mean_tpot_ms_lo",
+        "simulated_mean_tpot_ms_hi",
+        "measured_inside_interval",
+        "num_prompts",
     ]
     writer.writerow(header)
     for cell in cells:
@@ -164,6 +218,9 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             cell.speed_adjusted_measured("mean_tpot_ms"),
             cell.trial_spread_pct("mean_tpot_ms", speed_adjusted=True),
             *step_split_ms(cell),
+            *cell.interval("mean_tpot_ms"),
+            {None: "", True: 1, False: 0}[cell.inside_interval("mean_tpot_ms")],
+            cell.num_prompts or "",
         ]
         writer.writerow(row)
     return buffer.getvalue()
@@ -271,26 +328,54 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
             f"{format_number(summary['max_abs_acceptance_error_pct'], 1)} %.",
             "",
         ]
+    lines += interval_lines(cells, summary)
+    lines += prompts_lines(config)
     lines += level_lines(cells)
     lines += speed_adjusted_lines(cells, summary)
     lines += step_split_lines(cells)
     lines += [
-        "| policy | C | metric | measured ms | simulated ms | error % |",
-        "|---|---|---|---|---|---|",
+        "| policy | C | prompts | metric | measured ms | simulated ms | 90% interval | error % |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cell in cells:
         concurrency = "-" if cell.max_concurrency is None else str(cell.max_concurrency)
+        prompts = str(cell.num_prompts) if cell.num_prompts else "-"
         for key, label in REPORT_METRICS:
             measured = as_number(cell.measured.get(key))
             simulated = as_number(cell.simulated.get(key))
             if not (math.isfinite(measured) or math.isfinite(simulated)):
                 continue
+            low, high = cell.interval(key)
+            interval = (
+                f"{format_number(low)}-{format_number(high)}"
+                if math.isfinite(low) and math.isfinite(high)
+                else "-"
+            )
             lines.append(
-                f"| {cell.policy} | {concurrency} | {label} | {format_number(measured)} | "
-                f"{format_number(simulated)} | {format_number(cell.error_pct(key), 1)} |"
+                f"| {cell.policy} | {concurrency} | {prompts} | {label} | "
+                f"{format_number(measured)} | {format_number(simulated)} | {interval} | "
+                f"{format_number(cell.error_pct(key), 1)} |"
             )
     lines.append("")
     return "\n".join(lines)
+
+
+def prompts_lines(config: dict[str, Any]) -> list[str]:
+    """Which prompts the cells ran: held out from the profile's acceptance run, or its own."""
+    held_out = config.get("held_out_prompts")
+    if held_out is None:
+        return []
+    if held_out:
+        text = (
+            "Prompts: held out (none of the cells' prompts is among those the profile recorded "
+            "acceptance for), so the acceptance-modelling part is a prediction."
+        )
+    else:
+        text = (
+            "Prompts: in sample (the profile's own acceptance prompts; with the empirical "
+            "model each replays its recorded drafts), so this checks timing only."
+        )
+    return [text, ""]
 
 
 def level_lines(cells: Sequence[Cell], trials: Sequence[dict[str, Any]] | None = None) -> list[str]:

@@ -2,8 +2,8 @@
 
 A flag is a name (the API's keyword: a `RunConfig` field, a `WorkloadOptions` knob, or an API
 argument), its type with its `typer.Option` (spelling, help) and its default. Flags come in
-groups (`SOURCE`, `REQUESTS`, `ARRIVALS`, `ENGINE`, `SIMULATOR`, `PAIR`, `REAL`, `SEED`); a
-command lists the groups it takes, like vLLM's benchmarks share `add_dataset_parser`:
+groups (`SOURCE`, `REQUESTS`, `ARRIVALS`, `ENGINE`, `SIMULATOR`, `HELD_OUT`, `PAIR`, `REAL`,
+`SEED`); a command lists the groups it takes, like vLLM's benchmarks share `add_dataset_parser`:
 
     @command(app, "simulate", SOURCE, REQUESTS, ARRIVALS, ENGINE, SIMULATOR, SEED)
     def simulate(profile: Profile, **flags: Any) -> None: ...
@@ -161,6 +161,23 @@ SIMULATOR: FlagGroup = {
     ),
     "jitter_sigma": option(
         float, 0.0, "Lognormal step-latency noise sigma (0: none).", "--latency-jitter"
+    ),
+    "interval_runs": option(
+        int,
+        0,
+        "Re-runs on seeds derived from --seed for a 90% prediction interval of the figures "
+        "(each costs one simulation; 0: none; validate: 8 unless given).",
+    ),
+}
+
+# --- which prompts a simulated run takes (validate: held out unless its own --in-sample) -------
+HELD_OUT: FlagGroup = {
+    "held_out_prompts": option(
+        bool,
+        False,
+        "Leave out the prompts the profile's acceptance run recorded (predict prompts it never "
+        "saw).",
+        "--held-out-prompts",
     ),
 }
 

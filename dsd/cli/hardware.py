@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             bool, typer.Option(help="A small plan (about a minute): a dry run, not a result.")
         ] = False,
         trials: Annotated[
-            int | None, typer.Option(help="Real runs per cell (default: the plan's, 5).")
+            int | None, typer.Option(help="Real runs per cell (default: the plan's, 1).")
         ] = None,
         time_budget: Annotated[
             float | None,

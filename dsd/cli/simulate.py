@@ -39,6 +39,7 @@ def register(app: typer.Typer) -> None:
         flags.ARRIVALS,
         flags.ENGINE,
         flags.SIMULATOR,
+        flags.HELD_OUT,
         flags.SEED,
     )
     def simulate(
@@ -81,6 +82,7 @@ def register(app: typer.Typer) -> None:
         flags.ARRIVALS,
         flags.ENGINE,
         flags.SIMULATOR,
+        flags.HELD_OUT,
         flags.SEED,
     )
     def sweep(
@@ -142,7 +144,10 @@ def register(app: typer.Typer) -> None:
             progress=flags.progress_bar,
             **_dataset(given),
         )
-        shown = outcome.frame[["policy", "max_concurrency", "mean_tpot_ms", "output_throughput"]]
+        columns = ["policy", "max_concurrency", "mean_tpot_ms", "output_throughput"]
+        # the 90% interval of mean TPOT where the cells have one (--interval-runs)
+        columns += [c for c in ("mean_tpot_ms_lo", "mean_tpot_ms_hi") if c in outcome.frame]
+        shown = outcome.frame[columns]
         typer.echo(shown.to_string(index=False))
         typer.echo(
             f"{len(outcome.frame)} cells ({outcome.num_computed} run, {outcome.num_reused} "

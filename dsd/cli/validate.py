@@ -18,10 +18,12 @@ def _print_cells(cells: Sequence[Any]) -> None:
     sources = sorted({cell.host_overhead_source for cell in cells})
     typer.echo(f"simulator host overhead per step: {', '.join(sources)}")
     for cell in cells:
+        low, high = cell.interval("mean_tpot_ms")
+        interval = f" (90%: {low:.3f}-{high:.3f})" if math.isfinite(low + high) else ""
         typer.echo(
             f"{cell.policy:>16} C={cell.max_concurrency}: mean TPOT measured "
             f"{float(cell.measured.get('mean_tpot_ms', math.nan)):.3f} ms, simulated "
-            f"{float(cell.simulated.get('mean_tpot_ms', math.nan)):.3f} ms, error "
+            f"{float(cell.simulated.get('mean_tpot_ms', math.nan)):.3f} ms{interval}, error "
             f"{cell.error_pct('mean_tpot_ms'):+.1f} %"
         )
 
@@ -66,6 +68,14 @@ def register(app: typer.Typer) -> None:
                 "simulated side by them."
             ),
         ] = True,
+        in_sample: Annotated[
+            bool,
+            typer.Option(
+                "--in-sample",
+                help="Run the cells on the profile's own acceptance prompts (a timing check; "
+                "default: prompts it never recorded).",
+            ),
+        ] = False,
         **given: Any,
     ) -> None:
         """Simulated vs measured per (policy, C), or the simulator vs a vLLM bench result."""
@@ -78,6 +88,11 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--measured: give the run's --policy SPEC")
             cell = api.validate_vllm(measured, profile=profile, policy=policy, out=out, **given)
             _print_cells([cell])
+            scores = ", ".join(
+                f"{kind} {error:+.1f} %" for kind, error in cell.latency_model_errors_pct.items()
+            )
+            if scores:
+                typer.echo(f"mean TPOT error by latency model: {scores}")
             return
         if "target" not in pair_flags:
             raise InputError("--target: needed to run the real backend (or pass --measured)")
@@ -97,6 +112,7 @@ def register(app: typer.Typer) -> None:
             fast_path=fast_path,
             allow_noisy_profile=allow_noisy_profile,
             retime=retime,
+            held_out_prompts=not in_sample,
             progress=flags.progress_bar,
             **given,
         )

@@ -12,8 +12,10 @@ profiled batch sizes.
   when clearly (`FIT_MARGIN`); the table where the run prices mixed K token-equivalent (a
   pricing of the table). Its `LatencyChoice` says which and why (a run's config.json).
 - A parametric fit is a pure function of the profile's latency points and of `sim.models.latency`'s
-  code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once per interior B plus
-  once on all points, seconds of scipy that every later run of the same profile skips.
+  code, so it is kept on disk (`dsd.common.disk_memo`): "auto" fits once on all points, then
+  once per held-out interior B, and stops as soon as an error shows the fit cannot win (its
+  fitted error first: then no held-out fit at all); every later run of the same profile skips
+  them all.
 
 Not here: the models themselves (`sim.models.latency`).
 """
@@ -167,22 +169,29 @@ def select_latency_model(
             f"or fitted, under {TABLE_HOLDS_PCT:g}%): no fit needed"
         )
         return table, LatencyChoice("table", kind, reason, scores)
+    # The fit wins only below this: its scoring stops at the first error that reaches it
+    bound = FIT_MARGIN * table_worst
     held_out = held_out_batch_sizes(profile)
     title = f"latency model auto: fits with each of {len(held_out)} profiled B held out"
     try:
         # one unit per parametric fit; silent unless past a second
         with delayed_stderr_progress(len(held_out) + 1, title) as advance:
-            scores["parametric"] = model_scores(profile, "parametric", advance)
+            fitted = fit_parametric(profile)
+            advance("all B")
+            scores["parametric"] = model_scores(
+                profile, "parametric", advance, stop_at=bound, full=fitted
+            )
     except ValueError as exc:  # too few points left to fit the parametric model on
         return table, LatencyChoice("table", kind, f"the parametric model cannot be scored: {exc}")
     worst = {name: max(score.values()) for name, score in scores.items()}
-    chosen = "parametric" if worst["parametric"] < FIT_MARGIN * worst["table"] else "table"
+    chosen = "parametric" if worst["parametric"] < bound else "table"
+    # (where the table wins, the fit's figure is the worst error before its scoring stopped)
     reason = (
         f"worst |error| at a profiled B, held out or fitted: table {worst['table']:.1f}%, "
         f"parametric {worst['parametric']:.1f}% (the fit replaces the table below "
         f"{FIT_MARGIN:g}x its error)"
     )
-    model = table if chosen == "table" else fit_parametric(profile)
+    model = table if chosen == "table" else fitted
     return model, LatencyChoice(chosen, kind, reason, scores)
 
 
@@ -271,15 +280,20 @@ def leave_one_knot_out(
     advance: Advance | None = None,
     *,
     limit: int | None = None,
+    stop_at: float | None = None,
 ) -> list[HeldOutKnot]:
     """For every interior profiled B (`held_out_batch_sizes`: all, or `limit` of them spread
     evenly), the `kind` model fitted on the other B's points, and its error on the dropped
     ones (the measured side is the mean median over contexts at each K). Empty with fewer than
-    3 batch sizes. `advance` is called after each fit.
+    3 batch sizes. `advance` is called after each fit. `stop_at`: no more knots once one has an
+    |error| of at least this many percent.
 
     How well the model holds between the points a profile measured (docs/models.md 1.2).
     """
     knots: list[HeldOutKnot] = []
+    # Each held-out fit starts from the fixed initial guess, never from the fit on every point:
+    # the points leave flat directions, and a start that saw the dropped knot would carry it
+    # into them (a warm start read the PR profile's B = 64 at 4.1-4.5%, against 4.6% cold).
     for batch_size in held_out_batch_sizes(profile, limit):
         rest = dataclasses.replace(
             profile, latency=tuple(p for p in profile.latency if p.batch_size != batch_size)
@@ -288,6 +302,8 @@ def leave_one_knot_out(
         knots.append(HeldOutKnot(str(kind), batch_size, knot_error_pct(model, profile, batch_size)))
         if advance is not None:
             advance(f"B={batch_size}")
+        if stop_at is not None and abs(knots[-1].worst[1]) >= stop_at:
+            break
     return knots
 
 
@@ -315,23 +331,31 @@ def knot_error_pct(model: LatencyModel, profile: Profile, batch_size: int) -> di
 
 
 def model_scores(
-    profile: Profile, kind: LatencyModelKind, advance: Advance | None = None
+    profile: Profile,
+    kind: LatencyModelKind,
+    advance: Advance | None = None,
+    *,
+    stop_at: float | None = None,
+    full: LatencyModel | None = None,
 ) -> dict[str, float]:
     """The `kind` model's worst |error| % at a held-out interior B (against the mean over
     contexts) and at any profiled point when fitted on all points (the parametric model's fit
     error, each context its own point; the table's is 0 but for contexts it averages).
-    `advance` is called after each fit."""
-    knots = leave_one_knot_out(profile, kind, advance, limit=MAX_HELD_OUT_KNOTS)
-    held_out = max((abs(v) for knot in knots for v in knot.error_pct.values()), default=0.0)
-    full = _model_of_kind(profile, kind)
-    if advance is not None:
-        advance("all B")
+    `advance` is called after each held-out fit. `stop_at`: fit no more held-out knots once an
+    error reaches it (the fitted one first: then none), so the held-out figure is the worst of
+    those fitted, a lower bound. `full`: the `kind` model fitted on every point, where the
+    caller has it."""
+    full = full if full is not None else _model_of_kind(profile, kind)
     if isinstance(full, ParametricLatencyModel):
         fitted = full.fit_report.max_abs_pct  # per point: each context its own
     else:  # exact at its points, but for contexts averaged where it has no context axis
         fitted = max(
             abs(v) for b in profile.batch_sizes() for v in knot_error_pct(full, profile, b).values()
         )
+    if stop_at is not None and fitted >= stop_at:
+        return {"held_out_max_abs_pct": 0.0, "fitted_max_abs_pct": fitted}
+    knots = leave_one_knot_out(profile, kind, advance, limit=MAX_HELD_OUT_KNOTS, stop_at=stop_at)
+    held_out = max((abs(v) for knot in knots for v in knot.error_pct.values()), default=0.0)
     return {"held_out_max_abs_pct": held_out, "fitted_max_abs_pct": fitted}
 
 

@@ -52,6 +52,14 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         assert row["num_trials"] == "2"  # --trials over the quick plan's 1
 
     config = json.loads((out / "config.json").read_text())
+    # cells on prompts the profile never ran, each with the simulator's 90% interval (the check
+    # of the issue "the simulator as a design tool" reads these columns)
+    assert config["held_out_prompts"] is True and config["interval_runs"] == 8
+    for row in rows:
+        assert float(row["simulated_mean_tpot_ms_lo"]) <= float(row["simulated_mean_tpot_ms_hi"])
+        assert row["num_prompts"] == row["max_concurrency"]  # the quick plan: 1 x C
+        assert row["measured_inside_interval"] in ("0", "1")
+    assert "interval_coverage" in config["summary"]
     assert config["threads"]["torch_intra_op_threads"] == 1  # 1 thread on CPU by default
     assert config["quick"] is True and config["command"].startswith("dsd hardware-report")
     assert config["plan"]["trials"] == 2
@@ -81,7 +89,9 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
     for fragment in ("## Goals", "B=1 speedup", "K* does not rise", "timing part",
                      "outside the executor",
                      "priced by the profile re-timed around the real runs",
-                     "| static:2 | 2 |", "dsd hardware-report --quick --trials 2"):  # fmt: skip
+                     "| static:2 | 2 |", "dsd hardware-report --quick --trials 2",
+                     "Prompts: held out", "Prompts per cell: 1, 2",
+                     "inside the simulator's 90% interval"):  # fmt: skip
         assert fragment in report, fragment
     # A dry run judges no goal, and shows each distinct table once.
     assert "**missed**" not in report and "**met**" not in report

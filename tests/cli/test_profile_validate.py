@@ -6,6 +6,7 @@ input surfaces as InputError, which dsd.cli turns into `error: ...`, exit 2.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -102,6 +103,13 @@ def test_validate_writes_the_report(app, profile_path, tmp_path) -> None:
     config = json.loads((out / "config.json").read_text())
     assert len(config["cells"]) == 6
     assert config["seed"] == 0 and "versions" in config and "device" in config
+    # cells on prompts the profile never ran, each simulated side with its 90% interval
+    assert config["held_out_prompts"] is True and config["interval_runs"] == 8
+    rows = list(csv.DictReader((out / "cells.csv").open()))
+    for row in rows:
+        assert float(row["simulated_mean_tpot_ms_lo"]) <= float(row["simulated_mean_tpot_ms_hi"])
+    assert "Prompts: held out" in (out / "report.md").read_text()
+    assert "(90%: " in result.output
     assert "goodput C=2" in result.output.replace("  ", " ")
     assert "threads: 1 (the CPU default" in result.output
     # The profile carries a measured host overhead and no flag was given: the model is used.
@@ -143,6 +151,14 @@ def test_validate_against_vllm_file(app, tmp_path) -> None:
     assert result.exit_code == 0, result.output
     assert "C=2" in result.output
     assert (out / "report.md").is_file()
+    # every latency model scored against the measured engine, the chosen one among them
+    config = json.loads((out / "config.json").read_text())
+    errors = config["latency_model_errors_pct_mean_tpot_ms"]
+    assert set(errors) == {"table", "parametric"}
+    assert f"table {errors['table']:+.1f} %" in result.output.replace("  ", " ")
+    row = next(csv.DictReader((out / "cells.csv").open()))
+    assert float(row["error_pct_mean_tpot_ms"]) == pytest.approx(errors[config["latency_model"]])
+    assert float(row["simulated_mean_tpot_ms_lo"]) <= float(row["simulated_mean_tpot_ms_hi"])
 
 
 @pytest.mark.parametrize(
@@ -174,9 +190,24 @@ def test_validate_refuses_a_profile_whose_timing_fails_the_checks(app, tmp_path)
     )
     bad = tmp_path / "bad.json"
     save_profile(dataclasses.replace(profile, latency=bad_points), bad)
-    args = ["validate", "--profile", str(bad), "--target", "tiny", "--draft", "early-exit:1",
-            "--policies", "static:0", "--max-concurrency", "1",
-            "--num-prompts-per-concurrency", "1", "--output-len", "4"]  # fmt: skip
+    args = [
+        "validate",
+        "--profile",
+        str(bad),
+        "--target",
+        "tiny",
+        "--draft",
+        "early-exit:1",
+        "--policies",
+        "static:0",
+        "--max-concurrency",
+        "1",
+        "--num-prompts-per-concurrency",
+        "1",
+        "--output-len",
+        "4",
+        "--in-sample",
+    ]  # fmt: skip  (the PR profile records no prompts to hold out)
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "refused")])
     assert isinstance(result.exception, InputError), result.output
     assert "B=1 K=1" in str(result.exception) and "--allow-noisy-profile" in str(result.exception)
@@ -186,3 +217,23 @@ def test_validate_refuses_a_profile_whose_timing_fails_the_checks(app, tmp_path)
     assert result.exit_code == 0, result.output
     problems = json.loads((out / "config.json").read_text())["profile_problems"]
     assert problems and all("B=1 K=1" in p for p in problems)
+
+
+def test_validate_refuses_a_profile_from_another_machine_unless_re_timed(
+    app, profile_path, tmp_path
+) -> None:
+    """A profile taken elsewhere (here: another CPU model in its metadata) prices nothing on
+    this machine: refused with --no-retime, naming what differs, before anything runs."""
+    profile = load_profile(profile_path)
+    elsewhere = tmp_path / "elsewhere.json"
+    metadata = {**profile.metadata, "device": "cpu (Some Other CPU)"}
+    save_profile(dataclasses.replace(profile, metadata=metadata), elsewhere)
+    args = ["validate", "--profile", str(elsewhere), "--target", "tiny", "--draft", "tiny-draft",
+            "--policies", "static:0", "--max-concurrency", "1", "--num-prompts-per-concurrency",
+            "1", "--output-len", "4", "--allow-noisy-profile", "--no-retime",
+            "--out", str(tmp_path / "refused")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, InputError), result.output
+    assert "another machine" in str(result.exception)
+    assert "Some Other CPU" in str(result.exception) and "--no-retime" in str(result.exception)
+    assert not (tmp_path / "refused").exists()

@@ -482,3 +482,27 @@ def test_simulate_json_leaves_the_heavy_libraries_unloaded(
             [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
         )
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+CPU_PROFILE = REPO / "tests" / "data" / "profiles" / "cpu_smollm2_ngram_2026-11-27f.json"
+
+
+def test_interval_runs_print_and_write_the_prediction_interval(capsys, tmp_path) -> None:
+    """--interval-runs: the summary's prediction line, result.json's KEY_lo / KEY_hi, and the
+    sweep's table; --held-out-prompts takes prompts the profile never ran."""
+    common = ["--profile", str(CPU_PROFILE), "--dataset-name", "instructcoder", "--output-len",
+              "16", "--acceptance-model", "empirical", "--held-out-prompts",
+              "--interval-runs", "2"]  # fmt: skip
+    code, out, _ = run_cli(["simulate", "--policy", "goodput", "--max-concurrency", "2",
+                            "--num-prompts", "4", *common, "--out", str(tmp_path / "run")],
+                           capsys)  # fmt: skip
+    assert code == 0
+    assert "prediction over 3 draws of the workload: mean TPOT " in out and "(90%: " in out
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["interval_runs"] == 3
+    assert result["mean_tpot_ms_lo"] <= result["mean_tpot_ms_hi"]
+    code, out, _ = run_cli(["sweep", "--policies", "static:2", "--max-concurrency", "1",
+                            "--num-prompts-per-concurrency", "2", *common,
+                            "--out", str(tmp_path / "sweep")], capsys)  # fmt: skip
+    assert code == 0 and "mean_tpot_ms_lo" in out
+    assert "mean_tpot_ms_hi" in (tmp_path / "sweep" / "sweep.md").read_text()

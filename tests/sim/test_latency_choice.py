@@ -15,10 +15,12 @@ from dsd.policies.profile_io import load_profile, save_pr32374
 from dsd.sim.models import latency_choice
 from dsd.sim.models.latency import ParametricLatencyModel, TableLatencyModel
 from dsd.sim.models.latency_choice import (
+    FIT_MARGIN,
     fit_latency_model,
     fit_parametric,
     held_out_summary,
     leave_one_knot_out,
+    model_scores,
     select_latency_model,
 )
 
@@ -181,8 +183,9 @@ def test_auto_keeps_the_table_when_too_few_points_are_left_to_fit() -> None:
         ),
     )
     model, choice = select_latency_model(profile, "auto")
-    assert isinstance(model, TableLatencyModel)
-    assert choice.reason.startswith("the parametric model cannot be scored: need >= 3")
+    assert isinstance(model, TableLatencyModel) and choice.kind == "table"
+    # the fit on all three points already misses by more than it could win by: no held-out fit
+    assert choice.scores["parametric"]["held_out_max_abs_pct"] == 0.0
 
 
 def test_held_out_summary_names_the_model_auto_uses() -> None:
@@ -381,6 +384,8 @@ def test_fits_past_a_second_show_progress_on_a_terminal_and_nothing_elsewhere(
 
     monkeypatch.setattr(ParametricLatencyModel, "fit", staticmethod(slow_fit))
     monkeypatch.setenv("DSD_CACHE_DIR", "off")  # every fit runs; none is stored
+    # the stand-in fit never wins, so the early stop would skip the held-out fits: no stop here
+    monkeypatch.setattr(latency_choice, "FIT_MARGIN", 1e9)
     profile = _dense_profile(12, wobble=0.1)  # 10 interior B: 8 held out, then a fit on all
     select_latency_model(profile, "auto")  # off a terminal: quiet (a line a minute at most)
     assert capsys.readouterr().err == ""
@@ -409,3 +414,27 @@ def test_a_table_that_holds_between_its_b_is_taken_without_any_fit(
     assert "the table holds between its profiled B" in choice.reason
     assert set(choice.scores) == {"table"}
     assert max(choice.scores["table"].values()) < latency_choice.TABLE_HOLDS_PCT
+
+
+# "auto"'s choice on the shipped and test profiles as it was when every knot was scored, before
+# the scoring stopped once the fit could not win (the committed reports' profiles chose alike)
+SHIPPED_CHOICES = {
+    PROFILES / "pr32374_llama31_8b_eagle_h100.json": "parametric",
+    PROFILES / "pr32374_branch_test_fixture.json": "parametric",
+    DATA / "profiles" / "cpu_smollm2_ngram_2026-11-25.json": "table",
+    DATA / "profiles" / "cpu_smollm2_ngram_2026-11-27f.json": "parametric",
+    DATA / "profiles" / "cpu_smollm2_ngram_40steps_2026-11-26c.json": "table",
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"), sorted(SHIPPED_CHOICES.items()), ids=lambda v: str(v)[-30:]
+)
+def test_auto_chooses_as_the_exhaustive_scoring_did(path: Path, kind: str) -> None:
+    profile = load_profile(path)
+    _model, choice = select_latency_model(profile)
+    assert choice.kind == kind, choice.reason
+    # the early stop decides as the full scores do
+    full = {name: max(model_scores(profile, name).values()) for name in ("table", "parametric")}
+    exhaustive = "parametric" if full["parametric"] < FIT_MARGIN * full["table"] else "table"
+    assert exhaustive == kind

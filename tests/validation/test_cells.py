@@ -211,13 +211,14 @@ def test_real_and_simulated_cells_share_the_workload(tiny_pair_profile, tmp_path
     rows = list(csv.DictReader((tmp_path / "report" / "cells.csv").open()))
     assert [r["policy"] for r in rows] == ["static:0", "static:2"]
     report = (tmp_path / "report" / "report.md").read_text()
-    assert "dsd validate x" in report and "| static:2 | 2 | mean TPOT |" in report
+    prompts = rows[1]["num_prompts"]  # stated per cell
+    assert "dsd validate x" in report and f"| static:2 | 2 | {prompts} | mean TPOT |" in report
     config = json.loads((tmp_path / "report" / "config.json").read_text())
     assert set(config["summary"]) == {
         f"{stat}_abs_{part}_error_pct"
         for stat in ("median", "max")
         for part in ("tpot", "timing", "acceptance", "speed_adjusted", "speed_adjusted_timing")
-    }
+    } | {"interval_cells", "interval_coverage", "median_interval_half_width_pct"}
     assert "timing_error_pct_mean_tpot_ms" in rows[0] and rows[1]["replayed_mean_tpot_ms"]
     leftovers = [p for p in (tmp_path / "report").iterdir() if p.name.startswith(".")]
     assert leftovers == []  # atomic writes leave no temp files
@@ -432,3 +433,23 @@ def test_machine_drift_benchmark_prints_windows_and_refuses_bad_input(
     assert module.main(["--seconds", "0"]) == 2
     assert module.main(["--seconds", "1", "--window-s", "1"]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_the_machine_speed_spread_widens_every_cell_interval() -> None:
+    from dsd.validation.cells import CellResult, machine_speed_sigma, with_machine_spread
+
+    simulated = {"interval_level": 0.9, "mean_tpot_ms": 10.0, "mean_tpot_ms_lo": 9.5,
+                 "mean_tpot_ms_hi": 10.5}  # fmt: skip
+    cells = [
+        CellResult("static:0", c, {"mean_tpot_ms": 10.0}, dict(simulated), trial_speeds=speeds)
+        for c, speeds in ((1, (0.97, 1.0)), (2, (1.03, 1.01)))
+    ]
+    sigma = machine_speed_sigma(cells)
+    assert sigma == pytest.approx(np.std(np.log([0.97, 1.0, 1.03, 1.01]), ddof=1))
+    widened = with_machine_spread(cells)
+    for cell in widened:
+        low, high = cell.interval("mean_tpot_ms")
+        assert low < 9.5 and high > 10.5 and cell.simulated["interval_speed_sigma"] == sigma
+    # without timing rounds there are no speeds: the intervals stay the sampling ones
+    plain = [CellResult("static:0", 1, {"mean_tpot_ms": 10.0}, dict(simulated))]
+    assert with_machine_spread(plain)[0].interval("mean_tpot_ms") == (9.5, 10.5)
