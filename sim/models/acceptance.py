@@ -528,13 +528,14 @@ class HeterogeneousAcceptance:
     def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
-        if num_spec_tokens.shape[0] and int(np.maximum.reduce(num_spec_tokens)) > 0:
+        width = int(np.maximum.reduce(num_spec_tokens)) if num_spec_tokens.shape[0] else 0
+        if width > 0:
             cond = self._drawn_rows(req_ids)  # [n, k_max]
+            uniforms = self.streams.accept.leading_columns(req_ids, num_output_tokens, width)
+            accepted = leading_successes(uniforms, cond, num_spec_tokens)  # [n]
         else:
-            cond = self._cond.gather(req_ids)  # nothing drafted: rows only checked, not used
-        accepted = _leading_successes(
-            self.streams.accept, req_ids, num_output_tokens, cond, num_spec_tokens
-        )  # [n]
+            self._cond.gather(req_ids)  # nothing drafted: the rows are only checked
+            accepted = np.zeros(num_spec_tokens.shape[0], dtype=np.int64)
         if self.draft_rates is None:
             return num_spec_tokens, accepted
         drafted = self._sample_drafted(req_ids, num_output_tokens, num_spec_tokens)  # [n]
