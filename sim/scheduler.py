@@ -724,7 +724,8 @@ class Scheduler:
         if self._waiting and not preempted:
             budget = self._admit(budget, new_slots, new_chunks, prefill_cap)
 
-        self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
+        if preempted:
+            self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
         if decode_slots.shape[0] == 0 and running_prefill_slots.shape[0] == 0 and not new_slots:
             # Possible in async mode only: the rows that fit are waiting for their in-flight
             # outcome. The preemptions are reported with the next batch.
@@ -804,9 +805,14 @@ class Scheduler:
             self._pending_k[dslots] = k_default if k_rows is None else k_rows
             if num_prefill:
                 self._pending_k[pslots[plan.prefill_completes]] = k_default
-            # Every running row that can decode next holds this step's K when the step's decode
-            # rows were the whole running set (the all-decode hot path) and K was one int.
-            everyone = num_prefill == 0 and dslots is self._running_array
+            # Every running row holds this step's K when K was one int and the step's rows were
+            # the whole running set (nothing happened since the plan), every prefill row among
+            # them completing its prompt: the next plan takes the all-decode hot path.
+            everyone = (
+                unchanged
+                and num_decode + num_prefill == len(self._running)
+                and (num_prefill == 0 or bool(np.logical_and.reduce(plan.prefill_completes)))
+            )
             self._uniform_pending_k = k_default if k_rows is None and everyone else -1
         elif k_rows is not None:
             num_spec = np.minimum(k_rows, plan.decode_draft_room)  # [D]
@@ -1129,7 +1135,8 @@ class Scheduler:
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             full = min(target, cfg.max_model_len)
-            covered = int(self._with_lookahead(chunk))
+            # chunk <= target <= max_model_len: only a drafter's lookahead needs the cap
+            covered = int(self._with_lookahead(chunk)) if self._lookahead else chunk
             if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
                 slot, covered
             ):
