@@ -177,12 +177,18 @@ class DenseRows:
 
     def gather(self, req_ids: IntArray) -> npt.NDArray[Any]:
         """Rows of `req_ids` [n] -> [n, width]; every id must have been added."""
-        if req_ids.size and (
-            int(req_ids.max()) >= self.present.shape[0] or not bool(self.present[req_ids].all())
-        ):
+        self.check_present(req_ids)
+        return self.values[req_ids]
+
+    def check_present(self, req_ids: IntArray) -> None:
+        """KeyError unless every id of `req_ids` [n] (>= 0) was added and not removed."""
+        try:
+            present = self.present[req_ids]  # [n]; IndexError past the ids ever added
+        except IndexError:
+            present = None
+        if present is None or not np.logical_and.reduce(present):
             missing = [int(r) for r in req_ids if r >= self.present.shape[0] or not self.present[r]]
             raise KeyError(f"requests never added (or already removed): {missing[:5]}")
-        return self.values[req_ids]
 
 
 def comonotone_joint(rates: FloatArray, draft_rates: FloatArray) -> FloatArray:
@@ -534,7 +540,7 @@ class HeterogeneousAcceptance:
             uniforms = self.streams.accept.leading_columns(req_ids, num_output_tokens, width)
             accepted = leading_successes(uniforms, cond, num_spec_tokens)  # [n]
         else:
-            self._cond.gather(req_ids)  # nothing drafted: the rows are only checked
+            self._cond.check_present(req_ids)  # nothing drafted: the rows are only checked
             accepted = np.zeros(num_spec_tokens.shape[0], dtype=np.int64)
         if self.draft_rates is None:
             return num_spec_tokens, accepted
