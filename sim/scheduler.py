@@ -1003,7 +1003,7 @@ class Scheduler:
             num_accepted_tokens = 0
         else:
             rejected = step.num_spec_tokens - accepted  # [D]
-            if int(np.minimum(accepted, rejected).min()) < 0:
+            if num_decode and np.minimum.reduce(np.minimum(accepted, rejected)) < 0:
                 raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
             # Rejected drafts roll back num_computed; their blocks stay held (vLLM).
             self._num_computed[dslots] -= rejected

@@ -144,7 +144,7 @@ def leading_successes(
     # argmin (first False) is the number of leading successes, then capped at the row's K.
     ok = np.zeros((num_rows, width + 1), dtype=np.bool_)  # [n, w+1]
     np.less(uniforms, _widen(cond, width), out=ok[:, :width])  # a shared [w] row broadcasts
-    leading = np.argmin(ok, axis=1)  # [n]
+    leading = ok.argmin(axis=1)  # [n]
     counts: IntArray = np.minimum(leading, num_spec_tokens)
     return counts
 
