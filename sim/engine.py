@@ -263,7 +263,7 @@ class Engine:
         # (`batch_size_only`) is asked once per batch size and never told outcomes, under the
         # model clock (under the wall clock asking it is part of the host time measured).
         self._quiet_policy = batch_size_only(policy)
-        self._k_by_batch_size: dict[int, int | np.integer[Any]] | None = (
+        self._k_by_batch_size: dict[int, int] | None = (
             {} if self._quiet_policy and self.config.clock == "model" else None
         )
 
@@ -446,11 +446,11 @@ class Engine:
     def _commit(self, plan: StepPlan) -> ScheduledBatch:
         scheduler = self.scheduler
         known = self._k_by_batch_size
-        k = None if known is None else known.get(plan.batch_size)
+        k: int | IntArray | None = None if known is None else known.get(plan.batch_size)
         if k is None:
             k = self.policy.choose_k(plan.view(self.now_s, scheduler.config))
             if known is not None and isinstance(k, int | np.integer):
-                known[plan.batch_size] = k  # an answer per row depends on D: asked each time
+                known[plan.batch_size] = int(k)  # an answer per row depends on D: asked again
         batch = scheduler.commit_step(plan, k)
         self._check()
         return batch
