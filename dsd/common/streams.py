@@ -83,6 +83,8 @@ class CounterStream:
     def request_keys(self, req_ids: npt.ArrayLike) -> UIntArray:
         """Each request's key [n]: mix(base + (r + 1) G)."""
         ids = np.asarray(req_ids, dtype=np.int64)
+        if ids.ndim == 0:
+            ids = ids.reshape(1)  # one id: one key, as an array (as `_scaled` makes it)
         try:
             keys: UIntArray = self._keys[ids]
             return keys

@@ -61,6 +61,7 @@ def test_request_keys_are_the_hash_whatever_the_key_cache_holds(batches):
     for ids in [*batches, [2**24 + 5, 7], [3 * 2**30]]:
         req_ids = np.array(ids, dtype=np.int64)
         np.testing.assert_array_equal(stream.request_keys(req_ids), stream._hashed_keys(req_ids))
+    assert stream.request_keys(3).shape == (1,)
 
 
 @given(
