@@ -58,6 +58,10 @@ _WAITING = 1  # in the waiting queue (new, or preempted)
 _RUNNING = 2  # in the running set
 _DRAINING = 3  # finished, but a step that scheduled it is still in flight (async)
 
+# Finishing at most this many running requests removes them one by one (each a scan in C);
+# more, in one Python pass over the running order.
+_FEW_FINISHED = 8
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 
@@ -635,12 +639,6 @@ class Scheduler:
             in_prefill = self._in_prefill[run]  # [R]
             any_prefill = bool(np.count_nonzero(in_prefill))  # cheaper than .any()
             num_rows = run.shape[0]
-            # Next-step K (vLLM): it was fixed at the row's previous step, so the row wants
-            # exactly 1 + that K, as vLLM budgets the drafts it already has. Same-step K: it is
-            # asked after the plan, so a decode row reserves 1 + k_max (commit releases the rest).
-            decode_want: int | IntArray = (
-                1 + self._pending_k[run] if self._lagged else 1 + cfg.k_max
-            )
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
             # All-decode fast check: every row wants the same 1 + K (same-step: K = k_max;
             # next-step: the K every running row holds, when the last step gave them all one),
@@ -653,6 +651,12 @@ class Scheduler:
                 and num_rows * (1 + full_k + draft_slots) <= budget
                 and int(np.maximum.reduce(computed)) + 1 + full_k <= cfg.max_model_len - 1
             )
+            # Next-step K (vLLM): it was fixed at the row's previous step, so the row wants
+            # exactly 1 + that K, as vLLM budgets the drafts it already has. Same-step K: it is
+            # asked after the plan, so a decode row reserves 1 + k_max (commit releases the rest).
+            decode_want: int | IntArray = 1 + cfg.k_max
+            if self._lagged and not full_room:
+                decode_want = 1 + self._pending_k[run]
             if full_room:
                 want = _filled(num_rows, 1 + full_k)  # [R]
             elif any_prefill:
@@ -1034,7 +1038,10 @@ class Scheduler:
         finished = tuple(self._req_id[finished_slots].tolist())
         slots = finished_slots.tolist()
         running = self._state[finished_slots] == _RUNNING  # [F]
-        if running.all():  # the usual case: one pass over the running order
+        if len(slots) <= _FEW_FINISHED and np.logical_and.reduce(running):
+            for slot in slots:  # the usual case: list.remove scans in C
+                self._running.remove(slot)
+        elif np.logical_and.reduce(running):  # a wave: one pass over the running order
             gone = set(slots)
             self._running = [slot for slot in self._running if slot not in gone]
         else:
