@@ -7,7 +7,9 @@
   `plan_step` -> `policy.choose_k(view)` -> `commit_step` -> `executor.execute(batch)` ->
   advance the clock by the step duration -> `scheduler.update` -> record token times ->
   release the concurrency slots of finished requests (the client sends at once) ->
-  `policy.observe(feedback)`.
+  `policy.observe(feedback)`. A policy that declares K = f(B, k_max) and an `observe` that
+  does nothing (`batch_size_only`) is not told outcomes and, under the model clock, is asked
+  once per batch size (its answer kept while it is one K for every row).
   Async order: step t is executed, then step t+1 is planned and committed (choose_k included)
   BEFORE the clock advances over step t and before its outcome is applied; then the clock
   advances, step t's outcome is applied and observed, and step t+1 starts at once. So requests
@@ -257,6 +259,13 @@ class Engine:
         # Requests sent while a step runs on the worker thread, for the executor afterwards
         self._step_running = False
         self._deferred_adds: list[tuple[int, Any]] = []
+        # A policy that declares K = f(B, k_max) and an observe that does nothing
+        # (`batch_size_only`) is asked once per batch size and never told outcomes, under the
+        # model clock (under the wall clock asking it is part of the host time measured).
+        self._quiet_policy = batch_size_only(policy)
+        self._k_by_batch_size: dict[int, int] | None = (
+            {} if self._quiet_policy and self.config.clock == "model" else None
+        )
 
     # -- called by the client
     def send(self, req_ids: range, specs: Sequence[RequestSpec]) -> None:
@@ -436,9 +445,13 @@ class Engine:
 
     def _commit(self, plan: StepPlan) -> ScheduledBatch:
         scheduler = self.scheduler
-        cfg = scheduler.config
-        view = plan.view(self.now_s, cfg)
-        batch = scheduler.commit_step(plan, self.policy.choose_k(view))
+        known = self._k_by_batch_size
+        k: int | IntArray | None = None if known is None else known.get(plan.batch_size)
+        if k is None:
+            k = self.policy.choose_k(plan.view(self.now_s, scheduler.config))
+            if known is not None and isinstance(k, int | np.integer):
+                known[plan.batch_size] = int(k)  # an answer per row depends on D: asked again
+        batch = scheduler.commit_step(plan, k)
         self._check()
         return batch
 
@@ -478,6 +491,8 @@ class Engine:
                 self._events.append(EngineEvent(now_s, "finish", req_id, batch.step_index, total))
         if result.finished_req_ids:
             self._client.release(len(result.finished_req_ids), now_s)
+        if self._quiet_policy:
+            return result  # its observe does nothing (`batch_size_only`)
         num_decode = batch.num_decode_reqs
         self.policy.observe(
             StepFeedback(

@@ -115,7 +115,8 @@ class FittedExecutor:
             # Every row drafted its K: the step runs as scheduled (the fast path). The contract
             # the engine relies on: 0 <= a <= K, i.e. neither a nor K - a is negative.
             if num_accepted.shape != decode_ks.shape or (
-                num_decode > 0 and int(np.minimum(num_accepted, decode_ks - num_accepted).min()) < 0
+                num_decode > 0
+                and np.minimum.reduce(np.minimum(num_accepted, decode_ks - num_accepted)) < 0
             ):
                 raise RuntimeError(
                     f"step {batch.step_index}: acceptance model returned accepted counts "

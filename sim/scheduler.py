@@ -58,6 +58,10 @@ _WAITING = 1  # in the waiting queue (new, or preempted)
 _RUNNING = 2  # in the running set
 _DRAINING = 3  # finished, but a step that scheduled it is still in flight (async)
 
+# Finishing at most this many running requests removes them one by one (each a scan in C);
+# more, in one Python pass over the running order.
+_FEW_FINISHED = 8
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY_BOOL = np.zeros(0, dtype=np.bool_)
 
@@ -259,46 +263,61 @@ class StepResult:
 
 @dataclass
 class SpecDecodeStats:
-    """vLLM-style spec-decode counters, plus drafted_at_pos (K varies between steps)."""
+    """vLLM-style spec-decode counters, plus drafted_at_pos (K varies between steps).
+
+    Kept as two histograms over the decode rows (of K, and of accepted drafts): a step adds two
+    bincounts, and every counter is read off them (a suffix sum gives the rows with K >= i)."""
 
     k_max: int
-    num_drafts: int = 0  # decode rows that carried >= 1 draft
-    num_draft_tokens: int = 0  # sum of K over those rows
-    num_accepted_tokens: int = 0  # sum of accepted drafts (before stop trimming)
-    # [k_max] rows whose first i+1 drafts were all accepted
-    accepted_at_pos: IntArray = field(default_factory=lambda: _EMPTY.copy())
-    # [k_max] rows that drafted at least i+1 tokens
-    drafted_at_pos: IntArray = field(default_factory=lambda: _EMPTY.copy())
+    # [k_max + 1] decode rows per K (drafts verified), and per accepted count
+    k_histogram: IntArray = field(default_factory=lambda: _EMPTY.copy())
+    accepted_histogram: IntArray = field(default_factory=lambda: _EMPTY.copy())
 
     def __post_init__(self) -> None:
-        if self.accepted_at_pos.shape[0] != self.k_max:
-            self.accepted_at_pos = np.zeros(self.k_max, dtype=np.int64)
-        if self.drafted_at_pos.shape[0] != self.k_max:
-            self.drafted_at_pos = np.zeros(self.k_max, dtype=np.int64)
+        if self.k_histogram.shape[0] != self.k_max + 1:
+            self.k_histogram = np.zeros(self.k_max + 1, dtype=np.int64)
+        if self.accepted_histogram.shape[0] != self.k_max + 1:
+            self.accepted_histogram = np.zeros(self.k_max + 1, dtype=np.int64)
 
     def observe(self, num_spec_tokens: IntArray, num_accepted: IntArray) -> None:
-        """Count the decode rows of one step ([n] K and accepted per row)."""
+        """Count the decode rows of one step ([n] K and accepted per row, each <= k_max)."""
         if num_spec_tokens.shape[0] == 0:
             return
-        # Histograms of K and of accepted (both small non-negative ints) give every counter:
-        # rows with K >= i are a suffix sum of the K histogram (same for accepted). Two
-        # bincounts instead of [n, k_max] comparisons: this runs every step.
-        k_counts = np.bincount(num_spec_tokens).tolist()  # [max K + 1]
-        accepted_counts = np.bincount(num_accepted).tolist()  # [max a + 1]
-        self.num_drafts += num_spec_tokens.shape[0] - k_counts[0]
-        self.num_draft_tokens += sum(k * count for k, count in enumerate(k_counts))
-        self.num_accepted_tokens += sum(a * count for a, count in enumerate(accepted_counts))
-        if self.k_max and len(k_counts) > 1:
-            self.drafted_at_pos += _at_least(k_counts, self.k_max)
-            if len(accepted_counts) > 1:
-                self.accepted_at_pos += _at_least(accepted_counts, self.k_max)
+        self.k_histogram = _counted(self.k_histogram, num_spec_tokens)
+        self.accepted_histogram = _counted(self.accepted_histogram, num_accepted)
+
+    @property
+    def num_drafts(self) -> int:
+        """Decode rows that carried >= 1 draft."""
+        return int(self.k_histogram[1:].sum())
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Sum of K over the decode rows."""
+        return int(self.k_histogram @ np.arange(self.k_histogram.shape[0]))
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Sum of accepted drafts (before stop trimming)."""
+        return int(self.accepted_histogram @ np.arange(self.accepted_histogram.shape[0]))
+
+    @property
+    def drafted_at_pos(self) -> IntArray:
+        """[k_max] rows that drafted at least i+1 tokens."""
+        return _at_least(self.k_histogram, self.k_max)
+
+    @property
+    def accepted_at_pos(self) -> IntArray:
+        """[k_max] rows whose first i+1 drafts were all accepted."""
+        return _at_least(self.accepted_histogram, self.k_max)
 
     @property
     def acceptance_length(self) -> float:
         """1 + accepted / num_drafts (vLLM's mean acceptance length); NaN without drafts."""
-        if self.num_drafts == 0:
+        num_drafts = self.num_drafts
+        if num_drafts == 0:
             return float("nan")
-        return 1.0 + self.num_accepted_tokens / self.num_drafts
+        return 1.0 + self.num_accepted_tokens / num_drafts
 
 
 def _filled(size: int, value: int) -> IntArray:
@@ -341,15 +360,21 @@ def _greedy_budget(want: IntArray, budget: int, draft_slots: int) -> IntArray:
     return got
 
 
-def _at_least(counts: list[int], k_max: int) -> IntArray:
-    """[k_max] number of values >= i for i = 1..k_max, from a histogram `counts` of the values."""
-    at_least = [0] * k_max
-    running = 0
-    for value in range(len(counts) - 1, 0, -1):
-        running += counts[value]
-        if value <= k_max:
-            at_least[value - 1] = running  # values past k_max are in the suffix sums too
-    return np.array(at_least, dtype=np.int64)
+def _counted(histogram: IntArray, values: IntArray) -> IntArray:
+    """`histogram` (in place where it is long enough) plus the counts of `values` (>= 0)."""
+    counts = np.bincount(values, minlength=histogram.shape[0])
+    if counts.shape[0] > histogram.shape[0]:  # a value past k_max (e.g. a foreign executor's)
+        counts[: histogram.shape[0]] += histogram
+        return counts
+    histogram += counts
+    return histogram
+
+
+def _at_least(histogram: IntArray, k_max: int) -> IntArray:
+    """[k_max] number of values >= i for i = 1..k_max, from a histogram of them (values past
+    k_max count at every i)."""
+    at_least: IntArray = np.cumsum(histogram[::-1])[::-1][1 : k_max + 1]
+    return at_least
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,12 +639,6 @@ class Scheduler:
             in_prefill = self._in_prefill[run]  # [R]
             any_prefill = bool(np.count_nonzero(in_prefill))  # cheaper than .any()
             num_rows = run.shape[0]
-            # Next-step K (vLLM): it was fixed at the row's previous step, so the row wants
-            # exactly 1 + that K, as vLLM budgets the drafts it already has. Same-step K: it is
-            # asked after the plan, so a decode row reserves 1 + k_max (commit releases the rest).
-            decode_want: int | IntArray = (
-                1 + self._pending_k[run] if self._lagged else 1 + cfg.k_max
-            )
             # vLLM keeps positions < max_model_len (matters with drafts near the end).
             # All-decode fast check: every row wants the same 1 + K (same-step: K = k_max;
             # next-step: the K every running row holds, when the last step gave them all one),
@@ -632,6 +651,12 @@ class Scheduler:
                 and num_rows * (1 + full_k + draft_slots) <= budget
                 and int(np.maximum.reduce(computed)) + 1 + full_k <= cfg.max_model_len - 1
             )
+            # Next-step K (vLLM): it was fixed at the row's previous step, so the row wants
+            # exactly 1 + that K, as vLLM budgets the drafts it already has. Same-step K: it is
+            # asked after the plan, so a decode row reserves 1 + k_max (commit releases the rest).
+            decode_want: int | IntArray = 1 + cfg.k_max
+            if self._lagged and not full_room:
+                decode_want = 1 + self._pending_k[run]
             if full_room:
                 want = _filled(num_rows, 1 + full_k)  # [R]
             elif any_prefill:
@@ -703,7 +728,8 @@ class Scheduler:
         if self._waiting and not preempted:
             budget = self._admit(budget, new_slots, new_chunks, prefill_cap)
 
-        self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
+        if preempted:
+            self._preempted_since_last.extend(int(self._req_id[s]) for s in preempted)
         if decode_slots.shape[0] == 0 and running_prefill_slots.shape[0] == 0 and not new_slots:
             # Possible in async mode only: the rows that fit are waiting for their in-flight
             # outcome. The preemptions are reported with the next batch.
@@ -783,9 +809,14 @@ class Scheduler:
             self._pending_k[dslots] = k_default if k_rows is None else k_rows
             if num_prefill:
                 self._pending_k[pslots[plan.prefill_completes]] = k_default
-            # Every running row that can decode next holds this step's K when the step's decode
-            # rows were the whole running set (the all-decode hot path) and K was one int.
-            everyone = num_prefill == 0 and dslots is self._running_array
+            # Every running row holds this step's K when K was one int and the step's rows were
+            # the whole running set (nothing happened since the plan), every prefill row among
+            # them completing its prompt: the next plan takes the all-decode hot path.
+            everyone = (
+                unchanged
+                and num_decode + num_prefill == len(self._running)
+                and (num_prefill == 0 or bool(np.logical_and.reduce(plan.prefill_completes)))
+            )
             self._uniform_pending_k = k_default if k_rows is None and everyone else -1
         elif k_rows is not None:
             num_spec = np.minimum(k_rows, plan.decode_draft_room)  # [D]
@@ -897,12 +928,8 @@ class Scheduler:
                     f"outcome of step {batch.step_index}: num_drafted must be one count per "
                     "decode row with accepted <= drafted <= K"
                 )
-        if (
-            step.num_events_at_plan == self._num_events
-            and num_decode == step.slots.shape[0]
-            and outcome.stop_index is None
-        ):
-            return self._update_live_decode(batch, step, accepted, drafted)
+        if step.num_events_at_plan == self._num_events and outcome.stop_index is None:
+            return self._update_live(batch, step, accepted, drafted)
         rejected = step.num_spec_tokens - accepted  # [D]
         if num_decode and ((accepted < 0).any() or (rejected < 0).any()):
             raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
@@ -964,13 +991,15 @@ class Scheduler:
             num_accepted_tokens=num_accepted,
         )
 
-    def _update_live_decode(
+    def _update_live(
         self, batch: ScheduledBatch, step: _CommittedStep, accepted: IntArray, drafted: IntArray
     ) -> StepResult:
-        """`update` of a step whose rows all decode and are all still live (no finish, abort
-        or preemption since it was planned) and that reports no stop tokens: the same
-        accounting as the general path, in a few array operations (the per-step hot path)."""
-        slots = step.slots  # [D]
+        """`update` of a step whose rows are all still live (no finish, abort or preemption
+        since it was planned) and that reports no stop tokens: the same accounting as the
+        general path, in a few array operations (the per-step hot path)."""
+        slots = step.slots  # [B]
+        num_decode = step.num_decode_reqs
+        dslots = slots if num_decode == slots.shape[0] else slots[:num_decode]  # [D]
         if step.uniform_k == 0:
             # Nothing drafted: nothing rejected, and the counters do not move.
             if np.count_nonzero(accepted):
@@ -978,26 +1007,28 @@ class Scheduler:
             num_accepted_tokens = 0
         else:
             rejected = step.num_spec_tokens - accepted  # [D]
-            if int(np.minimum(accepted, rejected).min()) < 0:
+            if num_decode and np.minimum.reduce(np.minimum(accepted, rejected)) < 0:
                 raise ValueError(f"outcome of step {batch.step_index}: accepted outside [0, K]")
             # Rejected drafts roll back num_computed; their blocks stay held (vLLM).
-            self._num_computed[slots] -= rejected
-            accepted_before = self.spec_stats.num_accepted_tokens
+            self._num_computed[dslots] -= rejected
             self.spec_stats.observe(drafted, accepted)
-            num_accepted_tokens = self.spec_stats.num_accepted_tokens - accepted_before
+            num_accepted_tokens = int(np.add.reduce(accepted))
         if self._inflight:
             self._num_placeholders[slots] -= step.placeholders
         else:
             # Nothing else in flight: this step held every placeholder of its rows.
             self._num_placeholders[slots] = 0
-        # Output tokens with the max_tokens check (already min'd with the max_model_len room).
+        # Output tokens with the max_tokens check (already min'd with the max_model_len room):
+        # 1 + accepted per decode row, 1 per prefill row that completes its prompt.
         emitted = accepted + 1  # [D]
-        outputs = self._num_output[slots]  # [D]
-        left = self._max_output[slots] - outputs  # [D] >= 1: live requests are unfinished
+        if num_decode < slots.shape[0]:
+            emitted = np.concatenate([emitted, step.completes_prompt[num_decode:]])  # [B]
+        outputs = self._num_output[slots]  # [B]
+        left = self._max_output[slots] - outputs  # [B] >= 1: live requests are unfinished
         np.minimum(emitted, left, out=emitted)
         outputs += emitted
         self._num_output[slots] = outputs
-        done = emitted == left  # [D] reached max_tokens
+        done = emitted == left  # [B] reached max_tokens
         return self._end_update(batch, slots[done], emitted, num_accepted_tokens)
 
     def _finish_rows(self, finished_slots: IntArray) -> tuple[int, ...]:
@@ -1007,7 +1038,10 @@ class Scheduler:
         finished = tuple(self._req_id[finished_slots].tolist())
         slots = finished_slots.tolist()
         running = self._state[finished_slots] == _RUNNING  # [F]
-        if running.all():  # the usual case: one pass over the running order
+        if len(slots) <= _FEW_FINISHED and np.logical_and.reduce(running):
+            for slot in slots:  # the usual case: list.remove scans in C
+                self._running.remove(slot)
+        elif np.logical_and.reduce(running):  # a wave: one pass over the running order
             gone = set(slots)
             self._running = [slot for slot in self._running if slot not in gone]
         else:
@@ -1108,7 +1142,8 @@ class Scheduler:
             if chunk < target and not cfg.enable_chunked_prefill:
                 break
             full = min(target, cfg.max_model_len)
-            covered = int(self._with_lookahead(chunk))
+            # chunk <= target <= max_model_len: only a drafter's lookahead needs the cap
+            covered = int(self._with_lookahead(chunk)) if self._lookahead else chunk
             if cdiv(full, cfg.block_size) > self.kv.num_free_blocks or not self.kv.try_cover(
                 slot, covered
             ):

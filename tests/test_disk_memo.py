@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dsd.common.disk_memo import cache_dir, disk_memo, source_fingerprint
+from dsd.common.disk_memo import cache_dir, disk_memo, entry_name, source_fingerprint
 
 
 def memo(key: object, calls: list[int], value: int = 7) -> int:
@@ -90,3 +90,29 @@ def test_source_fingerprint_changes_with_the_source(tmp_path: Path) -> None:
     assert source_fingerprint(module) != before
     with pytest.raises(ValueError, match="no source file"):
         source_fingerprint(types.ModuleType("builtin_like"))
+
+
+@pytest.mark.parametrize("cache", ["folder", "off"])
+def test_a_shipped_entry_is_read_where_the_cache_has_none(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, cache: str
+) -> None:
+    monkeypatch.setenv("DSD_CACHE_DIR", str(tmp_path / "cache") if cache == "folder" else "off")
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / f"{entry_name({'a': 1})}.json").write_text('{"value": {"n": 5}}')
+    calls: list[int] = []
+
+    def shipped_memo(key: object, value: int) -> int:
+        def compute() -> int:
+            calls.append(value)
+            return value
+
+        return disk_memo("test", key, compute, lambda v: {"n": v}, lambda s: s["n"], shipped)
+
+    assert shipped_memo({"a": 1}, 7) == 5  # shipped, not computed
+    assert shipped_memo({"a": 2}, 8) == 8  # none shipped: computed (and cached if on)
+    assert calls == [8]
+    if cache == "folder":  # the cache's own entry comes first, and a shipped one is not copied
+        (entry,) = (tmp_path / "cache" / "test").iterdir()
+        entry.rename(entry.with_name(f"{entry_name({'a': 1})}.json"))
+        assert shipped_memo({"a": 1}, 7) == 8

@@ -11,6 +11,10 @@ turns the memo off. An entry that cannot be read or decoded is computed again an
 folder that cannot be written is skipped (the result is returned all the same). Entries are
 written whole (`atomic_write_json`), so concurrent processes at worst compute one twice.
 
+`shipped`: a read-only folder of entries that come with the package (written by the same
+`compute`, for inputs every install has: the bundled profiles' fits), read where the cache has
+none, the memo off included, so that a first run does not compute them either.
+
 Not here: eviction (entries are a few kB, one per distinct input) or locking.
 """
 
@@ -58,18 +62,21 @@ def disk_memo(
     compute: Callable[[], T],
     encode: Callable[[T], Any],
     decode: Callable[[Any], T],
+    shipped: Path | None = None,
 ) -> T:
     """`compute()`, or its stored result for `key` (see the module docstring)."""
     folder = cache_dir()
-    if folder is None:
-        return compute()
-    name = hashlib.sha256(strict_json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()
-    path = folder / namespace / f"{name}.json"
-    try:
-        return decode(json.loads(path.read_text(encoding="utf-8"))["value"])
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        pass  # no entry yet, or an unreadable one: compute it (again)
+    name = entry_name(key)
+    path = None if folder is None else folder / namespace / f"{name}.json"
+    stored = [where for where in (path, shipped and shipped / f"{name}.json") if where]
+    for where in stored:
+        try:
+            return decode(json.loads(where.read_text(encoding="utf-8"))["value"])
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            pass  # no entry yet, or an unreadable one: compute it (again)
     result = compute()
+    if path is None:
+        return result
     # a read-only or full disk costs a recomputation next time, nothing else; so does a result
     # with NaN or infinities (strict JSON has no such numbers, and null would not read back)
     with contextlib.suppress(OSError, ValueError):
@@ -77,3 +84,8 @@ def disk_memo(
             path, {"value": encode(result)}, indent=None, fsync=False, nonfinite="refuse"
         )
     return result
+
+
+def entry_name(key: Any) -> str:
+    """The file name (without .json) of `key`'s entry: sha256 of its canonical JSON."""
+    return hashlib.sha256(strict_json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()

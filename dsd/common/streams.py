@@ -28,6 +28,9 @@ _ONE_BITS = np.uint64(0x3FF0000000000000)  # the float64 1.0: 52 random mantissa
 
 UIntArray = npt.NDArray[np.uint64]
 
+_KEY_BLOCK = 1024  # request keys are computed for at least this many ids at once
+_MAX_CACHED_IDS = 1 << 24  # ids past this are hashed per call (the cache would be 128 MB)
+
 
 def _mix(z: UIntArray) -> UIntArray:
     """SplitMix64's finaliser, in place (z must be a fresh array)."""
@@ -44,7 +47,11 @@ def _mix(z: UIntArray) -> UIntArray:
 
 def _scaled(values: npt.ArrayLike) -> UIntArray:
     """v G for integers v >= 0 (uint64, wrapping; not checked: this is the hot path)."""
-    out: UIntArray = np.atleast_1d(np.asarray(values, dtype=np.int64)).astype(np.uint64) * _GOLDEN
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype == np.int64:
+        out: UIntArray = values.astype(np.uint64)  # the per-step case: one conversion
+    else:
+        out = np.atleast_1d(np.asarray(values, dtype=np.int64)).astype(np.uint64)
+    out *= _GOLDEN
     return out
 
 
@@ -68,9 +75,30 @@ class CounterStream:
         child = np.random.SeedSequence(seed.entropy, spawn_key=(*seed.spawn_key, purpose))
         base = int(child.generate_state(1, dtype=np.uint64)[0])
         self._first = np.uint64((base + int(_GOLDEN)) % 2**64)  # base + G: request 0's offset
+        # Keys of requests 0 .. len - 1, computed in blocks as ids first appear: a request's
+        # key is needed at every step it drafts, and a gather is a fraction of the hash.
+        self._keys: UIntArray = np.zeros(0, dtype=np.uint64)  # [ids so far]
+        self._columns: dict[int, UIntArray] = {}  # width -> [width] (1 .. width) G
 
     def request_keys(self, req_ids: npt.ArrayLike) -> UIntArray:
         """Each request's key [n]: mix(base + (r + 1) G)."""
+        ids = np.asarray(req_ids, dtype=np.int64)
+        if ids.ndim == 0:
+            ids = ids.reshape(1)  # one id: one key, as an array (as `_scaled` makes it)
+        try:
+            keys: UIntArray = self._keys[ids]
+            return keys
+        except IndexError:  # an id past the computed block (ids are >= 0, see _scaled)
+            pass
+        top = int(ids.max()) + 1
+        if top > _MAX_CACHED_IDS:
+            return self._hashed_keys(ids)
+        size = max(top, 2 * self._keys.shape[0], _KEY_BLOCK)
+        self._keys = self._hashed_keys(np.arange(size, dtype=np.int64))
+        cached: UIntArray = self._keys[ids]
+        return cached
+
+    def _hashed_keys(self, req_ids: npt.ArrayLike) -> UIntArray:
         z = _scaled(req_ids)
         z += self._first
         return _mix(z)
@@ -94,5 +122,7 @@ class CounterStream:
         output position `start` covers (equal to `uniforms` at those counters)."""
         z = _scaled(starts)  # [n]
         z += self.request_keys(req_ids)
-        columns = np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN  # [w]
-        return _to_unit(_mix(z[:, None] + columns[None, :]))
+        columns = self._columns.get(width)
+        if columns is None:
+            columns = self._columns[width] = np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN
+        return _to_unit(_mix(z[:, None] + columns))

@@ -144,7 +144,7 @@ def leading_successes(
     # argmin (first False) is the number of leading successes, then capped at the row's K.
     ok = np.zeros((num_rows, width + 1), dtype=np.bool_)  # [n, w+1]
     np.less(uniforms, _widen(cond, width), out=ok[:, :width])  # a shared [w] row broadcasts
-    leading = np.argmin(ok, axis=1)  # [n]
+    leading = ok.argmin(axis=1)  # [n]
     counts: IntArray = np.minimum(leading, num_spec_tokens)
     return counts
 
@@ -177,12 +177,18 @@ class DenseRows:
 
     def gather(self, req_ids: IntArray) -> npt.NDArray[Any]:
         """Rows of `req_ids` [n] -> [n, width]; every id must have been added."""
-        if req_ids.size and (
-            int(req_ids.max()) >= self.present.shape[0] or not bool(self.present[req_ids].all())
-        ):
+        self.check_present(req_ids)
+        return self.values[req_ids]
+
+    def check_present(self, req_ids: IntArray) -> None:
+        """KeyError unless every id of `req_ids` [n] (>= 0) was added and not removed."""
+        try:
+            present = self.present[req_ids]  # [n]; IndexError past the ids ever added
+        except IndexError:
+            present = None
+        if present is None or not np.logical_and.reduce(present):
             missing = [int(r) for r in req_ids if r >= self.present.shape[0] or not self.present[r]]
             raise KeyError(f"requests never added (or already removed): {missing[:5]}")
-        return self.values[req_ids]
 
 
 def comonotone_joint(rates: FloatArray, draft_rates: FloatArray) -> FloatArray:
@@ -528,13 +534,14 @@ class HeterogeneousAcceptance:
     def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
     ) -> tuple[IntArray, IntArray]:
-        if num_spec_tokens.shape[0] and int(np.maximum.reduce(num_spec_tokens)) > 0:
+        width = int(np.maximum.reduce(num_spec_tokens)) if num_spec_tokens.shape[0] else 0
+        if width > 0:
             cond = self._drawn_rows(req_ids)  # [n, k_max]
+            uniforms = self.streams.accept.leading_columns(req_ids, num_output_tokens, width)
+            accepted = leading_successes(uniforms, cond, num_spec_tokens)  # [n]
         else:
-            cond = self._cond.gather(req_ids)  # nothing drafted: rows only checked, not used
-        accepted = _leading_successes(
-            self.streams.accept, req_ids, num_output_tokens, cond, num_spec_tokens
-        )  # [n]
+            self._cond.check_present(req_ids)  # nothing drafted: the rows are only checked
+            accepted = np.zeros(num_spec_tokens.shape[0], dtype=np.int64)
         if self.draft_rates is None:
             return num_spec_tokens, accepted
         drafted = self._sample_drafted(req_ids, num_output_tokens, num_spec_tokens)  # [n]

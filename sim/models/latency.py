@@ -105,6 +105,11 @@ class PrefillCost:
     # in tokens, ascending, and their added ms, non-decreasing. Empty: `marginal_ms` stands in.
     in_decode_tokens: tuple[float, ...] = ()
     in_decode_added_ms: tuple[float, ...] = ()
+    # The knots as arrays, and the curve at 1 token, made once: a step with prompt tokens
+    # reads them (np.interp would convert the tuples at every call).
+    _curve: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
+    _in_decode: tuple[FloatArray, FloatArray] = field(init=False, repr=False, compare=False)
+    _one_token_ms: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.num_tokens) != len(self.latency_ms) or len(self.num_tokens) < 1:
@@ -116,6 +121,14 @@ class PrefillCost:
             raise ValueError("PrefillCost needs as many in-decode costs as in-decode knots")
         if not (math.isfinite(self.tail_ms_per_token) and self.tail_ms_per_token >= 0):
             raise ValueError(f"tail slope must be finite and >= 0, got {self.tail_ms_per_token}")
+        curve = (np.asarray(self.num_tokens, dtype=np.float64), np.asarray(self.latency_ms))
+        object.__setattr__(self, "_curve", curve)
+        in_decode = (
+            np.asarray((0.0, *self.in_decode_tokens), dtype=np.float64),
+            np.asarray((0.0, *self.in_decode_added_ms), dtype=np.float64),
+        )
+        object.__setattr__(self, "_in_decode", in_decode)
+        object.__setattr__(self, "_one_token_ms", self.curve_ms(1.0))
 
     @staticmethod
     def from_profile(profile: Profile) -> PrefillCost:
@@ -185,8 +198,7 @@ class PrefillCost:
 
     def curve_ms(self, num_tokens: float) -> float:
         """Latency of a step computing only `num_tokens` prompt tokens, ms."""
-        knots = np.asarray(self.num_tokens)  # [nP]
-        lat = np.asarray(self.latency_ms)  # [nP]
+        knots, lat = self._curve  # [nP] each
         if num_tokens <= knots[-1]:
             return float(np.interp(num_tokens, knots, lat))
         return float(lat[-1] + self.tail_ms_per_token * (num_tokens - knots[-1]))
@@ -196,7 +208,7 @@ class PrefillCost:
         from the prefill curve."""
         if num_tokens <= 0:
             return 0.0
-        return max(0.0, self.curve_ms(num_tokens + 1.0) - self.curve_ms(1.0))
+        return max(0.0, self.curve_ms(num_tokens + 1.0) - self._one_token_ms)
 
     @property
     def in_decode_source(self) -> str:
@@ -211,11 +223,11 @@ class PrefillCost:
             return 0.0
         if not self.in_decode_tokens:
             return self.marginal_ms(num_tokens)
-        knots = (0.0, *self.in_decode_tokens)
-        added = (0.0, *self.in_decode_added_ms)
-        if num_tokens <= knots[-1]:
+        knots, added = self._in_decode  # [nI + 1] each, from 0 at 0 tokens
+        if num_tokens <= self.in_decode_tokens[-1]:
             return float(np.interp(num_tokens, knots, added))
-        return added[-1] + self.tail_ms_per_token * (num_tokens - knots[-1])
+        last = self.in_decode_tokens[-1]
+        return self.in_decode_added_ms[-1] + self.tail_ms_per_token * (num_tokens - last)
 
 
 def measured_on_fast_path(profile: Profile) -> bool:
@@ -269,7 +281,7 @@ def _split_batch(batch: ScheduledBatch) -> tuple[IntArray, IntArray, int]:
     contexts = batch.num_computed_tokens[:num_decode]  # [D]
     if num_decode == batch.num_scheduled_tokens.shape[0]:
         return ks, contexts, 0  # no prefill rows (most steps): skip the reduction
-    prefill_tokens = int(batch.num_scheduled_tokens[num_decode:].sum())
+    prefill_tokens = int(np.add.reduce(batch.num_scheduled_tokens[num_decode:]))
     return ks, contexts, prefill_tokens
 
 
@@ -784,9 +796,9 @@ class ParametricLatencyModel:
             return self.prefill.curve_ms(prefill_tokens)
         decode = self.forward_ms(
             float(num_decode),
-            float(ks.max()),
-            float(ks.sum() + num_decode),
-            float(contexts.sum()),
+            float(np.maximum.reduce(ks)),
+            float(np.add.reduce(ks) + num_decode),
+            float(np.add.reduce(contexts)),
             with_prefill=prefill_tokens > 0,
         )
         return decode + self.prefill.in_decode_ms(prefill_tokens)

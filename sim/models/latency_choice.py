@@ -40,6 +40,7 @@ from dsd.sim.models.latency import (
     forward_tokens_of,
     table_covers,
 )
+from dsd.sim.models.shipped_fits import SHIPPED_FITS
 
 LatencyModel = TableLatencyModel | ParametricLatencyModel
 KINDS: tuple[LatencyModelKind, ...] = ("table", "parametric")
@@ -254,7 +255,12 @@ def fit_parametric(profile: Profile) -> ParametricLatencyModel:
         return ParametricLatencyModel.from_fit(profile, params, FitReport(**report))
 
     return disk_memo(
-        "parametric-fit", key, lambda: ParametricLatencyModel.fit(profile), encode, decode
+        "parametric-fit",
+        key,
+        lambda: ParametricLatencyModel.fit(profile),
+        encode,
+        decode,
+        shipped=SHIPPED_FITS,
     )
 
 

@@ -53,6 +53,17 @@ def seed(n: int) -> np.random.SeedSequence:
 # ------------------------------------------------------------------------------ the streams
 
 
+@given(batches=st.lists(st.lists(st.integers(0, 5000), min_size=1, max_size=20), max_size=6))
+def test_request_keys_are_the_hash_whatever_the_key_cache_holds(batches):
+    """Keys come from a cache grown in blocks as ids appear: equal to the hash at any id, in
+    any order of first appearance, and past the cached range."""
+    stream = CounterStream(seed(3), 0)
+    for ids in [*batches, [2**24 + 5, 7], [3 * 2**30]]:
+        req_ids = np.array(ids, dtype=np.int64)
+        np.testing.assert_array_equal(stream.request_keys(req_ids), stream._hashed_keys(req_ids))
+    assert stream.request_keys(3).shape == (1,)
+
+
 @given(
     key=st.integers(0, 2**32),
     rows=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=30),

@@ -146,9 +146,9 @@ class _CountingScheduler(Scheduler):
 
     num_fast_updates = 0
 
-    def _update_live_decode(self, batch, step, accepted, drafted):  # type: ignore[no-untyped-def]
+    def _update_live(self, batch, step, accepted, drafted):  # type: ignore[no-untyped-def]
         self.num_fast_updates += 1
-        return super()._update_live_decode(batch, step, accepted, drafted)
+        return super()._update_live(batch, step, accepted, drafted)
 
 
 class _GeneralPathScheduler(_CountingScheduler):
