@@ -1,57 +1,12 @@
-"""The engine loop shared by simulated and real runs: one SimPy environment, two processes.
+"""The engine loop shared by simulated and real runs: a client sending the workload's requests
+and an engine running steps (plan, choose K, commit, execute, update, observe), in sync or async
+order, under the model clock (the simulator) or the wall clock (a real executor), with
+`run_interleaved` for paired A/B runs of several engines one step each in turn.
 
-- The **client** sends the workload's requests in order, each at max(arrival_s, the time a
-  concurrency slot frees) (`vllm bench serve --max-concurrency C`; closed loop = arrivals all 0
-  plus a cap). Sending = `scheduler.add_request` + `executor.add_request` at that instant.
-- The **engine** runs steps. Sync order, per step:
-  `plan_step` -> `policy.choose_k(view)` -> `commit_step` -> `executor.execute(batch)` ->
-  advance the clock by the step duration -> `scheduler.update` -> record token times ->
-  release the concurrency slots of finished requests (the client sends at once) ->
-  `policy.observe(feedback)`. A policy that declares K = f(B, k_max) and an `observe` that
-  does nothing (`batch_size_only`) is not told outcomes and, under the model clock, is asked
-  once per batch size (its answer kept while it is one K for every row).
-  Async order: step t is executed, then step t+1 is planned and committed (choose_k included)
-  BEFORE the clock advances over step t and before its outcome is applied; then the clock
-  advances, step t's outcome is applied and observed, and step t+1 starts at once. So requests
-  sent during step t join step t+2 at the earliest, the K chosen at step t is verified at step
-  t+1, and `observe(t)` comes after `choose_k(t+1)`.
-- A request sent at time T joins the first step planned at or after T (the engine asks the
-  client to send everything due before it plans). When there is nothing to run the engine sleeps
-  on an event until the client sends a request.
-
-When every request arrives at time 0 (a closed loop), nothing but the engine's steps moves the
-clock and the client only ever sends when asked (before a plan, when a slot frees): the loop
-then runs without SimPy, advancing the clock by each step's duration with the same arithmetic
-(`now + duration`), so results are identical and a step costs no event. There, under sync
-scheduling and the model clock, a stretch of plain decode steps (every running row at K = 0,
-nothing to admit, no finish, preemption or shortage: `Scheduler.plain_decode_steps_ahead`) is
-applied at once when the policy's K depends on the batch size alone and the executor's step
-cost on the batch's shape alone (`batch_size_only`, `FittedExecutor.repeats_plain_steps`): the
-same rows, times and counters as step by step (tests/sim/test_fast_paths.py).
-
-Clock modes: "model" advances by `outcome.duration_s` (the simulator); "wall" advances by the
-measured perf_counter time of the whole iteration, host work included (scheduling, policy,
-bookkeeping of the previous step), which is what a real executor needs for an apples-to-apples
-comparison with the simulator.
-
-Real overlap (wall clock, async): step t runs on the step thread (`executor.execute`, one
-thread per process; torch releases the GIL in its kernels) while this thread plans and commits
-step t+1; the loop then
-waits for step t's outcome. Requests sent meanwhile reach the executor (`add_request`) only
-after step t returns, before step t+1 runs, so the executor is never touched by two threads.
-`LoopConfig(overlap=False)` runs async steps serially (the executor on this thread); the
-default (None) overlaps where the executor's `overlaps_host` says it pays: dsd's engine on CUDA,
-whose kernels run while the host plans. On a CPU the worker's Python-heavy step and the
-planning contend for the GIL and every step pays two thread hand-offs: measured on the 2-core
-machine, that costs more than the planning it hides (docs/simulator.md).
-
-`run_interleaved(engines)` runs several closed-loop engines one step each in turn: under the
-wall clock each step is timed from when its engine resumed, so machine drift over seconds lands
-on every engine alike (paired A/B measurements on a shared machine). Its `between` callback runs
-after every step, outside every engine's time (the validation's machine-speed probes).
-
-What this module deliberately does not do: compute latency (the executor does), choose K (the
-policy does), or write files (`run()` returns a `RunResult`; the CLI writes it).
+It does not compute latency (the executor does), choose K (the policy does), or write files
+(`run()` returns a `RunResult`; the CLI writes it). The step order, the closed-loop driver
+without SimPy and its shortcuts, the clocks, and the real overlap are in docs/simulator.md
+("Engine loop").
 """
 
 from __future__ import annotations
