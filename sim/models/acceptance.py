@@ -1,46 +1,14 @@
-"""Acceptance models: what each decode row drafts and accepts, per step (docs/models.md).
+"""Acceptance models: what each decode row drafts and accepts, per step.
 
-Every model implements `sim.types.AcceptanceModel` and is vectorised over rows: one call of
-`sample_outcomes` per step returns (drafted d [n], accepted a [n]) with 0 <= a <= d <= K, numpy
-over up to hundreds of rows, no Python loop over rows. A model draft drafts d = K always; a
-lookup drafter (n-gram) drafts fewer or none, which the profile records as draft rates
-s_i = P(d >= i) and per-request (d, a) histograms at K = k_max. A model whose rows always draft
-their K returns `num_spec_tokens` itself as d (the executor's fast path tests identity).
+Every model implements `sim.types.AcceptanceModel`, vectorised over rows (per-request state in
+dense arrays indexed by req_id), and draws common random numbers (`dsd.common.streams`), so a
+request's outcomes depend on its own K at its own positions only. `PerPositionAcceptance` treats
+every request alike, `HeterogeneousAcceptance` and `EmpiricalAcceptance` let requests differ,
+`CategoryAcceptance` routes by `RequestSpec.tag`; replay of recorded sequences is
+`sim.models.replay`. The math, the extrapolation past k_max and the draws are in docs/models.md §2.
 
-- `PerPositionAcceptance`: every request alike. Without drafting shortfall, from unconditional
-  rates r_i the conditional rates are c_i = r_i / r_{i-1} (r_0 = 1); a row with K drafts accepts
-  the number of leading successes of independent Bernoulli(c_1..c_K), so P(a >= i) = r_i. With
-  it, each row draws (d, a) from the joint at k_max (the profile's histograms summed, or built
-  from r and s) and clips both at K: P(a >= i) = r_i and P(d >= i) = s_i at every K <= k_max.
-- `HeterogeneousAcceptance`: requests differ. Each request draws a strength u ~ U(0, 1) once and
-  gets its own rates r_{j,i} = BetaQuantile(u; mean r_i, concentration kappa), then samples like
-  the per-position model with its own rates (with shortfall: rates given drafted r_i / s_i,
-  d drawn from s_i, a = min(d, leading successes)). The population mean of r_{j,i} is r_i, but
-  the mean of per-request TPOT is not ITL / mean AL (Jensen).
-- `EmpiricalAcceptance`: requests differ as the measured ones did. Each request is given one
-  recorded request's (d, a) histogram (seeded, by req_id) and samples (d, a) from it each step;
-  a request whose prompt the profile recorded with its draft sequence replays that instead.
-- `sim.models.replay.ReplayAcceptance`: replays what a real run's drafter proposed and the target
-  accepted, position by position (exact at temperature 0).
-- `CategoryAcceptance`: routes requests to one model per `RequestSpec.tag`.
-
-Positions past the rates a model knows (K larger than the profiled K_max) reuse the last
-conditional rate (and the last conditional draft rate s_kmax / s_{kmax-1}): an extrapolation,
-stated here and in docs/models.md.
-
-Requests are keyed by `req_id`, a per-run counter (small non-negative ints), so per-request
-state lives in dense arrays indexed by req_id and the hot path is a numpy gather.
-
-Randomness is common random numbers (`dsd.common.streams`): every draw is a pure function of
-(the model's seed, a purpose, req_id, a counter). A request's once-only draws (its strength,
-its recorded request) use counter 0; the draft that verifies the token at output position j
-uses counter j (a step at position p drafting K covers p .. p + K - 1), and a step's one draw
-(its (d, a) cell, its draft count) uses counter p. So a request's outcomes depend on its own K
-at its own positions only: not on other requests, concurrency, scheduling mode or arrival
-order, and two policies that give it the same K at a position draw the same outcome there.
-
-What this module does not do: temperature > 0 acceptance from probabilities, acceptance that
-depends on context length or on the batch, or any timing (that is `sim.models.latency`).
+It does not model acceptance at temperature > 0 from probabilities, acceptance that depends on
+context length or on the batch, or any timing (that is `sim.models.latency`).
 """
 
 from __future__ import annotations

@@ -1,50 +1,14 @@
-"""Step latency models fitted to a measured `Profile`: the simulator's cost model (docs/models.md).
+"""Step latency models fitted to a measured `Profile`: the simulator's cost model.
 
-Two decode models implement `sim.types.LatencyModel`:
+`TableLatencyModel` reads the profile's ITL(B, K) table with the goodput policy's own
+interpolation; `ParametricLatencyModel` fits a small physical model that extrapolates past the
+profiled B and K and reports its fit error. Both price prompt tokens with a `PrefillCost` and
+compose decode, mixed and prefill-only steps, mixed K in one step, context and padding
+(`PaddedPrefill`, `PaddedAttention`) as docs/models.md §1 sets out. Which model a run gets:
+`sim.models.latency_choice`.
 
-- `TableLatencyModel`: the profile's ITL(B, K) table read with exactly the goodput policy's
-  interpolation (linear in B between profiled B, clamped at the ends; linear in K between
-  profiled K, clamped at the ends), computed by `policies.goodput.ItlTable` itself.
-- `ParametricLatencyModel`: a small physical model fitted with scipy (the whole step, draft
-  passes included, memory-bound or compute-bound, plus per-step host overhead) that
-  extrapolates beyond the profiled B and K and reports its fit error as a `FitReport`.
-
-Both price prompt tokens with a `PrefillCost`: interpolated in tokens from the profile's prefill
-points, or, when the profile has none, estimated: by the parametric model from its own fitted
-step (one row verifying N tokens), by the table model from the decode table's per-token slope;
-the model says which in `prefill_source`. How a step is composed (docs/models.md has the equations):
-
-- decode rows only: the decode model at D = number of decode rows;
-- decode rows + prefill chunks: decode cost + what the prefill tokens add to it
-  (`PrefillCost.in_decode_ms`: all tokens run in one forward, so its fixed cost is paid once,
-  by the decode part): measured in mixed steps where the profile has `prefill_in_decode`
-  points, else the prefill curve's *marginal* cost;
-- prefill chunks only: the full prefill cost of the step's prompt tokens.
-
-That is vLLM's engine ("fused", its prompt rows ragged). dsd's torch engine pads a step's
-prefill rows to the longest chunk W (`PaddedPrefill`, with `prefill_rows="padded"`): on its
-reference step they run in the decode forward (decode cost + P x what W tokens add to it),
-on the fixed-shape fast path in a forward of their own after the decode step ("separate":
-decode cost + the prefill cost of P rows x W). `dsd run` and `dsd validate` simulate the
-engine they measure (`backend.real.resolve_real` sets both).
-
-Mixed K in one step (per-request K): the draft runs max K passes over the whole batch (rows
-with a smaller K are masked, not skipped). The table model charges ITL(D, max K) by default
-("padded", what a static-shape engine pays) or ITL(D, K_eq) with K_eq = sum(K_i + 1) / D - 1,
-the uniform K with the same number of verified tokens ("token-equivalent", an optimistic
-bound that ignores the extra draft passes). The parametric model charges max K draft passes
-(memory side) and the compute of sum(K_i) drafted tokens, which is its own decomposition.
-
-Context: the parametric model prices the KV read of the step's total context; the table model
-has a context axis when the profile measured two or more contexts (the PR #32374 table has
-none). dsd's torch engine pads every decode row's attention to the longest row's span
-(`PaddedAttention`, set by `resolve_real`).
-
-Which model a run gets (`--latency-model auto`) and how well each holds between the profiled
-batch sizes: `sim.models.latency_choice`.
-
-What this module does not do: sample anything (models are pure; latency noise is the
-executor's) or model TP/PP communication.
+It does not sample anything (models are pure; latency noise is the executor's) or model TP/PP
+communication.
 """
 
 from __future__ import annotations
