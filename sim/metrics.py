@@ -1,43 +1,13 @@
 """Request and step metrics of a run, with `vllm bench serve` definitions and key names.
 
-`MetricsRecorder` is fed by the engine loop: one `record_sends` per batch of requests sent, one
-`record_step` per step. It streams into numpy buffers (one row per step; per step one reference
-to the emitting request ids, no Python object per token or per row). At the end `bench_metrics`
-turns them into the result dict, `request_columns` / `step_columns` into tables (named numpy
-columns; `sim.engine.RunResult` makes DataFrames of them on demand: no pandas on the hot path).
+`MetricsRecorder` is fed by the engine loop (`record_sends`, `record_step`) into numpy buffers;
+at the end `bench_metrics` gives the result dict and `request_columns` / `step_columns` the
+tables. Memory grows with the number of requests, not with tokens or steps (finished requests'
+chunks fold into a `sim.pooled.PooledValues`; step rows can go to a `step_sink`). Each key's
+definition and the memory bounds are in docs/simulator.md ("Metrics").
 
-Memory grows with the number of requests (a few numbers each), not with tokens or steps: the
-chunks of finished requests are folded into a pooled ITL multiset (`sim.pooled.PooledValues`:
-exact statistics, spilling sorted runs to a temporary folder past 2^18 values), and step rows
-can go to a `step_sink` in blocks instead of being kept. A simulated hour of a busy trace thus
-runs in flat memory (`python benchmarks/long_run_memory.py`).
-
-Definitions (as `vllm bench serve` computes them; times in ms in the result):
-- TTFT = first output chunk time - send time. E2EL = last chunk time - send time.
-- TPOT = (E2EL - TTFT) / (output_tokens - 1), only for requests with more than one output token.
-- ITL = every gap between successive output chunks of a request (a chunk is the set of tokens
-  one step emitted for it), pooled over all requests.
-- mean / median / std (population, ddof=0) / pNN (numpy's default linear percentile) of each;
-  an empty list reads as [0], like vLLM's `np.mean(x or 0)`.
-- duration = time the last request finished - start of the run (the run starts at 0).
-- request_throughput = completed / duration; output_throughput = output tokens / duration;
-  total_token_throughput = (input + output tokens) / duration, counting completed requests.
-- spec_decode_* keys mean what vLLM's bench (vllm/benchmarks/serve.py, 0.33) computes:
-  spec_decode_acceptance_rate = 100 * accepted / draft tokens (a percentage; NaN without
-  drafts), spec_decode_acceptance_length = 1 + accepted / num_drafts (0.0 without drafts),
-  spec_decode_per_position_acceptance_rates[i] = accepted at position i / num_drafts ([]
-  without drafts: with K varying, later positions read low, as in vLLM).
-- ours, under our own names: mean_tpot_in_prefill_steps_ms = the mean over the same requests
-  of (time the request spent after its first token in steps that also computed prefill chunks)
-  / (output_tokens - 1): the part of mean TPOT that other requests' prefills add (a step that
-  runs prefill chunks next to decode rows lasts longer for every decode row in it);
-  mean_tpot_ms minus it is the TPOT of the decode steps alone. acceptance_length (NaN without
-  drafts, so K = 0 reads "n/a") and per_position_acceptance_given_drafted[i] = accepted at i /
-  drafted at i (NaN where nothing was drafted at i: the acceptance a position has when it is
-  drafted, whatever K was).
-
-What this module deliberately does not do: decide anything, know about SimPy, or write output
-files (the step sink decides where step rows go; ITL spill files are private and temporary).
+It does not decide anything, know about SimPy, or write output files (the step sink decides
+where step rows go; ITL spill files are private and temporary).
 """
 
 from __future__ import annotations

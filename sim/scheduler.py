@@ -1,40 +1,14 @@
 """The continuous-batching scheduler with speculative decoding (vLLM v1 semantics).
 
 Decides, step by step, which requests run and how many tokens each computes, keeps the KV block
-accounting, and turns a step's outcome (accepted drafts, stop positions) into output tokens. It
-NEVER computes time: durations come only from the executor, and the engine owns the clock.
+accounting, and turns a step's outcome (accepted drafts, stop positions) into output tokens, in
+three calls per step: `plan_step`, `commit_step(plan, k)`, `update(batch, outcome)`. State is
+struct-of-arrays indexed by a reused request slot, so the all-decode step is a few numpy
+operations. Planning, K timing (`next-step` / `same-step`), preemption and the differential test
+against vLLM's own scheduler are in docs/simulator.md ("Scheduler").
 
-One step goes through three calls (the engine drives them; a property-test machine may too):
-
-1. `plan_step() -> StepPlan | None`: running requests first, in running order (decode rows want
-   1 + K tokens, prefill rows their next chunk), then waiting requests admitted FCFS while the
-   token budget, `max_num_seqs` and the KV pool allow. Preemptions happen here.
-2. `commit_step(plan, k) -> ScheduledBatch`: K (one int, or one per decode row) is clamped to
-   [0, k_max]; the K each row verifies (see "K timing") is clamped to the draft room reserved
-   by the plan; accounting is optimistic: `num_computed_tokens += num_scheduled_tokens` and
-   `num_output_placeholders += 1 + K`.
-3. `update(batch, outcome) -> StepResult`: `num_computed_tokens -= rejected`, placeholders
-   resolved, output tokens appended with stop checks (max_tokens, max_model_len, EOS position):
-   never beyond the limit; the excess (drafts past a stop) is trimmed.
-
-Sync scheduling calls `update` before the next `plan_step`. Async scheduling plans step t+1
-while step t is in flight (its placeholders stand in for unknown tokens).
-
-K timing (`SchedulerConfig.k_timing`). "next-step", the default, is vLLM 0.33's in both modes:
-the drafter runs at the end of step t with that step's K, and its drafts are verified at step
-t+1. So the K given to `commit_step` at step t is stored per request and verified at its next
-decode step; a request whose prompt completes at step t gets that step's K (the scalar, or the
-largest of a per-row answer: a per-row policy is not asked about prefill rows). The plan then
-budgets exactly 1 + that K per decode row (trimmed to what the budget and max_model_len leave:
-drafts are trimmed before a decode row is dropped), as vLLM budgets the drafts it holds.
-"same-step" (sync only) verifies each step's own K: the plan reserves 1 + k_max per decode row
-and `commit_step` releases what the chosen K does not use (prefill chunks and admissions see
-that reserve where the actual K would leave room).
-
-Data layout: struct-of-arrays indexed by a request *slot* (reused after a request finishes), so
-that the all-decode hot path is a handful of numpy operations over the running slots; Python
-loops run only for events (admission, finish, preemption, abort). Not done here: prefix caching,
-priorities other than FCFS, encoder inputs, structured output, LoRA.
+It never computes time (durations come from the executor; the engine owns the clock), and does
+no prefix caching, priorities other than FCFS, encoder inputs, structured output or LoRA.
 """
 
 from __future__ import annotations
