@@ -1,36 +1,13 @@
 """A grid of simulated runs in a process pool or on Ray, saved per cell, and its table.
 
-- `SweepCell`: one picklable run spec (a `RunConfig` with its own seed, plus labels).
-  `run_cell(cell)` is a top-level function, so any pool (processes, Ray tasks) can run cells;
-  it returns a `CellResult` with the metrics and the per-step K trace.
-- `sweep_cells(base, policies, concurrencies, ...)`: the flag-built grid in a fixed order
-  (`reports.grid` builds cells from a TOML file). Closed loop per cell: `max_concurrency = C`,
-  `num_prompts = per_concurrency * C` (or a fixed number).
-- Seeds: a cell's seed is `load_seed(seed, C, rate)` (= `cell_seed(seed, C)` for a closed loop),
-  derived from the sweep seed and the cell's load point only, never from the worker or the
-  order of completion. Policies (and ablation variants) at one load point deliberately share
-  it: they see the same requests and the same per-request acceptance draws where the draws
-  line up (common random numbers), so differences between them are less noisy.
-- Cell ids: `identify(cells)` gives each cell `cell_id` = the first 16 hex digits of the
-  SHA-256 of its canonical spec JSON (`cell_spec`: the config with the profile and workload
-  files replaced by name + SHA-256 of their bytes, the labels, the sweep seed, a format
-  number). Same content -> same id on any machine and folder; any change -> a new id.
-- `run_sweep_to_dir(cells, out_dir, ...)`: each finished cell is written at once, by the
-  driver, to `DIR/cells/<id>.parquet` (one row: parameters, scalar metrics, the full metrics
-  JSON, the spec JSON) after its K trace `DIR/cells/<id>.ktrace.parquet`, both atomically. A
-  re-run skips every cell whose file holds the same spec (a stale or unreadable file is
-  recomputed and replaced), so a killed sweep loses no finished cell. Local process pool by
-  default; Ray tasks with `ray_address` (imported only there). A folder holding another grid
-  is refused, and Ctrl-C or SIGTERM ends the pool's workers at once and says how many cells
-  are saved (reports.sweep_guard).
-- `run_sweep(cells, workers)`: in memory, results in cell order (the ablation report uses it).
-- `sweep_to_folder(cells, out_dir, ...)`: the whole `dsd sweep`: check every cell, record the
-  resolved grid, run and save, write the tables.
-- `sweep_frame` / `write_sweep_outputs`: CSV + markdown (mean/median/p99 TPOT and TTFT, output
-  throughput, AL per cell) and a PNG of mean TPOT vs concurrency per policy (log x).
+`SweepCell` is one picklable run spec and `run_cell` runs it in any pool; `sweep_cells` builds
+the flag-given grid, `identify` gives each cell its content id, `run_sweep_to_dir` writes each
+finished cell at once (and resumes), `run_sweep` keeps results in memory, `sweep_to_folder` is
+the whole `dsd sweep`, and `write_sweep_outputs` the CSV, markdown and plot. Seeds, cell ids,
+the folder's files, resume and stopping are in docs/sweeps.md.
 
-What this module does not do: parse grid files (reports.grid), retry a cell whose worker died
-(the sweep stops; re-running it resumes), or draw the report (reports.report).
+It does not parse grid files (reports.grid), retry a cell whose worker died (the sweep stops;
+re-running it resumes), or draw the report (reports.report).
 """
 
 from __future__ import annotations
