@@ -1,29 +1,12 @@
 """The simulator's executor: one step's duration and accepted counts from fitted models.
 
-`FittedExecutor` implements `sim.types.Executor` with a `LatencyModel` (how long the step takes)
-and an `AcceptanceModel` (how many drafts each decode row gets and accepts). Per step it frees
-the acceptance state of finished requests, samples (drafted d, accepted a) for the decode rows at
-their output positions and K, and returns `StepOutcome(duration_s, num_accepted, num_drafted)`.
+`FittedExecutor` implements `sim.types.Executor` with a `LatencyModel` and an `AcceptanceModel`:
+per step it frees finished requests' acceptance state, samples (drafted d, accepted a) for the
+decode rows, and prices the step as it ran (rows at their drafted d, plus host overhead and
+optional lognormal jitter). The pricing is in docs/models.md §1.5, §1.6 and §3.
 
-The step is charged as it ran: like the real engine, which verifies only the drafts a row got
-(a B x (max d + 1) forward), rows that drafted d < K (an n-gram lookup found fewer) are priced
-at d: the latency model sees the batch with each decode row's K replaced by its d (`padded`
-table costing reads max d, token-equivalent sum(d + 1)), and the host-overhead class is "some
-row drafted" (d > 0). When the model reports d = K for every row (model drafts), the batch is
-priced as scheduled, with no copy.
-
-Duration = latency_model.step_ms(batch as run) + host overhead, times an optional multiplicative
-lognormal noise exp(sigma * Z) with its own generator (off by default). Under async scheduling
-on an engine that overlaps (vLLM), the host overhead's planning part runs while the previous
-step is on the device: duration = max(device, planning) + (host overhead - planning). The
-noise has median 1, because profiles record median step latency. The host overhead is host
-time of the engine loop that the profiled step timing does not see (scheduler, policy,
-metrics, bookkeeping): either a constant `host_overhead_ms` or a measured
-`policies.profile.HostOverhead` model, which charges intercept + per_row x B by whether any
-decode row drafts (d > 0). Default: none (0).
-
-What this does not do: decide anything about scheduling (the scheduler), stop early on EOS
-(simulated requests run to max_tokens; `stop_index` stays None), or touch torch.
+It does not decide anything about scheduling (the scheduler), stop early on EOS (simulated
+requests run to max_tokens; `stop_index` stays None), or touch torch.
 """
 
 from __future__ import annotations

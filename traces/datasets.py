@@ -1,28 +1,11 @@
 """Prompt sets (MT-Bench, Spec-Bench, HumanEval, GSM8K, EAGLE, InstructCoder) and vLLM's `random`.
 
-Prompt lengths are in tokens of the SmolLM2 tokenizer, precomputed by
-`traces/scripts/compute_prompt_lengths.py` into `traces/data/prompt_lengths.json`, so the run-time
-path needs no tokenizer. Two lengths are stored per prompt: the raw first-turn text, and the text
-wrapped in the tokenizer's chat template with the generation prompt (what `vllm bench serve`
-sends for mt-bench, spec-bench and custom datasets unless `--skip-chat-template`). The default
-is the chat-templated length, as vLLM bench measures it.
+Prompt lengths are SmolLM2 tokens precomputed into `traces/data/prompt_lengths.json` (raw and
+chat-templated; the templated one by default, as vLLM bench counts it), so the run-time path
+needs no tokenizer. Output lengths, cycling to `num_prompts`, and the `random` set's vLLM
+semantics are in docs/workloads.md.
 
-Output lengths: every request asks for DEFAULT_OUTPUT_LEN (256) tokens, except in sets with
-reference answers (`PROMPT_SET_REFERENCE_READERS`: InstructCoder), where each request asks for
-the SmolLM2 token count of its own reference answer, stored beside the prompt lengths. An
-explicit `output_len` overrides both.
-
-Sampling when `num_prompts` differs from the set size: prompts are taken in file order and
-cycled (prompt i is set[i % size]), so every prompt appears equally often; `shuffle=True` first
-permutes the set with the seed. vLLM bench shuffles with its own seed and oversamples with
-replacement; its exact order cannot be reproduced without its RNG, so we prefer a deterministic
-order that does not depend on the seed.
-
-The `random` dataset follows vLLM bench's semantics: prompt lengths uniform over the integers
-[floor(L*(1-r)), ceil(L*(1+r))], output lengths the same with the low end raised to 1, with
-0 <= r < 1. (SmolLM2 adds no special tokens, so no special-token correction is needed.)
-
-This module does not make arrival times (see traces.arrivals) and does not tokenize.
+It does not make arrival times (traces.arrivals) and does not tokenize.
 """
 
 from __future__ import annotations

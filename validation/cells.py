@@ -1,29 +1,13 @@
 """Simulated vs measured: run the same cells on the fitted simulator and on the real backend.
 
-A **cell** is one `RunConfig` (a policy SPEC at a max concurrency C), resolved once
-(`backend.real.resolve_real`) and run twice through `sim.build.build_engine`:
-- the **simulator** with `fitted_executor`: latency and acceptance models fitted from the
-  PROFILE ONLY (never from the validation runs); it charges the profile's measured host
-  overhead per step unless the config sets `host_overhead_ms` (`CellResult.host_overhead_source`);
-- the **real engine** with a `TorchExecutor` on the wall clock, exactly like `dsd run`, with
-  EOS ignored (like `vllm bench serve --ignore-eos`) so output lengths match.
-So limits (max_num_seqs, max_model_len, KV pool, token budget), policy, workload and seed are
-identical on both sides.
+A cell is one `RunConfig` (a policy SPEC at a max concurrency C), resolved once and built twice
+by `sim.build.build_engine`: the simulator with models fitted from the profile only, and the real
+engine on the wall clock with EOS ignored, so limits, policy, workload and seed are identical.
+`validate_against_vllm` does the simulator half for a `vllm bench serve --save-result` file.
+Trials, timing rounds, the in-trial machine-speed probes and the errors they give are in
+docs/validation.md.
 
-`validate_against_vllm` does the simulator half for a `vllm bench serve --save-result` file: its
-per-request `input_lens` / `output_lens`, `max_concurrency`, `request_rate` and `burstiness`
-become the workload, and its recorded metrics are the measured side.
-
-Errors are (simulated - measured) / measured in percent. With `TimingRounds`, the profile's
-points are timed again before and after every real trial, and the simulated side of every cell
-is priced by those samples (`sim.resolve.with_latency_from`): the simulator and the runs then
-see the same stretch of a drifting machine. The machine drifts within a trial too, so a
-closed-loop trial also times one profile point between its steps whenever such probes have
-taken less than `PROBE_SHARE` of its step time (the steps' own timing leaves them out), and its
-machine speed is read from them (`TimingRounds.speed`: > 1 slower; the rounds around it for an
-open-loop trial). A cell reports each trial's speed and the error left once every trial's
-measured times are divided by it (`speed_adjusted_error_pct`). This module does not parse flags,
-load models or write files (`dsd validate` and `validation.report` do).
+It does not parse flags, load models or write files (`dsd validate` and `validation.report` do).
 """
 
 from __future__ import annotations

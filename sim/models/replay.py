@@ -1,27 +1,14 @@
 """Replay of what a drafter proposed and the target accepted, output position by position.
 
-A `ReplayRecording` holds, per recorded request and output position p (the request has p output
-tokens when the step runs, so its drafts propose outputs p, p+1, ...):
+A `ReplayRecording` holds per request and output position p `available[p]` (drafts proposed with
+K unlimited) and `matched[p]` (how many of them, from the first, equal the target's outputs); at
+temperature 0 a step at (p, K) then drafts d = min(K, available[p]) and accepts
+a = min(d, matched[p]), exactly what the real engine did. `ReplayAcceptance` is that rule,
+vectorised over rows. Why it is exact, the bundled early-exit recording and the other sources are
+in docs/models.md §2.3; the JSON format ("dsd-replay") in docs/formats.md.
 
-- `available[p]`: drafts the drafter proposes there when K is unlimited (capped at `cap`); a
-  model draft always proposes K (available = cap), an n-gram lookup what it finds;
-- `matched[p]`: how many of those, from the first, equal the target's own outputs p, p+1, ...
-
-For greedy SD (temperature 0) both depend only on the target's tokens, not on K or on what was
-rejected before: a chain draft's j-th draft, when drafts before it were accepted, is the draft's
-argmax given the target's own tokens (teacher forcing), and a lookup only reads the context. So
-a step at (p, K) drafts d = min(K, available[p]) and accepts a = min(d, matched[p]), exactly
-what the real engine did. `ReplayAcceptance` is that rule, vectorised over rows.
-
-Sources: the bundled early-exit recording (`data/earlyexit_acceptance_mtbench.json`: per
-MT-Bench prompt and exit layer, match[t] = 1 when the draft's argmax equals the target's greedy
-token t; matched[p] = the leading ones of match[p:], read cyclically as the replay wraps), a
-real run's prompts and outputs (`recording_from_proposals` with the n-gram proposer, or
-`backend.replay` for model drafts, which needs torch), or our JSON (`save_replay_recording`,
-format "dsd-replay", docs/formats.md).
-
-What this module does not do: run a model (no torch here), or replay temperature > 0
-acceptance (the recording's `alpha` is not read).
+It does not run a model (no torch here) or replay temperature > 0 acceptance (the recording's
+`alpha` is not read).
 """
 
 from __future__ import annotations
