@@ -1,20 +1,11 @@
 """`dsd report DIR`: a markdown report with PNG plots from a sweep folder's cell files.
 
-Reads DIR/grid.resolved.json (cell order, the sweep's command line) and DIR/cells/*.parquet
-(one row per finished cell; missing cells are listed, not invented) and writes, atomically,
-DIR/report.md plus PNGs beside it:
+Reads DIR/grid.resolved.json and DIR/cells/*.parquet (missing cells are listed, not invented) and
+writes DIR/report.md and its PNGs atomically: TPOT by concurrency per policy, each policy's gap to
+the envelope of the best static K, the throughput/TPOT frontier, and K over time for one cell.
+What each part shows is in docs/sweeps.md ("dsd report DIR").
 
-- per group of cells (the labels that vary besides policy and C: workload, rate, ...; seeds are
-  averaged): mean and p99 TPOT vs concurrency per policy (table + `tpot_<group>.png`);
-- the envelope of the best static K per concurrency (`policies.envelope.StaticSweep` over the
-  group's `static:K` cells) and each other policy's distance to it, in % of the envelope's
-  mean TPOT (positive = slower than the best static K), and with several sweep seeds the 95%
-  half-width of its gap paired seed by seed (`reports.paired`);
-- output throughput vs mean TPOT for every cell, with the Pareto frontier (`frontier_<group>.png`);
-- K chosen over time for one cell (`--k-trace-cell ID`; default: the cell whose K moves most,
-  `k_movement`) from its K trace (`k_trace.png`, integer K ticks, K and B in the legend).
-
-What it does not do: run anything, or compare against real-GPU measurements.
+It does not run anything, or compare against real-GPU measurements.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Workloads out: our table schema, vLLM bench `custom` JSONL, summaries and plots.
 
-- Table schema (CSV or parquet), one row per request in send order: prompt_len, output_len,
-  arrival_s, tag, prompt (empty when synthetic). `traces.loaders.load_workload_file` reads it.
-- vLLM `custom` JSONL, one object per line: {"prompt": text, "output_tokens": n,
-  "prompt_len": n}. `vllm bench serve --dataset-name custom --dataset-path FILE` reads "prompt"
-  and, with `--custom-output-len -1`, "output_tokens"; it ignores "prompt_len", which we keep so
-  the file reads back into the same workload. Requests without text (traces, random, rollout)
-  get a synthetic prompt of exactly prompt_len SmolLM2 tokens: words from SYNTHETIC_WORDS, each
-  one token with its leading space (the tokenizer splits before every space, so they never
-  merge). The first SYNTHETIC_ID_WORDS words spell the request index in base 16, so no two of
-  the first 65,536 prompts share a prefix (prefix caching cannot make them cheaper than real
-  prompts); the rest is SYNTHETIC_WORDS[0] (" the") repeated. The JSONL carries no times:
-  replay it with --request-rate/--burstiness or --max-concurrency.
-- A summary (counts, duration, rates, length percentiles) and PNG plots (length histograms,
-  arrival rate over time).
+The table (CSV or parquet, read back by `traces.loaders.load_workload_file`) and the `custom`
+JSONL (`vllm bench serve --dataset-name custom`), where requests without text get a synthetic
+prompt of exactly prompt_len SmolLM2 tokens whose first words spell the request index, so prefix
+caching cannot make them cheaper than real prompts (docs/workloads.md). Every file is written
+atomically.
 
-Every file is written atomically (temporary file in the same folder, then os.replace). This
-module does not build workloads and does not tokenize.
+It does not build workloads and does not tokenize.
 """
 
 from __future__ import annotations

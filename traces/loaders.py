@@ -1,19 +1,12 @@
 """Loaders for real serving traces and workload files, into the one Workload schema.
 
-Formats read:
-- Azure LLM inference trace 2023 (CSV: TIMESTAMP, ContextTokens, GeneratedTokens).
-- Mooncake FAST'25 traces (JSONL: timestamp in ms, input_length, output_length, hash_ids).
-- Our schema as CSV or parquet (prompt_len, output_len, optional arrival_s, tag, prompt), as
-  written by traces.export.
-- vLLM bench's `custom` JSONL ({"prompt": ..., "output_tokens": ...}, optional "prompt_len").
+Reads the Azure 2023 and Mooncake traces, our table schema (CSV or parquet, as traces.export
+writes it) and vLLM bench's `custom` JSONL; keeps rows in time order (stable), applies the same
+`TraceOptions` to every trace, and raises InputError naming the file and line of a malformed row
+(docs/workloads.md).
 
-Every loader keeps rows in time order (a stable sort, so equal timestamps keep file order), sets
-arrival_s relative to the first kept row (or to the window start), and then applies the same
-`TraceOptions`: a time window on trace time, seeded row sampling, length caps, and a time scale.
-Malformed rows raise InputError naming the file and its line number (1-based, header included).
-
-This module does not generate synthetic arrivals and does not use prefix-cache hashes
-(Mooncake's hash_ids are read past, not kept: the Workload schema has no prefix sharing).
+It does not generate synthetic arrivals and does not keep prefix-cache hashes (Mooncake's
+hash_ids are read past: the Workload schema has no prefix sharing).
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Name -> workload: the one entry point behind `dsd simulate --dataset-name` and `dsd run`.
 
-`build_workload` accepts every prompt-set name (traces.datasets), `random`, every shipped trace
-name (traces.loaders), `rl-rollout` (traces.rollout), or a path to a workload file, and applies
-the two `vllm bench serve` knobs on top: arrivals from `--request-rate`/`--burstiness`
-(traces.arrivals) and the `--max-concurrency` cap.
+`build_workload` takes a prompt-set name (traces.datasets), `random`, a shipped trace
+(traces.loaders), `rl-rollout` (traces.rollout) or a workload file, and applies the two
+`vllm bench serve` knobs on top: arrivals from the rate and burstiness (traces.arrivals) and the
+concurrency cap. `WorkloadOptions` holds the flat knobs every command and the API take;
+`dataset_source` reads vLLM's `--dataset-name` / `--dataset-path` spellings. Per-kind rules and
+the seed streams are in docs/workloads.md.
 
-Per kind:
-- prompt sets and files without times: `num_prompts` requests (cycled), re-timed by the rate
-  (inf: all at 0, so a closed loop when max_concurrency is set);
-- traces and files with times: open-loop replay of their timestamps (first `num_prompts` rows
-  after the trace options); a finite request_rate replaces the timestamps by synthetic arrivals
-  and keeps the trace's lengths;
-- rl-rollout: all at 0 (request_rate must stay inf).
-
-Randomness: one `np.random.SeedSequence(seed)`, one child stream per use (lengths, prompt
-order, arrivals), so the same seed gives the same workload and changing one knob does not
-reshuffle the others; within a stream request i takes the i-th draw, so a workload's first n
-requests do not depend on how many follow (arrival times up to vLLM bench's one rescaling).
-`WorkloadOptions` holds the flat workload knobs every command and the API take;
-`dataset_source` reads vLLM's `--dataset-name` / `--dataset-path` spellings. Beyond that, this
-module only chooses and composes.
+Beyond that, this module only chooses and composes.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Re-score a committed real-hardware report's cells with another simulator setting.
 
-The measured side of a report (cells.csv: measured and replayed mean TPOT per cell) took an
-hour of a quiet machine; the simulated side takes seconds. This re-runs only the simulated side
-of every cell, from the report's own profile and config (priced by its `profile_retimed.json`
-when the report re-timed), with the acceptance models asked for (and `--latency-model`), and
-prints each one's mean-TPOT (and mean-TTFT) error against the same measurements (`--policy
-SPEC`, repeatable: also each SPEC's simulated gap to the best static K on each concurrency's
-workload, every K = 0..k_max simulated; once on mean TPOT and once on the TPOT of the decode
-steps alone, without the steps that also ran other requests' prefills; `--prompts-per-
-concurrency N` runs those on N x C prompts instead of the cell's own). With the report's
-trials.csv it also prints the Level line (`validation.report.level_lines`) of the simulated side
-as committed and as re-run:
+Re-runs only the simulated side of every cell (seconds, against the hour the measured side took),
+from the report's own profile and config (priced by its `profile_retimed.json` when the report
+re-timed), with the acceptance and latency models asked for, and prints each one's mean-TPOT and
+mean-TTFT error against the same measurements; `--policy SPEC` adds a policy's simulated gap to
+the best static K (docs/validation.md). For example:
 
     python -m dsd.validation.rescore results/validation/2026-11-25-cpu-smollm2 \
         --acceptance-model heterogeneous --acceptance-model empirical
 
-A profile made before prompt keys were recorded gets them from the acceptance workload its
-metadata names (dataset, num_prompts, seed), when every one of those prompts left a sample.
-This module writes nothing; the report's files stay what was measured.
+It writes nothing; the report's files stay what was measured.
 """
 
 from __future__ import annotations

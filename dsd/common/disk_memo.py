@@ -1,19 +1,10 @@
 """A memo on disk for results that are pure functions of their inputs and of dsd's own code.
 
-`disk_memo(namespace, key, compute, encode, decode)` returns `decode(stored)` when an entry for
-`key` exists, else `compute()`, storing `encode(result)` for the next process. An entry is
-`<cache dir>/<namespace>/<sha256 of key>.json`; the key must be JSON (name every input, and the
-code: `source_fingerprint` of the modules that compute it, so an edited module never reads a
-result of the old code).
-
-Cache dir: `$DSD_CACHE_DIR`, else `$XDG_CACHE_HOME/dsd`, else `~/.cache/dsd`; `DSD_CACHE_DIR=off`
-turns the memo off. An entry that cannot be read or decoded is computed again and rewritten; a
-folder that cannot be written is skipped (the result is returned all the same). Entries are
-written whole (`atomic_write_json`), so concurrent processes at worst compute one twice.
-
-`shipped`: a read-only folder of entries that come with the package (written by the same
-`compute`, for inputs every install has: the bundled profiles' fits), read where the cache has
-none, the memo off included, so that a first run does not compute them either.
+`disk_memo(namespace, key, compute, encode, decode)` returns the stored result for a JSON `key`
+(which names every input and, through `source_fingerprint`, the code that computes it), else
+computes and stores it, under `$DSD_CACHE_DIR` (docs/cli.md "Files dsd keeps between runs";
+`off` turns it off). An unreadable entry is recomputed, an unwritable folder skipped, entries are
+written whole; `shipped` is a read-only folder of entries that come with the package.
 
 Not here: eviction (entries are a few kB, one per distinct input) or locking.
 """
