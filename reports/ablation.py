@@ -1,28 +1,13 @@
-"""The fidelity ablation (docs/fidelity.md): each modelled effect switched off, one at a time.
+"""The fidelity ablation: each modelled effect switched off, one at a time.
 
     python -m dsd.reports.ablation --out results/fidelity
 
-runs the published PR #32374 profile (policies/profiles/pr32374_llama31_8b_eagle_h100.json)
-with the PR's protocol: MT-Bench prompts (256 output tokens), closed loop, num_prompts = 20*C
-for C in 1, 4, 16, 64, 128, 256, policies static:0, static:3, goodput. Rows:
+runs the PR #32374 profile with the PR's protocol, a baseline with every effect on and one row per
+effect off, beside the analytic steady state ITL(C, K) / AL(K), and writes report.md,
+ablation.csv and ablation.png atomically. The protocol, the rows and what each shows are in
+docs/fidelity.md. Cells run through reports.sweep with one seed per C shared by all rows.
 
-- baseline: every effect on: heterogeneous per-request acceptance, prefill charged (estimated
-  from the decode table's slope: the profile has no prefill points), the closed loop's real
-  batch, and a host overhead of BASELINE_HOST_OVERHEAD_MS per step;
-- homogeneous acceptance: every request shares the profile's rates;
-- prefill free: prompt tokens cost nothing;
-- fixed batch = C: every decode step is charged at B = C and the policy sees B = C;
-- host overhead 0.
-
-Beside them the analytic steady state ITL(C, K) / AL(K) (K the policy's choice at B = C): what
-the profile alone predicts for TPOT. Nothing here is tuned to a published TPOT: every number
-comes from the profile, the workload and the stated assumptions.
-
-Writes report.md, ablation.csv and ablation.png into --out (atomically, all or nothing). Cells
-run in a process pool (reports.sweep); each cell's seed comes from (seed, C), shared by all rows
-and policies at that C (common random numbers).
-
-What this does not do: compare with measured runs (that is validation, `dsd validate`).
+It does not compare with measured runs (that is validation, `dsd validate`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """What one early wrong K costs: the price of exploring from nothing on two lockstep workloads.
 
-The policy evaluation (`reports.policy_eval`) leaves the profile-free bandit over the 1% goal
-at MT-Bench C=256 only. This module measures why: it runs the envelope's static K on a
-workload point and overrides K on a few chosen steps (`ForcedSteps`), so the cost of a handful
-of exploratory steps is read directly, seed for seed against the unforced run. A bandit that
-starts with no profile must choose K for the first decode steps before it has seen a single
-decode step's duration, so these figures bound what any cold learner pays there.
-
-Points: MT-Bench C=256 (envelope K=0: every request has 256 output tokens, so the run moves in
-lockstep waves) and the draining RL rollout N=64 (envelope K=2). Writes cold_start.md under
---out; the command is in its header.
+Runs the envelope's static K on a workload point and overrides K on a few chosen steps
+(`ForcedSteps`), so the cost of a handful of exploratory steps is read seed for seed against the
+unforced run: a bound on what any learner that starts without a profile pays before it has timed
+a decode step. Points: MT-Bench C=256 and the RL rollout N=64; writes cold_start.md under --out
+(the figures and why they matter: docs/policies.md, "Evaluation").
 
 It does not run the bandit itself (reports.policy_eval does) and tunes nothing.
 """

@@ -1,26 +1,12 @@
 """A run's outputs (simulated or real): the result dict, its JSON, the files of `--out DIR`.
 
-- `bench_result(run, resolved, executor_settings)`: the `vllm bench serve` result keys
-  (sim.metrics) plus the run's settings under vLLM's names (`backend`, `num_prompts`,
-  `request_rate` ("inf" when infinite, as vLLM writes it), `burstiness`, `max_concurrency`) and
-  ours (`policy`, `k_max`, `scheduling`, `num_preemptions`, `seed`), plus the executor's
-  (`simulator_settings`: latency and acceptance models; a real run: the model pair).
-- `format_summary(result, latency_info)`: the readable `vllm bench serve` block.
-- `result_json_text(result)`: one JSON object, keys sorted, floats as Python writes them
-  (shortest round-trip repr; NaN and infinities as null: `common.strict_json`), so the same
-  seed gives byte-identical text in any process.
-- `write_run_outputs(out_dir, ...)`: result.json, requests.csv (one row per request),
-  steps.parquet (one row per step), config.json (resolved config, seeds, versions, the command
-  line), learned_profile.json when the policy learns one (the bandit), and for a real run
-  outputs.jsonl (per request: `req_id`, generated `token_ids`, and `text` when the target has a
-  tokenizer). Everything is
-  serialised in memory first, except steps.parquet when it was streamed during the run
-  (`step_parquet_sink`: one row group per block of steps, into a hidden temp file beside the
-  output folder, so a long run keeps flat memory); a new folder is filled under a temporary
-  name and renamed into place, an existing folder gets each file by atomic replace. So a
-  failure leaves no partial output.
+`bench_result` gives the `vllm bench serve` result keys plus the run's settings under vLLM's and
+our names; `format_summary` the readable block; `result_json_text` one sorted, strict JSON object,
+byte-identical for a seed in any process; `write_run_outputs` the files of docs/cli.md (`--out
+DIR`), serialised in memory first (steps.parquet may stream through `step_parquet_sink`) and
+written all or nothing.
 
-What this module does not do: run anything, print, or decide what a result means.
+It does not run anything, print, or decide what a result means.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """What keeps a sweep folder whole when the sweep is stopped or pointed at the wrong folder.
 
-- `check_same_grid(record, resolved_grid)`: a folder that already holds a sweep must hold the
-  same grid (the same cell ids): then the run resumes it. Another grid is refused in one line
-  naming the folder and what differs; writing it there would replace grid.resolved.json and
-  sweep.csv and leave the old grid's cells beside the new ones.
-- `stop_on_sigterm()`: while a sweep runs, SIGTERM raises `StoppedBySignal` (dsd.common.errors)
-  in the main thread as Ctrl-C raises KeyboardInterrupt (the default action would end this
-  process at once and leave its pool workers orphaned, blocked writing results nobody reads).
-- `quiet_worker()`: a pool worker's initializer: it ignores Ctrl-C (the driver stops it) and
-  dies at SIGTERM.
-- `end_workers(pool)`: kill a process pool's workers now, not after their running cells.
+`check_same_grid` refuses another grid in a folder that holds one (the same grid resumes);
+`stop_on_sigterm` makes SIGTERM raise `StoppedBySignal` in the main thread as Ctrl-C raises
+KeyboardInterrupt, so pool workers are not left orphaned; `quiet_worker` is a pool worker's
+initializer (ignores Ctrl-C, dies at SIGTERM); `end_workers` kills a pool's workers now
+(docs/sweeps.md, "Stopping", "One grid per folder").
 
 Not here: running cells, saving them (reports.sweep), or printing (the CLI).
 """

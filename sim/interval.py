@@ -1,18 +1,14 @@
 """Prediction intervals: how far a simulated run's figures move with the workload's own sampling.
 
-A simulated run is one draw of everything its seed decides: which acceptance each request is
-given (the acceptance model's per-request assignment and per-step draws), and, where the
-workload itself is drawn (a shuffled prompt set, `random`, synthetic arrivals), which requests
-arrive. `prediction_interval` runs the same config again on `runs` seeds derived from the run's
-own (`interval_seeds`), and states for each of `INTERVAL_KEYS` the interval that another draw
-falls in with probability `level`: mean +- t(level, n - 1) s sqrt(1 + 1/n) over the n runs (the
-run and its re-runs), the prediction interval of a normal sample. It is deterministic for a
-seed: the re-runs' seeds are a function of it.
+`prediction_interval` re-runs the same config on `runs` seeds derived from the run's own
+(`interval_seeds`, so it is deterministic for a seed) and states, for each of `INTERVAL_KEYS`,
+the interval another draw falls in with probability `level` (docs/simulator.md, "Prediction
+intervals").
 
-What it is not: the latency model's error (the step prices are the same in every re-run) nor
-the measuring machine's noise; validation checks how often measured runs fall inside
-(`validation.report`, "coverage"). Each re-run costs one simulation, so the default
-`dsd simulate` runs none (`--interval-runs`).
+It is not the latency model's error (the step prices are the same in every re-run) nor the
+measuring machine's noise; validation checks how often measured runs fall inside
+(`validation.report`, "coverage"). Each re-run costs one simulation, so `dsd simulate` runs none
+unless asked (`--interval-runs`).
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 `resolve(config, workload=None)` is the one place where the defaults a config leaves open are
 chosen (k_max, max_num_seqs, max_model_len, the KV pool, the latency model, the host overhead)
-and where a bad input fails (a replay recording file included), before anything runs.
-`resolved_config_dict` is the record of all of it that runs write beside their outputs.
-Profiles, fitted latency models and replay recordings are cached per process, keyed by the
-file's resolved path, size and mtime, because a sweep resolves hundreds of cells.
+and where a bad input fails, before anything runs; `resolved_config_dict` records all of it
+beside a run's outputs; `sim_seed_streams` gives the simulator its seed stream
+(docs/simulator.md). Profiles, fits and recordings are cached per process (keyed by path, size
+and mtime) because a sweep resolves hundreds of cells.
 
-Randomness: the run seed roots one `np.random.SeedSequence(seed)`; its children 0..2 are the
-workload's streams (spawned inside `traces.registry`), child 3 the simulator's (acceptance,
-latency noise, policy; `sim_seed_streams`). Same config -> same streams, in any process.
-
-This module builds no engine (`sim.build` does) and writes no files.
+It builds no engine (`sim.build` does) and writes no files.
 """
 
 from __future__ import annotations

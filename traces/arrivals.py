@@ -1,17 +1,12 @@
 """Arrival processes for open-loop workloads, with `vllm bench serve` semantics.
 
-`vllm bench serve --request-rate R --burstiness X` sends request i after a delay drawn from a
-gamma distribution with shape X and scale 1 / (R * X): mean gap 1/R, coefficient of variation
-1/sqrt(X). X = 1 is a Poisson process, X < 1 is burstier, X > 1 more regular, X = inf is a fixed
-gap of 1/R. R = inf sends everything at time 0. Recent vLLM versions draw one gap per request
-(the first request waits for its own gap too), accumulate them, and then rescale the cumulative
-delays so the last request is sent at exactly N / R; `normalize_total=True` does the same.
+Gamma gaps from `--request-rate R --burstiness X` (mean 1/R, coefficient of variation 1/sqrt(X)),
+rescaled so the last request is sent at N / R as recent vLLM does (`normalize_total=True`); R = inf
+sends everything at 0 (docs/workloads.md, "Arrivals"). A closed loop of C clients is not an
+arrival process: arrivals all 0 plus `Workload.max_concurrency = C`.
 
-A closed loop of C clients is not an arrival process: it is arrival times all 0 plus
-`Workload.max_concurrency = C`, and the engine holds requests back until a slot frees.
-
-This module only makes arrival times (seconds, float64) from an explicit generator. It does not
-choose prompt or output lengths, read files, or enforce concurrency.
+It only makes arrival times (seconds, float64) from an explicit generator: it does not choose
+lengths, read files, or enforce concurrency.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The RL-rollout workload: a whole batch of requests at t=0 with long-tailed output lengths.
 
-In RL training, a rollout step submits N prompts at once and waits for the last one; output
-lengths are long-tailed (most responses are short, a few run to the length cap), so the batch
-drains over time and the batch size B seen by the engine falls from N towards 1. That decline
-is what makes a batch-size-aware K policy matter here.
+A rollout step submits N prompts at once and waits for the last; most responses are short and a
+few run to the cap, so the batch drains and B falls from N towards 1, which is where a
+batch-size-aware K policy matters. Output lengths are lognormal or Pareto, clipped to
+max_output_len (the rollout's max_tokens); prompt lengths fixed or cycled from a prompt set
+(docs/workloads.md, "RL rollout").
 
-Output lengths: lognormal (median m, log-space sigma s: exp(N(log m, s^2))) or Pareto
-(x_min * (1 + Lomax(alpha)): P(X > x) = (x_min / x)^alpha for x >= x_min), rounded to integers
-and clipped to [1, max_output_len]; the cap is the rollout's max_tokens, and requests that hit
-it are the ones a real rollout truncates. Prompt lengths: fixed, or cycled in order from a
-named prompt set (with its texts).
-
-This module does not make arrival times other than 0 and does not limit concurrency
-(max_concurrency stays None: the engine's max_num_seqs decides how many run at once).
+It makes no arrival times other than 0 and does not limit concurrency (max_concurrency stays
+None: the engine's max_num_seqs decides how many run at once).
 """
 
 from __future__ import annotations

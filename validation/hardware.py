@@ -1,18 +1,11 @@
 """The real-hardware report: speedup at B = 1, the crossover, and simulated vs measured TPOT.
 
-`dsd hardware-report` (dsd.api.hardware_report) measures; this module only analyses and writes:
-- **crossover**: per concurrency C, the measured TPOT of every static K (the envelope is the
-  best of them, K* its K) and of every dynamic policy, with the gap to the envelope;
-- **goals** (docs/validation.md, "The real-hardware report"): B = 1 speedup of the best arm
-  >= 1.5x with identical tokens; K* non-increasing in C; goodput and online within 2% of the
-  envelope at every C; over the cells (held-out prompts) median |TPOT error| <= 4% and max
-  <= 10%, its timing part <= 3% and <= 8%, and the measured TPOT inside the simulator's 90%
-  interval in >= 85% of them;
-- the files: report.md (summary, goals met or missed, tables, machine, threads, load, exact
-  commands), cells.csv, trials.csv, steps.csv and validation.md (`validation.report`),
-  crossover.csv, speedup.json, config.json, and the plots.
-
-Measured TPOT per cell is the median over its trials (`validation.cells.CellResult`).
+`dsd hardware-report` (validation.pipeline) measures; this module only analyses and writes: the
+crossover (per C, every static K's and every dynamic policy's measured TPOT, the envelope and
+each gap to it), the goals met or missed, and the report's files (report.md, crossover.csv,
+speedup.json, config.json and the plots, beside `validation.report`'s cells.csv, trials.csv,
+steps.csv and validation.md; docs/validation.md, "`dsd hardware-report`"). A cell's measured
+TPOT is the median over its trials.
 """
 
 from __future__ import annotations

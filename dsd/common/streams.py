@@ -1,13 +1,9 @@
 """Counter-based uniforms: a draw is a pure function of (seed, purpose, request, counter).
 
-Common random numbers for paired comparisons (DESIGN "Determinism"): what a request draws at a
-counter (its output position, a draft's token position) must not depend on what other requests
-drew before, on K, on concurrency or on arrival order. A sequential generator shared by all
-requests cannot give that; this module gives, per (seed, purpose), a random-access SplitMix64
-per request: the request's key k_r = mix(base + (r + 1) G) and its draw at counter c is
-mix(k_r + (c + 1) G) mapped to [0, 1) by its top 53 bits (G = 0x9E3779B97F4A7C15, mix =
-Stafford's variant 13 finaliser, SplitMix64's output function). Vectorised over rows and
-counters with numpy uint64 arithmetic (wrapping multiplication is the hash, not an overflow).
+Common random numbers for paired comparisons: what a request draws at a counter (its output
+position, a draft's token position) does not depend on what other requests drew, on K, on
+concurrency or on arrival order. Per (seed, purpose) it is a random-access SplitMix64 per request,
+vectorised with numpy uint64 arithmetic (the construction: docs/models.md §2).
 
 It is not a cryptographic generator and not a replacement for numpy's `Generator` where a
 sequential stream is right (a workload's per-request lengths, a policy's own exploration).
