@@ -1,12 +1,10 @@
 """`scipy.special` functions without the cost of importing `scipy.special`.
 
-The package's `__init__` loads scipy's array-API layer (which pulls in numpy.f2py, numpy.ma and
-numpy.char): 0.2-0.3 s on the 2-core machine, about an eighth of a whole 5M-token `dsd simulate`
-process, for the one Beta quantile the simulator needs. The ufuncs themselves live in the
-compiled module `scipy.special._ufuncs`, which loads in about 0.03 s. `betaincinv` loads that
-module alone when `scipy.special` is not imported yet, and falls back to the public import if
-scipy's layout differs (a test checks that the fast way is the one taken, and that a later
-`import scipy.special` still works).
+The package's `__init__` loads scipy's array-API layer, several times slower to import than the
+compiled `scipy.special._ufuncs` that holds the one Beta quantile the simulator needs (figures:
+docs/simulator.md, "Speed"). `betaincinv` loads that module alone when `scipy.special` is not
+imported yet, and falls back to the public import if scipy's layout differs (a test checks that
+the fast way is the one taken, and that a later `import scipy.special` still works).
 
 It is not a wrapper around scipy: the functions returned are scipy's own ufuncs.
 """
