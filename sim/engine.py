@@ -510,9 +510,9 @@ _FINISHED = object()  # run_interleaved: an engine's loop returned
 @functools.cache
 def _step_thread() -> ThreadPoolExecutor:
     """The one thread that runs overlapped steps, for the whole process. Created once rather
-    than per run: what torch keeps per thread stays warm from run to run (on an H200 every
-    async run with a fresh thread ran at the speed of a cold first run, 5-15x slower than
-    sync; results/gpu/2026-11-26-h200). Idle, it only waits on its queue."""
+    than per run: what torch keeps per thread stays warm from run to run (a fresh thread per
+    run ran every run cold: docs/simulator.md, "Real overlap"). Idle, it only waits on its
+    queue."""
     from concurrent.futures import ThreadPoolExecutor  # only where steps overlap (real runs)
 
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="dsd-step")

@@ -42,22 +42,19 @@ class TimingRounds:
     """A profile's decode, prefill and prefill-in-decode points timed again between the real
     runs of a validation.
 
-    A shared machine drifts: the same B = 1 decode step of SmolLM2-135M ran at 63-94 ms
-    (median of 40 steps) within two minutes on the 2-core CPU, and 59 vs 82 ms three hours
-    apart. A profile timed before an hour of real runs prices them at another speed than they
-    ran at. So `dsd validate` calls `round()` before the first real run and after every one:
-    each round times a random `share` of the profile's decode points (B, K, context) and
-    prefill sizes, the profiler's way (same slots, same truncation), in a fresh random order.
-    `profile()` is the profile with those samples in place of its own timing: measured over the
-    same stretch of the machine's time as the runs, it is what the simulator's latency model
-    for them is fitted from (policies keep the profile they ran with). The drift is faster than
-    a run, though (a fixed step's 10-second means moved by 10% within two minutes:
-    benchmarks/machine_drift.py), so while a closed-loop run steps, `probe()` also times one
-    decode point between its steps into a round of its own (`open_window()`). `speed(rounds)`
-    says how fast the machine ran in some rounds against the whole: the median over their
-    samples of sample / that point's median over all rounds (> 1: slower). The points are timed
-    on the runs' decode path (`fast_path`), each step shape run once before any round (a CUDA
-    graph's capture is no sample).
+    A shared machine drifts (docs/validation.md, "Re-timing"), so a profile timed before an
+    hour of real runs prices them at another speed than they ran at. So `dsd validate` calls
+    `round()` before the first real run and after every one: each round times a random `share`
+    of the profile's decode points (B, K, context) and prefill sizes, the profiler's way (same
+    slots, same truncation), in a fresh random order. `profile()` is the profile with those
+    samples in place of its own timing: measured over the same stretch of the machine's time as
+    the runs, it is what the simulator's latency model for them is fitted from (policies keep
+    the profile they ran with). The drift is faster than a run, though, so while a closed-loop
+    run steps, `probe()` also times one decode point between its steps into a round of its own
+    (`open_window()`). `speed(rounds)` says how fast the machine ran in some rounds against the
+    whole: the median over their samples of sample / that point's median over all rounds
+    (> 1: slower). The points are timed on the runs' decode path (`fast_path`), each step shape
+    run once before any round (a CUDA graph's capture is no sample).
     """
 
     def __init__(

@@ -211,10 +211,9 @@ def _one_token_prefill_ms(
 
     Where prefill and decode run the same forward (the reference engine, vLLM), a one-token
     prefill is the B = 1, K = 0 decode step. On dsd's fast path (the profile's metadata
-    `fast_path`) decode steps replay fixed shapes while prefill runs eagerly: on an H100 the
-    decode step took 3.9 ms and every prefill of 32-512 tokens 25 ms, so anchoring there made
-    a prefill row cost 21 ms more than one token (a step of 8 prompts priced at 220 ms, measured
-    at 30). There the curve is extended along its own first segment instead (not below 0, not
+    `fast_path`) decode steps replay fixed shapes while prefill runs eagerly, so a decode step is
+    far cheaper than any prefill and anchoring there overprices every prompt row (docs/models.md
+    §1.4). There the curve is extended along its own first segment instead (not below 0, not
     above its first point)."""
     if not measured_on_fast_path(profile):
         return one_row_decode_ms
