@@ -34,9 +34,7 @@ from dsd.policies.profile_io import load_profile as _load_profile
 from dsd.policies.profile_io import profile_to_pr32374
 from dsd.policies.spec import parse_policy as _parse_policy
 from dsd.policies.spec import split_policy_list as _split_policy_list
-from dsd.policies.speculative_config import (
-    speculative_config,
-)
+from dsd.policies.speculative_config import speculative_config
 from dsd.policies.types import KPolicy
 
 # The validation pipeline's entry points are part of the API as they are.
@@ -589,7 +587,11 @@ def distill_draft(
     on_step: Callable[[int, list[float]], None] | None = None,
     **train: Any,
 ) -> DistillResult:
-    """Train a draft from scratch for a target by distillation (`backend.zoo`)."""
+    """Train a draft for a target by distillation (`backend.zoo`; eagle: `backend.eagle_train`)."""
+    if draft_config == "eagle":
+        from dsd.backend.eagle_train import train_eagle_to
+
+        return train_eagle_to(out, target, on_step=on_step, **train)
     from dsd.backend.corpus import parse_corpus_names
     from dsd.backend.zoo import TrainConfig
     from dsd.backend.zoo import distill_draft as distill
