@@ -197,10 +197,14 @@ def fixed_shape_step(
     # Verify the last token and the drafts at L..L+K; drafts past a row's K go to the trash.
     positions = torch.where(offsets <= spec[:, None], lengths[:, None] + offsets, trash[:, None])
     verify_ids = torch.cat((last_tokens[:, None], draft_ids), dim=1)  # [B, K+1]
-    verify = ForwardGroup(verify_ids, positions, slots, kv_len=key.kv_len)
-    features: list[torch.Tensor] | None = None if eagle is None else []
-    target_logits = target.forward_groups([verify], target_cache, features_out=features)[0]
-    if eagle is not None and features is not None:  # [B, K+1, V] logits; keep the features
+    if eagle is None:
+        target_logits = target(
+            verify_ids, positions, target_cache, slots, kv_len=key.kv_len
+        )  # [B, K+1, V]
+    else:  # the same forward, keeping the target's features for the head
+        verify = ForwardGroup(verify_ids, positions, slots, kv_len=key.kv_len)
+        features: list[torch.Tensor] = []
+        target_logits = target.forward_groups([verify], target_cache, features_out=features)[0]
         eagle.store([verify], features)
     num_accepted, output_ids = greedy_accept(draft_ids, target_logits, spec)  # [B], [B, K+1]
     return torch.cat((num_accepted[:, None], output_ids), dim=1)  # [B, K+2]
