@@ -30,6 +30,7 @@ a head at any target's shape (timing at production shapes). Training is `backend
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ from dsd.backend.model import (
 from dsd.backend.sampling import probs_from_logits, sample_from_probs
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
+from dsd.sim.models.replay import ReplayRecording
 
 EAGLE_METADATA_KEY = "dsd.eagle"
 # The head trained for SmolLM2-135M (`dsd zoo train-eagle`), shipped with the package.
@@ -291,6 +293,93 @@ def _full_vocab(head: EagleHead, q: torch.Tensor) -> torch.Tensor:
         return q
     full = q.new_zeros((q.shape[0], head.target_config.vocab_size))
     return full.index_copy(1, vocab_map, q)
+
+
+@torch.inference_mode()
+def eagle_recording(
+    draft: EagleDraft,
+    prompt_ids: Sequence[IntArray],
+    output_ids: Sequence[IntArray],
+    cap: int,
+    categories: Sequence[str | None] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> ReplayRecording:
+    """The replay recording (`sim.models.replay`) of a greedy run with this head.
+
+    Greedy drafts are a function of the prefix alone (after the catch-up the head cache holds
+    the target's real features for [0, L - 1), whatever came before), so at each output
+    position the head's passes from that prefix are the engine's drafts there: available = cap,
+    matched = passes until the first that differs from the recorded outputs (run one at a time,
+    stopping there). One cache-free target forward per request gives its features."""
+    head, target = draft.head, draft.target
+    param = next(target.parameters())
+    available: list[IntArray] = []
+    matched: list[IntArray] = []
+    slot = torch.zeros(1, dtype=torch.int64, device=param.device)
+    for prompt, output in zip(prompt_ids, output_ids, strict=True):
+        tokens = np.concatenate((np.asarray(prompt), np.asarray(output))).astype(np.int64)
+        total, num_prompt = tokens.size, len(prompt)
+        cache_len = total + cap + 2
+        state = EagleState(
+            torch.zeros(
+                (1, cache_len, target.config.hidden_size), device=param.device, dtype=param.dtype
+            ),
+            new_kv_cache(head.config, 1, cache_len, device=param.device, dtype=param.dtype),
+        )
+        known = torch.from_numpy(tokens).to(param.device)
+        features: list[torch.Tensor] = []
+        group = ForwardGroup(known[None], torch.arange(total, device=param.device)[None])
+        target.forward_groups([group], None, features_out=features)
+        state.features[0, :total] = features[0][0]
+        token_ids = np.zeros((1, cache_len), dtype=np.int64)
+        token_ids[0, :total] = tokens
+        trash = cache_len - 1
+        catch_up(draft, state, token_ids, np.zeros(1, np.int64), np.array([total - 1]), trash)
+        request = np.zeros(len(output), dtype=np.int64)
+        for index in range(len(output)):
+            last = num_prompt + index - 1  # L: the context's last token
+            if last < 1:
+                continue
+            feature, token, position, runs = (
+                state.features[0, last - 1][None],
+                known[last],
+                last - 1,
+                0,
+            )
+            while request[index] < cap:
+                runs += 1
+                step = ForwardGroup(
+                    token.view(1, 1),
+                    torch.tensor([[position]], device=param.device),
+                    slot,
+                    kv_len=position + 1,
+                )
+                hidden = head(
+                    feature[:, None], target.embed_tokens(token).view(1, 1, -1), step, state.cache
+                )
+                proposed = head.to_target_ids(head.logits(target, hidden[:, 0]).argmax(dim=-1))[0]
+                if index + request[index] >= len(output) or int(proposed) != int(
+                    output[index + request[index]]
+                ):
+                    break
+                request[index] += 1
+                feature, token, position = hidden[:, 0], proposed, position + 1
+            # passes after the first overwrote real K/V at L .. L + runs - 2: feed them again
+            state.cache.lengths[0] = last
+            upto = np.array([min(last + runs - 1, total - 1)])
+            catch_up(draft, state, token_ids, np.zeros(1, np.int64), upto, trash)
+            state.cache.lengths[0] = total - 1
+        available.append(np.full(len(output), cap, dtype=np.int64))
+        matched.append(request)
+    return ReplayRecording(
+        available=tuple(available),
+        matched=tuple(matched),
+        categories=tuple(categories) if categories is not None else (None,) * len(available),
+        source="eagle replay",
+        cap=cap,
+        in_request_order=True,
+        metadata=dict(metadata or {}),
+    )
 
 
 # ----------------------------------------------------------------------------- files

@@ -29,12 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from dsd.backend.eagle import EagleDraft
+from dsd.backend.eagle import EagleDraft, eagle_recording
 from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.ngram import propose_ngram
 from dsd.backend.pair import ModelPair
 from dsd.common.arrays import BoolArray, IntArray
-from dsd.common.errors import InputError
 from dsd.sim.models.replay import (
     DEFAULT_REPLAY_CAP,
     ReplayRecording,
@@ -106,9 +105,7 @@ def replay_recording(
             metadata=info,
         )
     if isinstance(draft, EagleDraft):
-        # Its later passes read its own predicted features, not the prefix's: no per-position
-        # match recording describes it.
-        raise InputError("draft: a replay recording of an EAGLE head is not supported")
+        return eagle_recording(draft, prompt_ids, output_ids, cap, categories, info)
     info["num_layers"] = draft.depth
     matches = [
         draft_matches(draft, np.asarray(prompt), np.asarray(output))

@@ -224,8 +224,6 @@ def test_random_head_at_any_named_shape_and_pair_specs(tmp_path, target, head) -
     assert isinstance(from_file.draft, EagleDraft)
     with pytest.raises(InputError, match="write eagle"):
         load_pair("tiny", "EAGLE")
-    with pytest.raises(InputError, match="replay"):
-        replay_recording(pair.draft, [np.array([1, 2])], [np.array([3])], 64)
 
 
 def test_training_data_holds_out_mt_bench(target) -> None:  # type: ignore[no-untyped-def]
@@ -269,3 +267,48 @@ def test_cuda_graph_runner_with_a_head_agrees_with_reference(target, head) -> No
     reference = _run(SpecDecodeEngine(gpu_target, draft, config), prompts, lambda s, r: [3] * r)
     graphs = FastSpecDecodeEngine(gpu_target, draft, config, runner="cuda-graphs")
     assert _run(graphs, prompts, lambda s, r: [3] * r) == reference
+
+
+def test_replay_recording_of_a_head_matches_what_the_engine_accepts(target, head) -> None:  # type: ignore[no-untyped-def]
+    """Greedy drafts are a function of the prefix: the recording's matched count at each
+    output position is what a static-K run accepted there (capped at K)."""
+    prompts = _prompts(0, 3)
+    k = 3
+    engine = _engine(target, head, False)
+    accepted_at: dict[int, dict[int, int]] = {i: {} for i in range(len(prompts))}
+    real_step = engine.step
+
+    def recording_step(slots, ks):  # type: ignore[no-untyped-def]
+        before = {int(s): int(engine.num_tokens[s]) for s in slots}
+        result = real_step(slots, ks)
+        for row, slot in enumerate(slots):
+            index = next(i for i, s in slot_index.items() if s == int(slot))
+            position = before[int(slot)] - len(prompts[index])  # output index drafted for
+            accepted_at[index][position] = int(result.num_accepted[row])
+        return result
+
+    slot_index: dict[int, int] = {}
+    original_alloc = engine.alloc_slot
+
+    def alloc(tokens):  # type: ignore[no-untyped-def]
+        slot = original_alloc(tokens)
+        slot_index[len(slot_index)] = slot
+        return slot
+
+    engine.alloc_slot = alloc  # type: ignore[method-assign]
+    engine.step = recording_step  # type: ignore[method-assign]
+    outputs, _ = _run(engine, prompts, lambda s, r: [k] * r)
+    recording = replay_recording(
+        EagleDraft(head, target),
+        [np.array(p) for p in prompts],
+        [np.array(o) for o in outputs],
+        64,
+        cap=8,
+    )
+    checked = 0
+    for index in range(len(prompts)):
+        for position, accepted in accepted_at[index].items():
+            if position + k < NUM_NEW:  # the recording knows outputs up to NUM_NEW
+                assert min(int(recording.matched[index][position]), k) == accepted
+                checked += 1
+    assert checked > 10 and any(m.sum() > 0 for m in recording.matched)
