@@ -51,6 +51,7 @@ from dsd.backend.model import (
     rope_cos_sin,
     rope_inv_freq,
 )
+from dsd.backend.ngram import NgramConfig
 from dsd.backend.sampling import probs_from_logits, sample_from_probs
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
@@ -183,6 +184,17 @@ class EagleDraft:
                 f"{self.head.target_config.vocab_size} tokens, the target has "
                 f"{self.target.config.hidden_size} and {self.target.config.vocab_size}"
             )
+
+
+@dataclass(frozen=True)
+class EagleOrLookup:
+    """Per row and step, prompt lookup's drafts where it finds all K of them, else the head's
+    (`--draft eagle+ngram[:MIN-MAX]`): a request that copies its input drafts by lookup, others by
+    the head, under the same per-row K. The head runs for every drafting row either way, so its
+    cache bookkeeping is the plain head's."""
+
+    eagle: EagleDraft
+    lookup: NgramConfig
 
 
 @dataclass

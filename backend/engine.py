@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dsd.backend.eagle import EagleDraft, EagleState, catch_up, draft_passes
+from dsd.backend.eagle import EagleDraft, EagleOrLookup, EagleState, catch_up, draft_passes
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import ForwardGroup, Transformer, new_kv_cache
 from dsd.backend.ngram import NgramConfig, propose_ngram_rows
@@ -97,7 +97,7 @@ class NgramDraft:
     config: NgramConfig  # prompt_lookup_min / prompt_lookup_max
 
 
-AnyDraft = Draft | NgramDraft | EagleDraft
+AnyDraft = Draft | NgramDraft | EagleDraft | EagleOrLookup
 
 
 @dataclass(frozen=True)
@@ -171,12 +171,13 @@ class SpecDecodeEngine:
             )
         if config.k_max > 0 and draft is None:
             raise ValueError("k_max > 0 needs a draft")
-        if isinstance(draft, EagleDraft) and draft.target is not target:
+        eagle = draft.eagle if isinstance(draft, EagleOrLookup) else draft
+        self.eagle_draft = eagle if isinstance(eagle, EagleDraft) else None  # the head, if any
+        if self.eagle_draft is not None and self.eagle_draft.target is not target:
             raise ValueError("an EAGLE draft must be built on this engine's target")
         self.target = target
         self.draft = draft
         self.model_draft = model_draft  # the draft network, when the draft is one
-        self.eagle_draft = draft if isinstance(draft, EagleDraft) else None
         self.config = config
         param = next(target.parameters())
         self.device = param.device
@@ -198,8 +199,8 @@ class SpecDecodeEngine:
                 dtype=draft_dtype,
             )
         self.eagle: EagleState | None = None
-        if isinstance(draft, EagleDraft):
-            self.eagle = EagleState.new(draft, config.num_slots, config.cache_len)
+        if self.eagle_draft is not None:
+            self.eagle = EagleState.new(self.eagle_draft, config.num_slots, config.cache_len)
             self.draft_cache = self.eagle.cache
         self.trash_position = config.cache_len - 1
         # Known tokens per slot (prompt, then output tokens), host side.
@@ -377,8 +378,20 @@ class SpecDecodeEngine:
                 # Rows that do not draft get a uniform q; they are masked anyway (K_row = 0).
                 draft_probs = torch.full((num_rows, k_step, vocab), 1.0 / vocab, device=device)
                 draft_probs[rows_t] = probs  # [B, K, V]
-        elif k_step > 0 and isinstance(self.draft, EagleDraft):
+        elif k_step > 0 and self.eagle_draft is not None:
             draft_ids, draft_probs = self._draft_eagle(slots, spec, lengths, k_step)
+            if isinstance(self.draft, EagleOrLookup):
+                found = self._full_lookups(slots, spec, lengths)  # [B, K], -1: the head's
+                use = torch.from_numpy(found[:, :1] >= 0).to(device)  # [B, 1]
+                lookup_ids = torch.from_numpy(found).to(device)
+                draft_ids = torch.where(use, lookup_ids, draft_ids)
+                if draft_probs is not None:  # a lookup row's q is one-hot
+                    one_hot = torch.nn.functional.one_hot(
+                        lookup_ids.clamp(min=0), draft_probs.shape[-1]
+                    )
+                    draft_probs = torch.where(
+                        use[:, :, None], one_hot.to(draft_probs.dtype), draft_probs
+                    )
 
         # Verify: the last token then the drafts, at positions L..L+K; pads go to the trash.
         width = self._verify_width(num_rows, k_step, prefill is not None)  # W >= K + 1
@@ -444,6 +457,16 @@ class SpecDecodeEngine:
         k_found = int(found.max(initial=0))
         return found, k_found, drafts[:, :k_found].copy()  # [B], K', [B, K']
 
+    def _full_lookups(self, slots: IntArray, spec: IntArray, lengths: IntArray) -> IntArray:
+        """[B, K] prompt lookup's drafts of the rows where it found all K (K > 0), -1 elsewhere."""
+        assert isinstance(self.draft, EagleOrLookup)
+        rows = [
+            self.token_ids[slot, : length + 1] for slot, length in zip(slots, lengths, strict=True)
+        ]
+        drafts, found = propose_ngram_rows(rows, spec, self.draft.lookup, self.config.max_model_len)
+        full = (found >= spec) & (spec > 0)  # [B]
+        return np.where(full[:, None], drafts, -1)
+
     def _roll_back(
         self,
         slots: IntArray,
@@ -485,19 +508,21 @@ class SpecDecodeEngine:
 
     def _catch_up_eagle(self, slots: IntArray, lengths: IntArray) -> None:
         """The head's lagging positions of drafting rows fed, so its cache holds [0, L - 1)."""
-        assert isinstance(self.draft, EagleDraft) and self.eagle is not None
-        catch_up(self.draft, self.eagle, self.token_ids, slots, lengths - 1, self.trash_position)
+        assert self.eagle_draft is not None and self.eagle is not None
+        catch_up(
+            self.eagle_draft, self.eagle, self.token_ids, slots, lengths - 1, self.trash_position
+        )
 
     def _draft_eagle(
         self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K EAGLE head passes for the rows with K > 0 -> ([B, K] ids, q or None)."""
-        assert isinstance(self.draft, EagleDraft) and self.eagle is not None
+        assert self.eagle_draft is not None and self.eagle is not None
         drafting = spec > 0
         self._catch_up_eagle(slots[drafting], lengths[drafting])
         device = self.device
         return draft_passes(
-            self.draft,
+            self.eagle_draft,
             self.eagle,
             torch.from_numpy(slots).to(device),
             torch.from_numpy(self.token_ids[slots, lengths]).to(device),

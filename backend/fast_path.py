@@ -62,7 +62,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from dsd.backend.eagle import EagleDraft, EagleState, draft_passes
+from dsd.backend.eagle import EagleDraft, EagleOrLookup, EagleState, draft_passes
 from dsd.backend.engine import (
     AnyDraft,
     Draft,
@@ -151,6 +151,7 @@ def fixed_shape_step(
     key: GraphKey,
     trash_position: int,
     eagle: EagleState | None = None,  # with an EAGLE draft: the target's features, head cache
+    lookup: bool = False,  # EAGLE or lookup: rows 4.. hold a row's full lookup, -1: the head's
 ) -> torch.Tensor:
     """Draft (width-1 forwards), verify, greedy accept; returns [B, K+2]: a, then output ids.
 
@@ -170,6 +171,9 @@ def fixed_shape_step(
         eagle_ids, _ = draft_passes(
             draft, eagle, slots, last_tokens, lengths, spec > 0, k_step, key.kv_len, trash_position
         )  # [B, K]
+        if lookup:  # per row: prompt lookup's drafts where it found all K
+            found = inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step].T  # [B, K]
+            eagle_ids = torch.where(found[:, :1] >= 0, found, eagle_ids)
         drafted = list(eagle_ids.unbind(1))
     elif k_step > 0:
         assert isinstance(draft, Draft) and draft_cache is not None
@@ -248,6 +252,7 @@ class EagerStepRunner:
                 key,
                 engine.trash_position,
                 engine.eagle,
+                lookup=isinstance(engine.draft, EagleOrLookup),
             )
 
 
@@ -418,6 +423,9 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         host_inputs[3, :num_rows] = spec
         if ngram_drafts is not None:
             host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = ngram_drafts.T
+        if isinstance(self.draft, EagleOrLookup) and k_step > 0:
+            found = self._full_lookups(slots, spec, lengths)  # [B, K], -1 where the head drafts
+            host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = found.T
         out = self.runner.run(key, host_inputs)[:num_rows]  # [B, K+2]
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]

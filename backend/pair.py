@@ -9,7 +9,8 @@ Model specs (`--target`, `--draft`), one spelling everywhere:
   `ngram:MIN-MAX` (prompt lookup with vLLM's `ngram` semantics: n-grams of MIN..MAX tokens,
   vLLM's prompt_lookup_min / prompt_lookup_max; `ngram` alone is vLLM's default 5-5; no model),
   `eagle` (an EAGLE head, `backend.eagle`: the trained one shipped for `smollm2-135m`, random
-  weights at any random-weight target's shape), `eagle:FILE` (a head file), and `none`.
+  weights at any random-weight target's shape), `eagle:FILE` (a head file), `eagle+ngram[:MIN-MAX]`
+  (per row and step, prompt lookup where it finds all K drafts, else the head), and `none`.
 
 `load_pair` checks the draft spec's spelling before any weights load and its depth against
 the target once the target is known. `ModelPair.real_workload` turns a workload into the one a
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dsd.backend.eagle import SHIPPED_HEADS, EagleDraft, EagleHead, load_head
+from dsd.backend.eagle import SHIPPED_HEADS, EagleDraft, EagleHead, EagleOrLookup, load_head
 from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
 from dsd.backend.ngram import NgramConfig
@@ -176,6 +177,13 @@ class ModelPair:
                     "(layers of the target)"
                 )
             draft = Draft.early_exit(self.target, parsed)
+        elif spec.startswith(EAGLE + "+"):  # eagle+ngram[:MIN-MAX]
+            lookup = check_draft_spec(spec.removeprefix(EAGLE + "+"))
+            if not isinstance(lookup, NgramConfig):
+                raise InputError(f"--draft {spec}: write eagle+ngram or eagle+ngram:MIN-MAX")
+            draft = EagleOrLookup(
+                EagleDraft(self._eagle_head(EAGLE, seed + 1), self.target), lookup
+            )
         elif spec == EAGLE or spec.startswith(EAGLE + ":"):
             draft = EagleDraft(self._eagle_head(spec, seed + 1), self.target)
         elif spec != NO_DRAFT:

@@ -15,7 +15,14 @@ from mock_models import tiny_target
 from safetensors.torch import save_file
 
 from dsd.backend import engine as engine_module
-from dsd.backend.eagle import EagleDraft, EagleHead, draft_passes, load_head, save_head
+from dsd.backend.eagle import (
+    EagleDraft,
+    EagleHead,
+    EagleOrLookup,
+    draft_passes,
+    load_head,
+    save_head,
+)
 from dsd.backend.eagle_train import (
     CHAT_PROMPT_SETS,
     HELD_OUT_SETS,
@@ -27,6 +34,7 @@ from dsd.backend.eagle_train import (
 )
 from dsd.backend.engine import SpecDecodeConfig, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.fast_path import FastSpecDecodeEngine
+from dsd.backend.ngram import NgramConfig
 from dsd.backend.pair import load_pair
 from dsd.backend.replay import replay_recording
 from dsd.common.errors import InputError
@@ -101,10 +109,11 @@ def _run(engine: SpecDecodeEngine, prompts, k_of, fused: bool = False):  # type:
     return [outputs[i] for i in range(len(prompts))], accepted
 
 
-def _engine(target, head, fast: bool, k_max: int = 4, slots: int = 3):  # type: ignore[no-untyped-def]
+def _engine(target, head, fast: bool, k_max: int = 4, slots: int = 3, lookup: bool = False):  # type: ignore[no-untyped-def]
     config = SpecDecodeConfig(num_slots=slots, max_model_len=64, k_max=k_max)
     kind = FastSpecDecodeEngine if fast else SpecDecodeEngine
-    return kind(target, EagleDraft(head, target), config)
+    draft = EagleDraft(head, target)
+    return kind(target, EagleOrLookup(draft, NgramConfig(1, 2)) if lookup else draft, config)
 
 
 @settings(
@@ -114,15 +123,17 @@ def _engine(target, head, fast: bool, k_max: int = 4, slots: int = 3):  # type: 
     ks=st.lists(st.integers(0, 4), min_size=1, max_size=12),
     fast=st.booleans(),
     reduced=st.booleans(),
+    lookup=st.booleans(),
     num_prompts=st.integers(1, 4),
 )
 def test_greedy_tokens_equal_target_greedy_for_any_k_sequence(  # type: ignore[no-untyped-def]
-    target, head, reduced_head, ks, fast, reduced, num_prompts
+    target, head, reduced_head, ks, fast, reduced, lookup, num_prompts
 ) -> None:
     """Per-row K drawn from the sequence (rows offset), K = 0 steps included: the emitted
-    tokens are the target's own greedy ones, on the reference and the fast (eager) path."""
+    tokens are the target's own greedy ones, on the reference and the fast (eager) path, with
+    the head alone or beside prompt lookup."""
     prompts = _prompts(0, num_prompts)  # the head's training prompts: it often agrees
-    engine = _engine(target, reduced_head if reduced else head, fast)
+    engine = _engine(target, reduced_head if reduced else head, fast, lookup=lookup)
     outputs, _ = _run(
         engine, prompts, lambda step, rows: [ks[(step + r) % len(ks)] for r in range(rows)]
     )
@@ -312,3 +323,30 @@ def test_replay_recording_of_a_head_matches_what_the_engine_accepts(target, head
                 assert min(int(recording.matched[index][position]), k) == accepted
                 checked += 1
     assert checked > 10 and any(m.sum() > 0 for m in recording.matched)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_eagle_or_lookup_uses_each_where_it_should(monkeypatch, target, head, fast) -> None:  # type: ignore[no-untyped-def]
+    """Rows whose lookup finds all K draft by lookup, the others by the head; tokens stay the
+    target's, and both kinds of row occur."""
+    chosen: list[bool] = []
+    real = SpecDecodeEngine._full_lookups
+
+    def recording(self, slots, spec, lengths):  # type: ignore[no-untyped-def]
+        found = real(self, slots, spec, lengths)
+        chosen.extend((found[:, 0] >= 0).tolist())
+        return found
+
+    monkeypatch.setattr(SpecDecodeEngine, "_full_lookups", recording)
+    block = _prompts(5, 1, length=6)[0]
+    prompts = [block + p + block for p in _prompts(0, 3)]  # lookup finds the repeated block
+    outputs, accepted = _run(
+        _engine(target, head, fast, lookup=True), prompts, lambda s, r: [2] * r
+    )
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output == target_greedy_decode(target, prompt, NUM_NEW)
+    assert any(chosen) and not all(chosen) and sum(accepted) > 0
+    pair = load_pair("tiny", "eagle+ngram:1-3")
+    assert isinstance(pair.draft, EagleOrLookup) and pair.draft.lookup == NgramConfig(1, 3)
+    with pytest.raises(InputError, match="write eagle\\+ngram"):
+        load_pair("tiny", "eagle+early-exit:1")
