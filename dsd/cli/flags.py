@@ -184,7 +184,10 @@ PAIR: FlagGroup = {
         str | None, None, "Target model: a named shape, smollm2-135m, a .gguf file or a folder."
     ),
     "draft": option(
-        str, "none", "Draft: a model spec, early-exit:N, ngram[:MIN-MAX], eagle[:FILE], or none."
+        str,
+        "none",
+        "Draft: a model spec, early-exit:N, ngram[:MIN-MAX], eagle[:FILE], eagle+ngram[:MIN-MAX], "
+        "or none.",
     ),
     "device": option(str, "cpu", "cpu or cuda."),
     "dtype": option(str, "auto", "auto, float32, bfloat16, float16."),
