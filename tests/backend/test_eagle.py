@@ -28,6 +28,7 @@ from dsd.backend.eagle_train import (
     HELD_OUT_SETS,
     EagleTrainConfig,
     chat_prompt_texts,
+    document_windows,
     greedy_continuations,
     target_features,
     train_head_on,
@@ -37,6 +38,7 @@ from dsd.backend.fast_path import FastSpecDecodeEngine
 from dsd.backend.ngram import NgramConfig
 from dsd.backend.pair import load_pair
 from dsd.backend.replay import replay_recording
+from dsd.backend.tokenizer import load_tokenizer
 from dsd.common.errors import InputError
 from dsd.traces.datasets import PROMPT_SET_READERS
 
@@ -246,6 +248,10 @@ def test_training_data_holds_out_mt_bench(target) -> None:  # type: ignore[no-un
     texts = chat_prompt_texts(10_000)  # every prompt of the training sets
     assert len(texts) > 1000 and not set(texts) & mt_bench
     assert texts[0] == PROMPT_SET_READERS[CHAT_PROMPT_SETS[0]]()[0][0]  # round-robin
+    windows = document_windows(load_tokenizer("bytes"), 10_000, 512, seed=0)  # every document
+    text = bytes(t for window in windows for t in window if t < 256).decode("utf-8", "replace")
+    some_mt_bench = sorted(mt_bench)[:20]
+    assert len(windows) > 100 and not any(question[:200] in text for question in some_mt_bench)
 
 
 def test_training_is_deterministic_for_a_seed(target) -> None:  # type: ignore[no-untyped-def]
