@@ -67,14 +67,14 @@ class EagleTrainConfig:
 
     out: str  # the head file to write (train.json goes beside it)
     target: str = "smollm2-135m"  # a target with a tokenizer
-    chat_prompts: int = 64  # chat prompts continued by the target (spread over the sets)
-    gen_tokens: int = 48  # greedy tokens per chat prompt
-    shakespeare_windows: int = 100  # windows of plays (0: none)
-    document_windows: int = 700  # windows of the prompt sets' questions and answers (0: none)
-    seq_len: int = 112  # tokens per training sequence
+    chat_prompts: int = 320  # chat prompts continued by the target (spread over the sets)
+    gen_tokens: int = 64  # greedy tokens per chat prompt
+    shakespeare_windows: int = 50  # windows of plays (0: none)
+    document_windows: int = 300  # windows of the prompt sets' questions and answers (0: none)
+    seq_len: int = 128  # tokens per training sequence
     max_prompt_tokens: int = 64  # longer chat prompts are cut to their last this many tokens
     draft_vocab: int = 4096  # draft vocabulary size (0: the whole vocabulary)
-    steps: int = 500  # optimizer steps
+    steps: int = 600  # optimizer steps
     batch_size: int = 8  # sequences per step
     lr: float = 2e-3  # peak AdamW learning rate (warm-up, cosine decay to lr / 10)
     cls_weight: float = 0.5  # weight of the token loss beside the feature regression
