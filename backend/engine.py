@@ -22,13 +22,16 @@ position `max_len - 1`, the **trash position**, which never holds a real token. 
 sized `max_model_len + k_max + 2` so real positions never reach it.
 
 Draft kinds: `Draft`, a separate small model of the same vocabulary, or an early exit of the
-target (its first k layers + final norm + head); `NgramDraft`, prompt lookup (vLLM's `ngram`,
-`backend.ngram`): no model and no cache, and a row drafts as many tokens as the lookup finds, up
-to its K, so `StepResult.num_drafted` may be below K (0 where nothing matches: the row verifies
-its last token alone). The early-exit draft keeps its OWN k-layer cache:
-its K/V for a token equal the target's first k layers', but the two are written at different
-times (the draft lazily, the target at verification) and rolled back to different lengths, so a
-shared cache would tie their lengths together; the cost is k/L of the target cache's memory.
+target (its first k layers + final norm + head); `EagleDraft`, an EAGLE head over the target's
+features (`backend.eagle`: the engine keeps every target forward's features, the head's cache is
+`draft_cache`, caught up before drafting and kept to [0, L) after a step); `NgramDraft`, prompt
+lookup (vLLM's `ngram`, `backend.ngram`): no model and no cache, and a row drafts as many tokens
+as the lookup finds, up to its K, so `StepResult.num_drafted` may be below K (0 where nothing
+matches: the row verifies its last token alone). The early-exit draft keeps its OWN k-layer
+cache: its K/V for a token equal the target's first k layers', but the two are written at
+different times (the draft lazily, the target at verification) and rolled back to different
+lengths, so a shared cache would tie their lengths together; the cost is k/L of the target
+cache's memory.
 
 Prefill of new requests runs in chunks (`prefill`), filling the draft's cache as well; a chunk
 that reaches the end of the known tokens samples the next token. `step_with_prefill` runs a
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dsd.backend.eagle import EagleDraft, EagleOrLookup, EagleState, catch_up, draft_passes
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import ForwardGroup, Transformer, new_kv_cache
 from dsd.backend.ngram import NgramConfig, propose_ngram_rows
@@ -93,7 +97,7 @@ class NgramDraft:
     config: NgramConfig  # prompt_lookup_min / prompt_lookup_max
 
 
-AnyDraft = Draft | NgramDraft
+AnyDraft = Draft | NgramDraft | EagleDraft | EagleOrLookup
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,10 @@ class SpecDecodeEngine:
             )
         if config.k_max > 0 and draft is None:
             raise ValueError("k_max > 0 needs a draft")
+        eagle = draft.eagle if isinstance(draft, EagleOrLookup) else draft
+        self.eagle_draft = eagle if isinstance(eagle, EagleDraft) else None  # the head, if any
+        if self.eagle_draft is not None and self.eagle_draft.target is not target:
+            raise ValueError("an EAGLE draft must be built on this engine's target")
         self.target = target
         self.draft = draft
         self.model_draft = model_draft  # the draft network, when the draft is one
@@ -190,6 +198,10 @@ class SpecDecodeEngine:
                 device=self.device,
                 dtype=draft_dtype,
             )
+        self.eagle: EagleState | None = None
+        if self.eagle_draft is not None:
+            self.eagle = EagleState.new(self.eagle_draft, config.num_slots, config.cache_len)
+            self.draft_cache = self.eagle.cache
         self.trash_position = config.cache_len - 1
         # Known tokens per slot (prompt, then output tokens), host side.
         self.token_ids: IntArray = np.zeros((config.num_slots, config.cache_len), dtype=np.int64)
@@ -255,7 +267,7 @@ class SpecDecodeEngine:
         span = self._prefill_span(slot_ids, num_chunk_tokens)
         if span is None:
             return np.zeros(0, dtype=np.int64)
-        logits = self.target.forward_groups([span.group], self.target_cache)[0][:, 0]  # [P, V]
+        logits = self._target_forward([span.group])[0][:, 0]  # [P, V]
         return self._finish_prefill(span, logits)
 
     def _prefill_span(self, slot_ids: IntArray, num_chunk_tokens: IntArray) -> PrefillSpan | None:
@@ -366,6 +378,20 @@ class SpecDecodeEngine:
                 # Rows that do not draft get a uniform q; they are masked anyway (K_row = 0).
                 draft_probs = torch.full((num_rows, k_step, vocab), 1.0 / vocab, device=device)
                 draft_probs[rows_t] = probs  # [B, K, V]
+        elif k_step > 0 and self.eagle_draft is not None:
+            draft_ids, draft_probs = self._draft_eagle(slots, spec, lengths, k_step)
+            if isinstance(self.draft, EagleOrLookup):
+                found = self._full_lookups(slots, spec, lengths)  # [B, K], -1: the head's
+                use = torch.from_numpy(found[:, :1] >= 0).to(device)  # [B, 1]
+                lookup_ids = torch.from_numpy(found).to(device)
+                draft_ids = torch.where(use, lookup_ids, draft_ids)
+                if draft_probs is not None:  # a lookup row's q is one-hot
+                    one_hot = torch.nn.functional.one_hot(
+                        lookup_ids.clamp(min=0), draft_probs.shape[-1]
+                    )
+                    draft_probs = torch.where(
+                        use[:, :, None], one_hot.to(draft_probs.dtype), draft_probs
+                    )
 
         # Verify: the last token then the drafts, at positions L..L+K; pads go to the trash.
         width = self._verify_width(num_rows, k_step, prefill is not None)  # W >= K + 1
@@ -383,7 +409,7 @@ class SpecDecodeEngine:
             kv_len=int((lengths + spec).max()) + 1,
         )
         groups = [verify] if prefill is None else [verify, prefill.group]
-        logits = self.target.forward_groups(groups, self.target_cache)
+        logits = self._target_forward(groups)
         target_logits = logits[0][:, : k_step + 1]  # [B, K+1, V]
         prefill_logits = None if prefill is None else logits[1][:, 0]  # [P, V]
         spec_t = torch.from_numpy(spec).to(device)  # [B]
@@ -431,6 +457,16 @@ class SpecDecodeEngine:
         k_found = int(found.max(initial=0))
         return found, k_found, drafts[:, :k_found].copy()  # [B], K', [B, K']
 
+    def _full_lookups(self, slots: IntArray, spec: IntArray, lengths: IntArray) -> IntArray:
+        """[B, K] prompt lookup's drafts of the rows where it found all K (K > 0), -1 elsewhere."""
+        assert isinstance(self.draft, EagleOrLookup)
+        rows = [
+            self.token_ids[slot, : length + 1] for slot, length in zip(slots, lengths, strict=True)
+        ]
+        drafts, found = propose_ngram_rows(rows, spec, self.draft.lookup, self.config.max_model_len)
+        full = (found >= spec) & (spec > 0)  # [B]
+        return np.where(full[:, None], drafts, -1)
+
     def _roll_back(
         self,
         slots: IntArray,
@@ -444,7 +480,10 @@ class SpecDecodeEngine:
         """Keep what the step accepted (the reference and the fast step end here): the target
         keeps the last token and the accepted drafts; the emitted tokens are appended."""
         self.target_cache.lengths[slots] = lengths + num_accepted + 1  # [B]
-        if self.draft_cache is not None and drafting_rows.size:
+        if self.eagle is not None and drafting_rows.size:
+            # Only position L - 1 was fed a real feature: the catch-up re-feeds the rest.
+            self.eagle.cache.lengths[slots[drafting_rows]] = lengths[drafting_rows]
+        elif self.draft_cache is not None and drafting_rows.size:
             # The draft fed the last token (pos L) and drafts 1..K-1 (pos L+1..L+K-1); those
             # are real tokens up to the accepted ones.
             rows = drafting_rows
@@ -457,6 +496,45 @@ class SpecDecodeEngine:
         )
 
     # ----------------------------------------------------------------------------- internals
+    def _target_forward(self, groups: list[ForwardGroup]) -> list[torch.Tensor]:
+        """The target's forward of `groups` (logits per group); with an EAGLE draft its features
+        are kept for the head."""
+        if self.eagle is None:
+            return self.target.forward_groups(groups, self.target_cache)
+        features: list[torch.Tensor] = []
+        logits = self.target.forward_groups(groups, self.target_cache, features_out=features)
+        self.eagle.store(groups, features)
+        return logits
+
+    def _catch_up_eagle(self, slots: IntArray, lengths: IntArray) -> None:
+        """The head's lagging positions of drafting rows fed, so its cache holds [0, L - 1)."""
+        assert self.eagle_draft is not None and self.eagle is not None
+        catch_up(
+            self.eagle_draft, self.eagle, self.token_ids, slots, lengths - 1, self.trash_position
+        )
+
+    def _draft_eagle(
+        self, slots: IntArray, spec: IntArray, lengths: IntArray, k_step: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """K EAGLE head passes for the rows with K > 0 -> ([B, K] ids, q or None)."""
+        assert self.eagle_draft is not None and self.eagle is not None
+        drafting = spec > 0
+        self._catch_up_eagle(slots[drafting], lengths[drafting])
+        device = self.device
+        return draft_passes(
+            self.eagle_draft,
+            self.eagle,
+            torch.from_numpy(slots).to(device),
+            torch.from_numpy(self.token_ids[slots, lengths]).to(device),
+            torch.from_numpy(lengths).to(device),
+            torch.from_numpy(drafting).to(device),
+            k_step,
+            kv_len=int(lengths.max()) + k_step,
+            trash_position=self.trash_position,
+            temperature=self.config.temperature,
+            generator=self.generator,
+        )
+
     def _draft(
         self, slots: IntArray, lengths: IntArray, k_step: int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -18,6 +18,9 @@ An n-gram draft (prompt lookup, `NgramDraft`) is looked up on the host before th
 part, as the reference does; its drafts travel in with the step's inputs, and the step's K is
 the widest lookup found: one graph per (batch bucket, found K, kv bucket), as for a model draft.
 
+An EAGLE head (`backend.eagle`) is caught up the same way (eagerly, its cache to [0, L - 1)); its
+K passes and the features the verify forward writes are part of the fixed-shape step.
+
 A model draft's lazy catch-up (the draft does no work at K = 0 and never sees the bonus token, so
 its cache may lag the target's) has a variable width, so it runs eagerly BEFORE the fixed-shape
 part: one forward over the lagging tokens of the rows that draft. After it every drafting row's
@@ -59,6 +62,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from dsd.backend.eagle import EagleDraft, EagleOrLookup, EagleState, draft_passes
 from dsd.backend.engine import (
     AnyDraft,
     Draft,
@@ -69,7 +73,7 @@ from dsd.backend.engine import (
     StepResult,
 )
 from dsd.backend.kv_cache import KVCache
-from dsd.backend.model import Transformer
+from dsd.backend.model import ForwardGroup, Transformer
 from dsd.backend.sampling import greedy_accept
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
@@ -140,12 +144,14 @@ class GraphKey:
 @torch.inference_mode()
 def fixed_shape_step(
     target: Transformer,
-    draft: Draft | None,
+    draft: Draft | EagleDraft | None,
     target_cache: KVCache,
     draft_cache: KVCache | None,
     inputs: torch.Tensor,  # [4 + K_max, B] int64 rows: slot, last token, L, K, n-gram drafts
     key: GraphKey,
     trash_position: int,
+    eagle: EagleState | None = None,  # with an EAGLE draft: the target's features, head cache
+    lookup: bool = False,  # EAGLE or lookup: rows 4.. hold a row's full lookup, -1: the head's
 ) -> torch.Tensor:
     """Draft (width-1 forwards), verify, greedy accept; returns [B, K+2]: a, then output ids.
 
@@ -160,8 +166,17 @@ def fixed_shape_step(
     drafted: list[torch.Tensor] = []
     if k_step > 0 and draft is None:  # n-gram drafts, looked up on the host
         drafted = list(inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step])  # K x [B]
+    elif k_step > 0 and isinstance(draft, EagleDraft):
+        assert eagle is not None
+        eagle_ids, _ = draft_passes(
+            draft, eagle, slots, last_tokens, lengths, spec > 0, k_step, key.kv_len, trash_position
+        )  # [B, K]
+        if lookup:  # per row: prompt lookup's drafts where it found all K
+            found = inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step].T  # [B, K]
+            eagle_ids = torch.where(found[:, :1] >= 0, found, eagle_ids)
+        drafted = list(eagle_ids.unbind(1))
     elif k_step > 0:
-        assert draft is not None and draft_cache is not None
+        assert isinstance(draft, Draft) and draft_cache is not None
         drafting = spec > 0  # [B]
         token = last_tokens  # [B]
         for index in range(k_step):
@@ -186,9 +201,15 @@ def fixed_shape_step(
     # Verify the last token and the drafts at L..L+K; drafts past a row's K go to the trash.
     positions = torch.where(offsets <= spec[:, None], lengths[:, None] + offsets, trash[:, None])
     verify_ids = torch.cat((last_tokens[:, None], draft_ids), dim=1)  # [B, K+1]
-    target_logits = target(
-        verify_ids, positions, target_cache, slots, kv_len=key.kv_len
-    )  # [B, K+1, V]
+    if eagle is None:
+        target_logits = target(
+            verify_ids, positions, target_cache, slots, kv_len=key.kv_len
+        )  # [B, K+1, V]
+    else:  # the same forward, keeping the target's features for the head
+        verify = ForwardGroup(verify_ids, positions, slots, kv_len=key.kv_len)
+        features: list[torch.Tensor] = []
+        target_logits = target.forward_groups([verify], target_cache, features_out=features)[0]
+        eagle.store([verify], features)
     num_accepted, output_ids = greedy_accept(draft_ids, target_logits, spec)  # [B], [B, K+1]
     return torch.cat((num_accepted[:, None], output_ids), dim=1)  # [B, K+2]
 
@@ -224,12 +245,14 @@ class EagerStepRunner:
         with _blas_library(step_blas_library(key, self.cublaslt_max_rows)):
             return fixed_shape_step(
                 engine.target,
-                engine.model_draft,
+                engine.eagle_draft or engine.model_draft,
                 engine.target_cache,
                 engine.draft_cache,
                 staged,
                 key,
                 engine.trash_position,
+                engine.eagle,
+                lookup=isinstance(engine.draft, EagleOrLookup),
             )
 
 
@@ -389,6 +412,8 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         drafting_rows = np.flatnonzero(spec > 0)  # host: rows that draft this step
         if k_step > 0 and self.model_draft is not None:
             self._catch_up_draft(slots[drafting_rows], lengths[drafting_rows])
+        elif k_step > 0 and self.eagle is not None:
+            self._catch_up_eagle(slots[drafting_rows], lengths[drafting_rows])
 
         key = self.graph_key(num_rows, k_step, int(lengths.max()))
         host_inputs = self._padded_inputs(key.num_rows)  # [4 + K_max, Bpad]
@@ -398,6 +423,9 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         host_inputs[3, :num_rows] = spec
         if ngram_drafts is not None:
             host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = ngram_drafts.T
+        if isinstance(self.draft, EagleOrLookup) and k_step > 0:
+            found = self._full_lookups(slots, spec, lengths)  # [B, K], -1 where the head drafts
+            host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = found.T
         out = self.runner.run(key, host_inputs)[:num_rows]  # [B, K+2]
         num_accepted = out[:, 0].copy()  # [B]
         output_ids = out[:, 1:].copy()  # [B, K+1]

@@ -33,7 +33,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,9 @@ def attention_backends(device: torch.device) -> contextlib.AbstractContextManage
     if device.type != "cuda":
         return contextlib.nullcontext()
     return sdpa_kernel(_NO_PER_SHAPE_PLANS)
+
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 
 @dataclass(frozen=True)
@@ -679,9 +682,12 @@ class Transformer(nn.Module):
         groups: Sequence[ForwardGroup],
         kv_cache: KVCache | None = None,
         num_layers: int | None = None,
+        features_out: list[torch.Tensor] | None = None,
     ) -> list[torch.Tensor]:
         """`forward` of several padded blocks in ONE pass: per group its logits, as `forward`
-        would return them for that group alone.
+        would return them for that group alone. With `features_out`, each group's features (the
+        final norm's output at every token, [B, T, hidden]: what an EAGLE head reads) are
+        appended to it.
 
         Every linear layer (and the head) runs once over the tokens of all groups, so each weight
         is read once; attention runs per group. This is how a step that verifies decode rows of
@@ -714,6 +720,11 @@ class Transformer(nn.Module):
         # The head only at the tokens each group wants logits of, all groups in one matmul.
         heads: list[torch.Tensor] = []
         sizes = [ids.numel() for ids in flat_ids]
+        if features_out is not None:
+            features = torch.split(self.norm(hidden), sizes)
+            features_out.extend(
+                f.view(*g.input_ids.shape, -1) for f, g in zip(features, groups, strict=True)
+            )
         for group, part in zip(groups, torch.split(hidden, sizes), strict=True):
             block = part.view(*group.input_ids.shape, -1)  # [B, T, hidden]
             if group.logit_indices is not None:
@@ -730,7 +741,10 @@ class Transformer(nn.Module):
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head -> float32 logits."""
-        hidden = self.norm(hidden)
+        return self.project(self.norm(hidden))
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head alone (no norm) -> float32 logits: also an EAGLE head's, over features."""
         logits: torch.Tensor
         if self.lm_head is not None:
             logits = self.lm_head(hidden)
@@ -778,7 +792,7 @@ class Transformer(nn.Module):
         return padded_rows(num_tokens, self.native_kernels)
 
 
-def init_random_(model: Transformer, seed: int, std: float = 0.02) -> Transformer:
+def init_random_(model: ModuleT, seed: int, std: float = 0.02) -> ModuleT:
     """Fill the weights in place like HF's init (normal(0, std) matrices, unit norms); returns it.
 
     Deterministic for a given seed and device (a generator on the parameters' device draws them).

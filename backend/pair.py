@@ -8,7 +8,9 @@ Model specs (`--target`, `--draft`), one spelling everywhere:
 - drafts only: `early-exit:N` (the target's first N layers + final norm + head), `ngram` or
   `ngram:MIN-MAX` (prompt lookup with vLLM's `ngram` semantics: n-grams of MIN..MAX tokens,
   vLLM's prompt_lookup_min / prompt_lookup_max; `ngram` alone is vLLM's default 5-5; no model),
-  and `none`.
+  `eagle` (an EAGLE head, `backend.eagle`: the trained one shipped for `smollm2-135m`, random
+  weights at any random-weight target's shape), `eagle:FILE` (a head file), `eagle+ngram[:MIN-MAX]`
+  (per row and step, prompt lookup where it finds all K drafts, else the head), and `none`.
 
 `load_pair` checks the draft spec's spelling before any weights load and its depth against
 the target once the target is known. `ModelPair.real_workload` turns a workload into the one a
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch
 
+from dsd.backend.eagle import SHIPPED_HEADS, EagleDraft, EagleHead, EagleOrLookup, load_head
 from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.model import MODEL_CONFIGS, Transformer, init_random_
 from dsd.backend.ngram import NgramConfig
@@ -39,6 +42,7 @@ from dsd.traces.workload import Workload
 NO_DRAFT = "none"
 EARLY_EXIT_PREFIX = "early-exit:"
 NGRAM = "ngram"
+EAGLE = "eagle"
 RANDOM_PREFIX = "random:"
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -71,7 +75,7 @@ def _positive_int(text: str) -> int | None:
 def check_draft_spec(spec: str) -> int | NgramConfig | None:
     """What a draft spec names before anything loads: an early-exit depth, an n-gram lookup, or
     None (no draft, or a model spec); a bad spelling is a one-line error."""
-    if spec.lower() in (NO_DRAFT, NGRAM) and spec not in (NO_DRAFT, NGRAM):
+    if spec.lower() in (NO_DRAFT, NGRAM, EAGLE) and spec not in (NO_DRAFT, NGRAM, EAGLE):
         raise InputError(f"--draft {spec}: write {spec.lower()}")
     if spec == NGRAM:
         return NgramConfig()
@@ -173,11 +177,36 @@ class ModelPair:
                     "(layers of the target)"
                 )
             draft = Draft.early_exit(self.target, parsed)
+        elif spec.startswith(EAGLE + "+"):  # eagle+ngram[:MIN-MAX]
+            lookup = check_draft_spec(spec.removeprefix(EAGLE + "+"))
+            if not isinstance(lookup, NgramConfig):
+                raise InputError(f"--draft {spec}: write eagle+ngram or eagle+ngram:MIN-MAX")
+            draft = EagleOrLookup(
+                EagleDraft(self._eagle_head(EAGLE, seed + 1), self.target), lookup
+            )
+        elif spec == EAGLE or spec.startswith(EAGLE + ":"):
+            draft = EagleDraft(self._eagle_head(spec, seed + 1), self.target)
         elif spec != NO_DRAFT:
             draft_model, draft_tokenizer = build_model(spec, str(self.device), self.dtype, seed + 1)
             check_pair(self.target.config, draft_model.config, self.tokenizer_name, draft_tokenizer)
             draft = Draft(draft_model)
         return dataclasses.replace(self, draft_spec=spec, draft=draft)
+
+    def _eagle_head(self, spec: str, seed: int) -> EagleHead:
+        """The head `eagle` or `eagle:FILE` names for this target."""
+        if spec.startswith(EAGLE + ":"):
+            return load_head(spec.removeprefix(EAGLE + ":"), self.target)
+        shipped = SHIPPED_HEADS.get(self.target_spec)
+        if shipped is not None and self.tokenizer_name is not None:
+            if not shipped.is_file():
+                raise InputError(f"--draft eagle: the trained head {shipped} is missing")
+            return load_head(shipped, self.target)
+        if self.tokenizer_name is None:  # random weights: a random head at the target's shape
+            return EagleHead.random(self.target, seed)
+        raise InputError(
+            f"--draft eagle: no trained head ships for {self.target_spec}; give eagle:FILE "
+            "(dsd zoo train-eagle makes one)"
+        )
 
     def describe(self) -> dict[str, Any]:
         """What a run's result records about the pair."""

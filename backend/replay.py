@@ -29,10 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from dsd.backend.eagle import EagleDraft, EagleOrLookup, eagle_recording
 from dsd.backend.engine import AnyDraft, Draft, NgramDraft
 from dsd.backend.ngram import propose_ngram
 from dsd.backend.pair import ModelPair
 from dsd.common.arrays import BoolArray, IntArray
+from dsd.common.errors import InputError
 from dsd.sim.models.replay import (
     DEFAULT_REPLAY_CAP,
     ReplayRecording,
@@ -103,6 +105,10 @@ def replay_recording(
             source="ngram replay",
             metadata=info,
         )
+    if isinstance(draft, EagleDraft):
+        return eagle_recording(draft, prompt_ids, output_ids, cap, categories, info)
+    if isinstance(draft, EagleOrLookup):  # which of the two drafts depends on the step's K
+        raise InputError("draft: a replay recording of eagle+ngram is not supported")
     info["num_layers"] = draft.depth
     matches = [
         draft_matches(draft, np.asarray(prompt), np.asarray(output))

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
     parser.add_argument("--dataset-name", default="instructcoder")
     parser.add_argument("--num-prompts", type=int, default=24)
+    parser.add_argument(
+        "--output-len", type=int, help="output tokens per prompt (default: the set's)"
+    )
     parser.add_argument("--max-concurrency", type=int, default=1)
     parser.add_argument("--arm", action="append", help="'none' or 'DRAFT POLICY [K_MAX]'")
     parser.add_argument("--repeats", type=int, default=3)
@@ -59,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             policy="static:0",  # each arm's own
             dataset=args.dataset_name,
             num_prompts=args.num_prompts,
+            output_len=args.output_len,
             max_concurrency=args.max_concurrency,
             seed=args.seed,
         )
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": str(pair.dtype),
         "dataset_name": args.dataset_name,
         "num_prompts": args.num_prompts,
+        "output_len": args.output_len,
         "max_concurrency": args.max_concurrency,
         "repeats": args.repeats,
         "threads": thread_settings(),

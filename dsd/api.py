@@ -567,7 +567,11 @@ def distill_draft(
     on_step: Callable[[int, list[float]], None] | None = None,
     **train: Any,
 ) -> DistillResult:
-    """Train a draft from scratch for a target by distillation (`backend.zoo`)."""
+    """Train a draft for a target by distillation (`backend.zoo`; eagle: `backend.eagle_train`)."""
+    if draft_config == "eagle":
+        from dsd.backend.eagle_train import train_eagle_to
+
+        return train_eagle_to(out, target, on_step=on_step, **train)
     from dsd.backend.corpus import parse_corpus_names
     from dsd.backend.zoo import TrainConfig
     from dsd.backend.zoo import distill_draft as distill

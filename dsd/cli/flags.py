@@ -200,7 +200,12 @@ PAIR: FlagGroup = {
     "target": option(
         str | None, None, "Target model: a named shape, smollm2-135m, a .gguf file or a folder."
     ),
-    "draft": option(str, "none", "Draft: a model spec, early-exit:N, ngram[:MIN-MAX], or none."),
+    "draft": option(
+        str,
+        "none",
+        "Draft: a model spec, early-exit:N, ngram[:MIN-MAX], eagle[:FILE], eagle+ngram[:MIN-MAX], "
+        "or none.",
+    ),
     "device": option(str, "cpu", "cpu or cuda."),
     "dtype": option(str, "auto", "auto, float32, bfloat16, float16."),
     "threads": option(

@@ -1,6 +1,6 @@
-"""`dsd generate` and `dsd zoo train | distill-draft`: real text from real weights, and the zoo
-(`dsd.api.generate`, `dsd.api.train_pair`, `dsd.api.distill_draft`). Checkpoints and
-train.json are written atomically by the backend.
+"""`dsd generate` and `dsd zoo train | distill-draft | train-eagle`: real text from real
+weights, and the zoo (`dsd.api.generate`, `dsd.api.train_pair`, `dsd.api.distill_draft`).
+Checkpoints and train.json are written atomically by the backend.
 """
 
 from __future__ import annotations
@@ -141,9 +141,64 @@ def zoo_distill_draft(
         f"{record.steps_done} steps in {record.elapsed_s:.1f} s; held-out next-token loss "
         f"{record.heldout_loss:.3f}"
     )
-    _print_acceptance(result.baseline_acceptance, "untrained draft (baseline)")
-    _print_acceptance(record.acceptance, "held-out greedy acceptance")
+    if record.acceptance:  # an EAGLE head (--draft-config eagle) records none
+        _print_acceptance(result.baseline_acceptance, "untrained draft (baseline)")
+        _print_acceptance(record.acceptance, "held-out greedy acceptance")
     typer.echo(f"wrote {result.draft_dir}")
+
+
+@flags.command(zoo_app, "train-eagle", flags.SEED)
+def zoo_train_eagle(
+    out: Annotated[Path, typer.Option(help="The head file to write (.safetensors).")],
+    target: Annotated[str, typer.Option(help="The target (real weights).")] = "smollm2-135m",
+    chat_prompts: Annotated[int, typer.Option(help="Chat prompts the target continues.")] = 320,
+    gen_tokens: Annotated[int, typer.Option(help="Greedy tokens per chat prompt.")] = 64,
+    shakespeare_windows: Annotated[int, typer.Option(help="Windows of the plays (0: none).")] = 50,
+    seq_len: Annotated[int, typer.Option(help="Tokens per training sequence.")] = 128,
+    draft_vocab: Annotated[
+        int, typer.Option(help="Draft vocabulary: most frequent target tokens (0: all).")
+    ] = 4096,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 600,
+    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 8,
+    lr: Annotated[float, typer.Option(help="Peak AdamW learning rate.")] = 2e-3,
+    max_prompt_tokens: Annotated[
+        int, typer.Option(help="Chat prompts are cut to their last this many tokens.")
+    ] = 64,
+    document_windows: Annotated[
+        int, typer.Option(help="Windows of the prompt sets' questions and answers (0: none).")
+    ] = 300,
+    max_minutes: Annotated[
+        float | None, typer.Option(help="Stop the optimizer after this wall time.")
+    ] = None,
+    **given: Any,
+) -> None:
+    """Train an EAGLE head for a target on its own greedy outputs (MT-Bench held out)."""
+    from dsd import api
+
+    options = {
+        "chat_prompts": chat_prompts,
+        "gen_tokens": gen_tokens,
+        "shakespeare_windows": shakespeare_windows,
+        "document_windows": document_windows,
+        "seq_len": seq_len,
+        "draft_vocab": draft_vocab,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "max_prompt_tokens": max_prompt_tokens,
+        "max_minutes": max_minutes,
+        "seed": given.get("seed", 0),
+    }
+    with _loss_bar(steps, "train EAGLE head (loss, top-1)") as on_step:
+        result = api.distill_draft(
+            out, target=target, draft_config="eagle", on_step=on_step, **options
+        )
+    record = result.record
+    typer.echo(
+        f"{record.steps_done} steps, {record.elapsed_s:.0f} s in all "
+        f"({record.corpus['training_tokens']} training tokens); wrote {result.draft_dir} "
+        f"({record.corpus['file_bytes'] / 1e6:.1f} MB) and its .train.json"
+    )
 
 
 def register(app: typer.Typer) -> None:
