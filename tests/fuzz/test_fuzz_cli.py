@@ -158,7 +158,8 @@ _POSITIONAL_POOLS: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {
          "{sweep_bad_ktrace}", "{sweep_cells_not_list}", "{folder}", "{missing}", "{bad_json}"),
     ),
 }  # fmt: skip
-# Not fuzzed here: generate and distill-draft need real model files, which tests do not ship;
+# Not fuzzed here: generate, distill-draft and train-eagle need real model files, which tests do
+# not ship (train-eagle's flags: tests/cli/test_zoo_commands.py);
 # hardware-report profiles and validates a real pair (minutes per case; its few flags are
 # checked in tests/cli/test_hardware_report.py). check-policy runs hypothesis itself, which
 # does not nest inside this fuzzer's hypothesis run (its flags: tests/cli/test_check_policy.py).
@@ -166,6 +167,7 @@ _NOT_FUZZED = {
     ("check-policy",),
     ("generate",),
     ("zoo", "distill-draft"),
+    ("zoo", "train-eagle"),
     ("hardware-report",),
 }
 
