@@ -151,14 +151,14 @@ def zoo_distill_draft(
 def zoo_train_eagle(
     out: Annotated[Path, typer.Option(help="The head file to write (.safetensors).")],
     target: Annotated[str, typer.Option(help="The target (real weights).")] = "smollm2-135m",
-    chat_prompts: Annotated[int, typer.Option(help="Chat prompts the target continues.")] = 320,
+    chat_prompts: Annotated[int, typer.Option(help="Chat prompts the target continues.")] = 480,
     gen_tokens: Annotated[int, typer.Option(help="Greedy tokens per chat prompt.")] = 64,
     shakespeare_windows: Annotated[int, typer.Option(help="Windows of the plays (0: none).")] = 50,
     seq_len: Annotated[int, typer.Option(help="Tokens per training sequence.")] = 128,
     draft_vocab: Annotated[
         int, typer.Option(help="Draft vocabulary: most frequent target tokens (0: all).")
     ] = 4096,
-    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 600,
+    steps: Annotated[int, typer.Option(help="Optimizer steps.")] = 900,
     batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 8,
     lr: Annotated[float, typer.Option(help="Peak AdamW learning rate.")] = 2e-3,
     max_prompt_tokens: Annotated[
@@ -166,7 +166,7 @@ def zoo_train_eagle(
     ] = 64,
     document_windows: Annotated[
         int, typer.Option(help="Windows of the prompt sets' questions and answers (0: none).")
-    ] = 300,
+    ] = 600,
     max_minutes: Annotated[
         float | None, typer.Option(help="Stop the optimizer after this wall time.")
     ] = None,

@@ -26,6 +26,12 @@ def _validate_fn() -> Callable[..., Any]:
     return validate
 
 
+def _train_eagle_fn() -> Callable[..., Any]:
+    from dsd.backend.eagle_train import EagleTrainConfig
+
+    return EagleTrainConfig
+
+
 def _hardware_fn() -> Callable[..., Any]:
     from dsd.validation.pipeline import hardware_report
 
@@ -39,6 +45,7 @@ COMMANDS: dict[str, tuple[Callable[[], Callable[..., Any]], dict[str, str]]] = {
         {"dataset_name": "dataset", "allow_noisy_profile": "allow_noisy"},
     ),
     "validate": (_validate_fn, {}),
+    "zoo train-eagle": (_train_eagle_fn, {}),
     "hardware-report": (
         _hardware_fn,
         {"dataset_name": "dataset", "time_budget": "time_budget_s", "speedup_arm": "speedup_arms"},
@@ -60,7 +67,10 @@ def test_own_flag_defaults_are_the_api_functions_defaults(name: str) -> None:
     api_parameters = inspect.signature(function_of()).parameters
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     checked = 0
-    for param in commands[name].params:
+    command = commands[name.split()[0]]
+    for word in name.split()[1:]:  # a group's command
+        command = command.commands[word]
+    for param in command.params:
         api_name = renamed.get(str(param.name), str(param.name))
         if api_name not in api_parameters or param.default is None:
             continue
