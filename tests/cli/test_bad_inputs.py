@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from dsd.cli import main
+from test_simulate import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 H100 = REPO / "policies" / "profiles" / "pr32374_llama31_8b_eagle_h100.json"
@@ -23,19 +22,9 @@ EXPORT = ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "256"]
 LONG_NAME = "p" * 300 + ".json"  # past every common file system's 255-byte name limit
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
     """Run `argv`, assert the error contract, return the one error line."""
-    code, out, err = _run(argv, capsys)
+    code, out, err = run_cli(argv, capsys)
     assert code == 2, (code, out, err)
     assert out == ""
     lines = err.splitlines()
@@ -95,7 +84,7 @@ def test_export_out_with_a_trailing_slash_means_a_folder_and_is_refused(
 def test_an_empty_out_is_refused_not_the_current_folder(
     command: list[str], cwd: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _run([*command, "--out", ""], capsys)  # `traces show` prints its table first
+    code, _, err = run_cli([*command, "--out", ""], capsys)  # `traces show` prints its table first
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("error: --out: an empty path") and "Traceback" not in err
     assert list(cwd.iterdir()) == []
@@ -219,7 +208,7 @@ def test_a_token_budget_below_max_num_seqs_is_refused_as_vllm_does(
     )
     # vLLM's rule, not a stricter one: the budget equal to max_num_seqs runs
     argv = ["simulate", "--profile", str(H100), *SIM, "--max-num-seqs", "16"]
-    code, out, err = _run([*argv, "--max-num-batched-tokens", "16", "--json"], capsys)
+    code, out, err = run_cli([*argv, "--max-num-batched-tokens", "16", "--json"], capsys)
     assert (code, err) == (0, "")
     assert json.loads(out)["completed"] == 8
 
