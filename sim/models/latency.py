@@ -670,11 +670,13 @@ class ParametricLatencyModel:
             loss="soft_l1",  # robust: one outlier point must not bend the whole surface
             f_scale=0.05,
             x_scale="jac",
-            # The points leave a shallow valley (host vs weights, spec vs draft costs): to the
-            # default 1e-8 the PR profile's fit took ~5,000 steps for changes under 0.2%.
-            ftol=1e-6,
-            max_nfev=20000,
             method="trf",
+            # The points leave a shallow valley (host vs weights, spec vs draft costs). The
+            # exact trust-region solver crawls along it: thousands of steps, stopping short of
+            # the minimum; LSMR's damped steps reach the minimum in a few dozen (docs/models.md
+            # 1.2, "The fit").
+            tr_solver="lsmr",
+            max_nfev=2000,
         )
         fitted = full(np.maximum(result.x, 0.0))
         if not context_aware:
