@@ -21,6 +21,7 @@ from dsd.policies.profile_io import load_profile, save_profile
 from dsd.policies.spec import policy_sources
 from dsd.sim.interval import VALIDATION_INTERVAL_RUNS
 from dsd.sim.run_fields import run_config
+from dsd.traces.datasets import PROMPT_SET_NAMES
 from dsd.validation.plan import (
     FULL_HARDWARE_PLAN,
     QUICK_HARDWARE_PLAN,
@@ -251,6 +252,7 @@ def hardware_report(
     fast_path: str = "off",
     threads: int | None = None,
     dataset: str = "instructcoder",
+    profile_dataset: str | None = None,
     quick: bool = False,
     trials: int | None = None,
     time_budget_s: float | None = None,
@@ -271,7 +273,9 @@ def hardware_report(
     (None: the plan's `speedup_extra_arms`). On CPU `threads` defaults to 1 (a shared
     machine's cores are not all ours).
     `dtype` and `fast_path` (the decode path: off, eager, cuda-graphs) hold for the profile, the
-    speedup arms and the cells alike."""
+    speedup arms and the cells alike. `profile_dataset`: the prompt set of the profile's
+    acceptance run (None: `dataset`); another set than the cells' is a transfer report
+    (docs/validation.md, "Transfer")."""
     import datetime as dt
     import time
 
@@ -300,6 +304,12 @@ def hardware_report(
     require_int(threads, "threads", 1, MAX_THREADS, optional=True)
 
     check_draft_spec(draft)  # a bad spelling fails before anything loads
+    for field, name in (("dataset", dataset), ("profile_dataset", profile_dataset)):
+        # held-out cells leave out the profile's prompts, which only a named prompt set has
+        if name is not None and name not in PROMPT_SET_NAMES:
+            raise InputError(
+                f"{field}: {name!r} is not a prompt set; known: {', '.join(PROMPT_SET_NAMES)}"
+            )
     if speedup_arms is not None:
         plan = dataclasses.replace(plan, speedup_extra_arms=tuple(speedup_arms))
     extra_arms = [Arm.parse(text) for text in plan.speedup_extra_arms]
@@ -326,7 +336,7 @@ def hardware_report(
         k=sorted({0, 1, *plan.k_values}),
         context_lens=plan.context_lens,
         prefill_tokens=plan.prefill_tokens,
-        dataset=dataset,
+        dataset=dataset if profile_dataset is None else profile_dataset,
         num_prompts=plan.acceptance_prompts,
         output_len=plan.output_len,
         warmup=plan.profile_warmup,
@@ -409,6 +419,12 @@ def hardware_report(
             "load_during": {"min": min(loads), "max": max(loads), "samples": loads},
             "speedup_prompts": plan.speedup_prompts,
             "speedup_repeats": plan.speedup_repeats,
+            # only in a transfer report, so other reports keep the keys they always had
+            **(
+                {"profile_dataset": profile_dataset}
+                if profile_dataset not in (None, dataset)
+                else {}
+            ),
         }
     )
     stage(f"writing {folder}")

@@ -375,6 +375,12 @@ def prompts_lines(config: dict[str, Any]) -> list[str]:
             "Prompts: in sample (the profile's own acceptance prompts; with the empirical "
             "model each replays its recorded drafts), so this checks timing only."
         )
+    profile_dataset = config.get("profile_dataset")
+    if profile_dataset is not None and profile_dataset != config.get("dataset"):
+        text += (
+            f" Transfer: the profile's acceptance ran on {profile_dataset}, the cells on "
+            f"{config.get('dataset')}."
+        )
     return [text, ""]
 
 

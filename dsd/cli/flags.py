@@ -233,6 +233,8 @@ OWN_FIELD_FLAGS = {
     "time_budget_s": "--time-budget",
     "speedup_arms": "--speedup-arm",
     "file_format": "--format",
+    "dataset": "--dataset-name",
+    "profile_dataset": "--profile-dataset-name",
 }
 
 

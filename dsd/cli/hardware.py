@@ -29,6 +29,13 @@ def register(app: typer.Typer) -> None:
             int | None, typer.Option(help="torch CPU threads (default: 1 on CPU).")
         ] = None,
         dataset_name: Annotated[str, typer.Option(help="Prompt set.")] = "instructcoder",
+        profile_dataset_name: Annotated[
+            str | None,
+            typer.Option(
+                help="Prompt set of the profile's acceptance run (default: --dataset-name); "
+                "another set than the cells' is a transfer report."
+            ),
+        ] = None,
         quick: Annotated[
             bool, typer.Option(help="A small plan (about a minute): a dry run, not a result.")
         ] = False,
@@ -63,6 +70,7 @@ def register(app: typer.Typer) -> None:
             fast_path=fast_path,
             threads=threads,
             dataset=dataset_name,
+            profile_dataset=profile_dataset_name,
             quick=quick,
             trials=trials,
             time_budget_s=time_budget,

@@ -127,6 +127,8 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--device", "tpu"], "--device"),
         (["--fast-path", "turbo"], "--fast-path"),
         (["--fast-path", "cuda-graphs"], "needs --device cuda"),
+        (["--dataset-name", "azure-code"], "--dataset-name: 'azure-code' is not a prompt set"),
+        (["--profile-dataset-name", "nope"], "--profile-dataset-name: 'nope' is not a prompt"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, fragment, tmp_path, capsys) -> None:
@@ -147,10 +149,11 @@ def test_a_spent_time_budget_runs_one_round_and_says_so(tmp_path) -> None:
 
     out = tmp_path / "report"
     # 1 s, less the reserve for writing: spent before the first round, which runs anyway.
-    # On the fixed-shape decode path and a chosen dtype, both recorded.
+    # On the fixed-shape decode path and a chosen dtype, both recorded; and a transfer report
+    # (the profile's acceptance on MT-Bench, the cells on InstructCoder), said so.
     main(["hardware-report", "--quick", "--trials", "3", "--time-budget", "1", "--target",
           "tiny", "--draft", "ngram:1-3", "--fast-path", "eager", "--dtype", "float32",
-          "--out", str(out)])  # fmt: skip
+          "--profile-dataset-name", "mt-bench", "--out", str(out)])  # fmt: skip
     rows = list(csv.DictReader((out / "cells.csv").open()))
     assert {row["num_trials"] for row in rows} == {"1"}
     config = json.loads((out / "config.json").read_text())
@@ -158,6 +161,11 @@ def test_a_spent_time_budget_runs_one_round_and_says_so(tmp_path) -> None:
     assert config["fast_path"] == "eager" and config["dtype"] == "float32"
     profile = json.loads((out / "profile.json").read_text())
     assert profile["metadata"]["fast_path"] == "eager"
+    assert profile["metadata"]["dataset"] == "mt-bench"
+    assert (config["profile_dataset"], config["dataset"]) == ("mt-bench", "instructcoder")
+    report = (out / "report.md").read_text()
+    transfer = "Transfer: the profile's acceptance ran on mt-bench, the cells on instructcoder"
+    assert transfer in report
     assert "trials per cell: 1 of the 3 planned" in (out / "report.md").read_text()
 
 
