@@ -28,7 +28,10 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[
             int | None, typer.Option(help="torch CPU threads (default: 1 on CPU).")
         ] = None,
-        dataset_name: Annotated[str, typer.Option(help="Prompt set.")] = "instructcoder",
+        dataset_name: Annotated[
+            str | None,
+            typer.Option(help="Prompt set (default: the plan's; instructcoder, or mt-bench)."),
+        ] = None,
         quick: Annotated[
             bool, typer.Option(help="A small plan (about a minute): a dry run, not a result.")
         ] = False,
@@ -50,6 +53,20 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
+        plan: Annotated[
+            str,
+            typer.Option(
+                help="full, or production (PR #32374's experiment at production shapes, "
+                "acceptance drawn from its rates: tokens meaningless)."
+            ),
+        ] = "full",
+        stage: Annotated[
+            str,
+            typer.Option(
+                help="all; profile (then stop); cells (on the profile.json a profile stage "
+                "left in --out)."
+            ),
+        ] = "all",
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
         from dsd import api
@@ -68,6 +85,8 @@ def register(app: typer.Typer) -> None:
             time_budget_s=time_budget,
             speedup_arms=speedup_arm,
             seed=seed,
+            plan=plan,
+            stage=stage,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),
         )

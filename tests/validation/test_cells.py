@@ -373,7 +373,7 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
 
-    def fake_runs(cells, pair, fast_path, between_steps, engines):
+    def fake_runs(cells, pair, fast_path, between_steps, engines, drawn_acceptance):
         clock["now"] += 10.0 * len(cells)
         return [resolved.config.policy for resolved in cells]
 
