@@ -121,6 +121,27 @@ def test_the_fixed_shape_step_agrees_with_the_reference_step(target, draft) -> N
     assert fast.token_ids.tolist() == reference.token_ids.tolist()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("draft_spec", ["tiny-draft", "eagle"])
+def test_cuda_graphs_accept_the_drawn_counts_as_the_eager_fixed_shape_step(draft_spec: str) -> None:
+    # the drawn counts ride in the graphs' static inputs: replays take each step's own counts
+    pair = load_pair("tiny", draft_spec, device="cuda", dtype="float32", seed=0)
+    assert pair.draft is not None
+    config = SpecDecodeConfig(num_slots=4, max_model_len=96, k_max=5, drawn_acceptance=True)
+    eager = FastSpecDecodeEngine(pair.target, pair.draft, config, runner="eager")
+    graphs = FastSpecDecodeEngine(pair.target, pair.draft, config, runner="cuda-graphs")
+    eager_slots, graph_slots = _prefilled(eager, 3), _prefilled(graphs, 3)
+    rng = np.random.default_rng(4)
+    for _ in range(10):
+        spec = rng.integers(0, 6, size=3)
+        drawn = rng.integers(0, spec + 1)
+        want = eager.step(eager_slots, spec, drawn)
+        got = graphs.step(graph_slots, spec, drawn)
+        assert got.num_accepted.tolist() == want.num_accepted.tolist() == drawn.tolist()
+        assert got.output_token_ids.tolist() == want.output_token_ids.tolist()
+        _check_lengths(graphs, graph_slots)
+
+
 def test_drawn_counts_are_checked(target, draft) -> None:  # type: ignore[no-untyped-def]
     engine = _engine(target, draft)
     slots = _prefilled(engine, 2)
