@@ -3,6 +3,7 @@ from the simulator's acceptance model, so a real run and its simulated twin acce
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from dsd.backend.ngram import NgramConfig
 from dsd.backend.pair import load_pair
 from dsd.backend.real import real_engine, resolve_real
 from dsd.backend.sampling import PLACEHOLDER_TOKEN_ID, drawn_accept
+from dsd.policies.profile_io import load_profile, save_profile
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.engine import Engine
 from dsd.sim.resolve import ResolvedRun
@@ -162,20 +164,24 @@ def test_drawn_counts_are_checked(target, draft) -> None:  # type: ignore[no-unt
         _engine(target, NgramDraft(NgramConfig()))
 
 
-def _recording(engine: Engine) -> dict[int, list[int]]:
-    """req_id -> the accepted count of each of its decode steps, as the engine's executor
+def _recording(engine: Engine) -> dict[int, list[tuple[int, int, int]]]:
+    """req_id -> (K, drafted, accepted) of each of its decode steps, as the engine's executor
     reports them (recorded as the run goes)."""
-    counts: dict[int, list[int]] = {}
+    counts: dict[int, list[tuple[int, int, int]]] = {}
     execute = engine.executor.execute
 
     def recording_execute(batch: ScheduledBatch) -> StepOutcome:
         outcome = execute(batch)
-        for req_id, accepted in zip(
+        ks = batch.num_spec_tokens[: batch.num_decode_reqs]
+        drafted = ks if outcome.num_drafted is None else outcome.num_drafted
+        for req_id, k, d, a in zip(
             batch.req_ids[: batch.num_decode_reqs].tolist(),
+            ks.tolist(),
+            drafted.tolist(),
             outcome.num_accepted.tolist(),
             strict=True,
         ):
-            counts.setdefault(int(req_id), []).append(int(accepted))
+            counts.setdefault(int(req_id), []).append((int(k), int(d), int(a)))
         return outcome
 
     engine.executor.execute = recording_execute  # type: ignore[method-assign]
@@ -196,16 +202,23 @@ def _both_sides(resolved: ResolvedRun, pair, fast_path: str = "off"):  # type: i
         ("static:3", "per-position", "off"),
         ("static:5", "heterogeneous", "eager"),
         ("goodput", "per-position", "eager"),
+        ("static:4", "replay", "off"),  # the bundled early-exit recording
+        ("static:5", "fewer drafts", "eager"),  # per-position, some steps drafting fewer than K
     ],
 )
 def test_a_real_drawn_run_accepts_what_the_simulator_accepts(
-    policy: str, acceptance_model: str, fast_path: str
+    policy: str, acceptance_model: str, fast_path: str, tmp_path: Path
 ) -> None:
     # the core property: the same run config and seed, the same accepted counts per request
     # and step on both sides (the validation error is then timing alone)
     pair = load_pair("tiny", "eagle", seed=0)
+    profile = H100
+    if acceptance_model == "fewer drafts":  # draft rates s_i < 1: d = K not always
+        profile = tmp_path / "fewer.json"
+        save_profile(replace(load_profile(H100), draft_rates=(0.9, 0.7, 0.5, 0.4, 0.3)), profile)
+        acceptance_model = "per-position"
     config = api.run_config(
-        profile=str(H100),
+        profile=str(profile),
         policy=policy,
         acceptance_model=acceptance_model,
         num_prompts=6,
@@ -216,7 +229,10 @@ def test_a_real_drawn_run_accepts_what_the_simulator_accepts(
     resolved = resolve_real(config, pair, fast_path)
     real, simulated, real_result, simulated_result = _both_sides(resolved, pair, fast_path)
     assert real == simulated
-    assert sum(map(sum, real.values())) > 0  # the profile's rates accept something
+    steps = [step for own in real.values() for step in own]
+    assert sum(a for _k, _d, a in steps) > 0  # the profile's rates accept something
+    if profile != H100:
+        assert any(d < k for k, d, _a in steps)
     columns = ["req_id", "num_output_tokens"]
     assert real_result.requests[columns].equals(simulated_result.requests[columns])
     assert (
