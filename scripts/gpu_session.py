@@ -3,7 +3,7 @@
 
   python3 scripts/gpu_session.py [--phase LIST] [--dry-run] [--results DIR] [--budget S]
       [--wheels DIR] [--target DIR] [--export DIR] [--quick] [--trials N] [--dtype D]
-      [--fast-path P] [--report-module M]                            on the device
+      [--fast-path P] [--report-module M] [--prompts N]               on the device
   python3 scripts/gpu_session.py --collect DIR ARCHIVE...            here, afterwards
 
 Phases, in PHASES' order: install (the wheels under --wheels into --target, a split wheel once
@@ -11,7 +11,8 @@ all its pieces came; then dsd's requirements checked), device (always: nvidia-sm
 versions), tests (pytest -m gpu), bench (BENCHMARKS), report (`python3 -m M hardware-report`,
 with --quick/--trials/--dtype/--fast-path), production-profile and production-cells (PR #32374's
 experiment at production shapes, `hardware-report --plan production` in two calls: the profile,
-then the cells on it, into RESULTS/production). install runs whenever another phase is asked for.
+then the cells on it, into RESULTS/production; --prompts N: N x C requests a cell instead of the
+plan's). install runs whenever another phase is asked for.
 Each phase logs to RESULTS/<phase>.log, has a time limit cut to what is left of --budget (570 s
 of a device call's 600 by default), and adds a line to RESULTS/summary.txt; a failed phase does
 not stop the next. RESULTS defaults to results/gpu/<UTC date>-<device> (b, c, ... after the date
@@ -326,6 +327,8 @@ def production(s: Session, stage: str) -> str:
     command += ["--device", "cpu" if dry else "cuda", "--out", str(s.results / "production")]
     command += (PRODUCTION_DRY if dry else PRODUCTION_GPU).split()
     command += ["--stage", stage, "--time-budget", str(max(20, s.limit_s - 20))]
+    if stage == "cells" and s.args.prompts:
+        command += ["--prompts-per-concurrency", str(s.args.prompts)]
     written = s.results / "production" / ("cells.csv" if stage == "cells" else "profile.json")
     rc = s.run(command)[0]
     return check(rc, f"{written.relative_to(s.results)} written" if written.exists() else "")
@@ -524,6 +527,7 @@ def main() -> int:
     add("--export", type=Path, default=os.environ.get("OUT") or None)
     add("--quick", action="store_true")
     add("--trials", type=int)
+    add("--prompts", type=int)
     add("--dtype", default="float32")
     add("--fast-path", default="off", choices=["off", "eager", "cuda-graphs"])
     add("--report-module", default="dsd")

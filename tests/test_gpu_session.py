@@ -242,14 +242,16 @@ def test_the_production_phases_profile_then_run_the_cells_with_drawn_acceptance(
     result, output = session(tmp_path, "--phase", "production-profile")
     assert result.returncode == 0, output
     assert summary(output)["production-profile"] == ("ok", "production/profile.json written")
-    result, output = session(tmp_path, "--phase", "production-cells")
+    result, output = session(tmp_path, "--phase", "production-cells", "--prompts", "2")
     assert result.returncode == 0, output
     assert summary(output)["production-cells"] == ("ok", "production/cells.csv written")
     report = tmp_path / "results" / "production"
     log = (tmp_path / "results" / "production.log").read_text()
     assert "--plan production" in log and "--stage cells" in log and "--target tiny" in log
+    assert "--prompts-per-concurrency 2" in log
     config = json.loads((report / "config.json").read_text())
     assert config["acceptance"].startswith("drawn") and config["fast_path"] == "eager"
+    assert config["plan"]["prompts_per_concurrency"] == 2
     rows = list(csv.DictReader((report / "cells.csv").open()))
     assert {row["policy"] for row in rows} == {
         "static:0", "static:3", "goodput", "online", "per-request"

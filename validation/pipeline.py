@@ -297,6 +297,7 @@ def hardware_report(
     seed: int = 0,
     plan: str = "full",
     stage: str = "all",
+    prompts_per_concurrency: int | None = None,
     progress: ProgressFactory = no_progress,
     on_stage: Callable[[str], None] | None = None,
 ) -> list[Path]:
@@ -316,7 +317,8 @@ def hardware_report(
     #32374's experiment at production shapes with drawn acceptance, docs/validation.md);
     `dataset`: None for the plan's (instructcoder unless it names one). `stage`: all; profile
     (load and profile into `out`, then stop: one device call); cells (the rest, on the
-    profile.json an earlier `profile` stage left in `out`)."""
+    profile.json an earlier `profile` stage left in `out`). `prompts_per_concurrency`: N x C
+    requests a cell instead of the plan's (a device call shorter or longer than it assumes)."""
     import datetime as dt
     import time
 
@@ -336,6 +338,11 @@ def hardware_report(
         if trials < 1:
             raise InputError(f"trials {trials}: must be at least 1")
         chosen = dataclasses.replace(chosen, trials=trials)
+    if prompts_per_concurrency is not None:
+        require_int(prompts_per_concurrency, "prompts_per_concurrency", 1)
+        chosen = dataclasses.replace(
+            chosen, prompts_per_concurrency=prompts_per_concurrency, prompts_per_cell=None
+        )
     if time_budget_s is not None and not time_budget_s > 0:
         raise InputError(f"time_budget_s {time_budget_s}: must be > 0 seconds")
     deadline_s = (

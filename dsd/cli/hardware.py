@@ -67,6 +67,10 @@ def register(app: typer.Typer) -> None:
                 "left in --out)."
             ),
         ] = "all",
+        prompts_per_concurrency: Annotated[
+            int | None,
+            typer.Option(help="N x C requests a cell instead of the plan's (default: the plan's)."),
+        ] = None,
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
         from dsd import api
@@ -87,6 +91,7 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             plan=plan,
             stage=stage,
+            prompts_per_concurrency=prompts_per_concurrency,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),
         )

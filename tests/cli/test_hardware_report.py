@@ -131,6 +131,7 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--plan", "huge"], "--plan huge: choose full, production"),
         (["--stage", "later"], "--stage later: choose all, profile, cells"),
         (["--stage", "cells"], "no profile.json (run --stage profile first)"),
+        (["--prompts-per-concurrency", "0"], "--prompts-per-concurrency: must be an integer >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(args, fragment, tmp_path, capsys) -> None:
