@@ -13,6 +13,13 @@ per slot, and the slots themselves (continuous batching: `alloc_slot` / `free_sl
 4. **roll back**: each cache's slot length is set to the valid prefix; rejected positions are
    overwritten later (see `backend.kv_cache`).
 
+**Drawn acceptance** (`SpecDecodeConfig.drawn_acceptance`, for timing at production shapes on
+random weights, docs/validation.md): every step is given each row's accepted count a, drawn
+before it from the simulator's acceptance model (`backend.executor`); the step does all its
+device work (drafting, the one verify forward, the argmax greedy matching reads) but accepts a
+(`backend.sampling.drawn_accept`) and rolls back by it. The emitted tokens (the first a drafts,
+then the target's argmax at a) mean nothing. Greedy, model or EAGLE drafts only.
+
 Per-slot invariant between steps for a slot that decodes: the token buffer holds n tokens, the
 target cache holds positions [0, n - 1) (the last token is fed by the next step), and the draft
 cache holds [0, m) with m <= n - 1.
@@ -55,6 +62,7 @@ from dsd.backend.model import ForwardGroup, Transformer, new_kv_cache
 from dsd.backend.ngram import NgramConfig, propose_ngram_rows
 from dsd.backend.sampling import (
     PLACEHOLDER_TOKEN_ID,
+    drawn_accept,
     greedy_accept,
     probs_from_logits,
     rejection_sample,
@@ -109,6 +117,8 @@ class SpecDecodeConfig:
     k_max: int  # largest K a step may ask for; >= 0
     temperature: float = 0.0  # 0: greedy match; > 0: rejection sampling at this temperature
     seed: int = 0  # seeds the engine's torch.Generator (drafting and acceptance draws)
+    # every step is given each row's accepted count, drawn before it (module docstring)
+    drawn_acceptance: bool = False
 
     def __post_init__(self) -> None:
         if self.num_slots < 1:
@@ -119,6 +129,8 @@ class SpecDecodeConfig:
             raise ValueError(f"k_max must be >= 0, got {self.k_max}")
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
             raise ValueError(f"temperature must be finite and >= 0, got {self.temperature}")
+        if self.drawn_acceptance and self.temperature != 0.0:
+            raise ValueError("drawn acceptance is greedy only (temperature 0)")
 
     @property
     def cache_len(self) -> int:
@@ -171,6 +183,11 @@ class SpecDecodeEngine:
             )
         if config.k_max > 0 and draft is None:
             raise ValueError("k_max > 0 needs a draft")
+        if config.drawn_acceptance and isinstance(draft, NgramDraft):
+            raise ValueError(
+                "drawn acceptance needs a drafter that drafts its K (a model or an EAGLE head), "
+                "not prompt lookup"
+            )
         eagle = draft.eagle if isinstance(draft, EagleOrLookup) else draft
         self.eagle_draft = eagle if isinstance(eagle, EagleDraft) else None  # the head, if any
         if self.eagle_draft is not None and self.eagle_draft.target is not target:
@@ -315,9 +332,15 @@ class SpecDecodeEngine:
 
     # ----------------------------------------------------------------------------- SD step
     @torch.inference_mode()
-    def step(self, slot_ids: IntArray, num_spec_tokens: IntArray) -> StepResult:
-        """One SD step for decoding slots with per-row K (K may differ per row and per step)."""
-        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
+    def step(
+        self,
+        slot_ids: IntArray,
+        num_spec_tokens: IntArray,
+        num_accepted: IntArray | None = None,
+    ) -> StepResult:
+        """One SD step for decoding slots with per-row K (K may differ per row and per step);
+        `num_accepted` [B]: each row's drawn accepted count (drawn acceptance only)."""
+        checked = self._checked_step_inputs(slot_ids, num_spec_tokens, num_accepted)
         if checked is None:
             return empty_step_result()
         return self._run_step(*checked)[0]
@@ -329,6 +352,7 @@ class SpecDecodeEngine:
         num_spec_tokens: IntArray,
         prefill_slot_ids: IntArray,
         num_chunk_tokens: IntArray,
+        num_accepted: IntArray | None = None,
     ) -> tuple[StepResult, IntArray]:
         """`step` for the decoding slots and `prefill` for the prefilling ones, with ONE target
         forward for both (vLLM's mixed batch): the verify block and the prefill chunks are two
@@ -336,7 +360,7 @@ class SpecDecodeEngine:
         is padded to a chunk's length. Same results as `step` then `prefill`."""
         if np.intersect1d(slot_ids, prefill_slot_ids).size:
             raise ValueError("a slot both decodes and prefills in one step")
-        checked = self._checked_step_inputs(slot_ids, num_spec_tokens)
+        checked = self._checked_step_inputs(slot_ids, num_spec_tokens, num_accepted)
         if checked is None:
             return empty_step_result(), self.prefill(prefill_slot_ids, num_chunk_tokens)
         span = self._prefill_span(prefill_slot_ids, num_chunk_tokens)
@@ -352,10 +376,12 @@ class SpecDecodeEngine:
         spec: IntArray,
         lengths: IntArray,
         k_step: int,
+        drawn: IntArray | None,
         prefill: PrefillSpan | None = None,
     ) -> tuple[StepResult, torch.Tensor | None]:
         """The reference step on checked inputs (the fast path overrides it); with `prefill`,
-        its chunks run in the verify forward -> (result, their last tokens' logits [P, V])."""
+        its chunks run in the verify forward -> (result, their last tokens' logits [P, V]);
+        `drawn` [B]: the accepted counts under drawn acceptance (None: matched)."""
         num_rows = slots.size
         device = self.device
         last_tokens = self.token_ids[slots, lengths]  # [B]
@@ -413,7 +439,10 @@ class SpecDecodeEngine:
         target_logits = logits[0][:, : k_step + 1]  # [B, K+1, V]
         prefill_logits = None if prefill is None else logits[1][:, 0]  # [P, V]
         spec_t = torch.from_numpy(spec).to(device)  # [B]
-        if self.config.temperature == 0.0:
+        if drawn is not None:
+            drawn_t = torch.from_numpy(drawn).to(device)  # [B]
+            accepted_t, output_t = drawn_accept(draft_ids, target_logits, drawn_t)
+        elif self.config.temperature == 0.0:
             accepted_t, output_t = greedy_accept(draft_ids, target_logits, spec_t)
         else:
             target_probs = probs_from_logits(target_logits, self.config.temperature)  # [B,K+1,V]
@@ -620,10 +649,11 @@ class SpecDecodeEngine:
         self.num_tokens[slot] = count + tokens.size
 
     def _checked_step_inputs(
-        self, slot_ids: IntArray, num_spec_tokens: IntArray
-    ) -> tuple[IntArray, IntArray, IntArray, int] | None:
-        """(slots [B], K [B], lengths [B], the step's largest K) after checking a step's inputs;
-        None for an empty step.
+        self, slot_ids: IntArray, num_spec_tokens: IntArray, num_accepted: IntArray | None = None
+    ) -> tuple[IntArray, IntArray, IntArray, int, IntArray | None] | None:
+        """(slots [B], K [B], lengths [B], the step's largest K, drawn accepted counts [B] or
+        None) after checking a step's inputs; None for an empty step. Under drawn acceptance
+        every step needs its counts, 0 <= a <= K per row; otherwise none may be given.
 
         Shared by every step implementation (reference and fast path), so they refuse the same
         inputs with the same messages.
@@ -645,7 +675,21 @@ class SpecDecodeEngine:
         k_step = int(spec.max())
         if (lengths + k_step + 1 > self.config.cache_len - 1).any():
             raise ValueError("sequence would outgrow max_model_len + k_max")
-        return slots, spec, lengths, k_step
+        if (num_accepted is not None) != self.config.drawn_acceptance:
+            raise ValueError(
+                "drawn acceptance: every step needs its accepted counts"
+                if self.config.drawn_acceptance
+                else "accepted counts given to an engine without drawn acceptance"
+            )
+        drawn = None
+        if num_accepted is not None:
+            drawn = np.asarray(num_accepted, dtype=np.int64)
+            if drawn.shape != spec.shape or (drawn < 0).any() or (drawn > spec).any():
+                raise ValueError(
+                    f"drawn accepted counts must be in [0, K] per row: {drawn.tolist()} for K "
+                    f"{spec.tolist()}"
+                )
+        return slots, spec, lengths, k_step, drawn
 
     def _check_in_use(self, slots: IntArray) -> None:
         if not self._in_use[slots].all():

@@ -24,6 +24,14 @@ has already applied step t's real outcome when it runs step t+1, so its lengths 
 Prefill chunk sizes are exact in both modes; a chunk is clipped to the tokens left, and the
 executor checks its own "prompt complete" against `batch.completes_prompt`.
 
+Drawn acceptance (`acceptance` given: timing at production shapes on random weights,
+docs/validation.md): each decode row's (drafted, accepted) counts are drawn before the step
+from the simulator's acceptance model for the same run and seed, exactly as
+`sim.executor.FittedExecutor` draws them (same model, same common-random-number streams, same
+calls), and the engine runs the step with them (`SpecDecodeConfig.drawn_acceptance`): a real run
+and its simulated twin then see the same accepted counts per request and step wherever they
+schedule the same K; the tokens mean nothing and EOS is ignored.
+
 This module does not schedule, choose K, keep metrics or tokenize (a tokenizer callable may be
 passed in); prompts without text get synthetic token ids from a seeded generator.
 """
@@ -43,7 +51,7 @@ from dsd.backend.model import Transformer
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
 from dsd.sim.models.latency import PREFILL_FORWARDS, PrefillForward
-from dsd.sim.types import ScheduledBatch, StepOutcome
+from dsd.sim.types import AcceptanceModel, ScheduledBatch, StepOutcome
 from dsd.traces.workload import RequestSpec
 
 
@@ -82,6 +90,7 @@ class TorchExecutor:
         fast_path: str = "off",
         prefill_forward: PrefillForward | None = None,
         engines: EnginePool | None = None,
+        acceptance: AcceptanceModel | None = None,
     ) -> None:
         """`tokenize`: prompt text -> ids (requests with text need it); `eos_token_ids`: ids
         that stop a request (default: the target config's); `ignore_eos`: never stop early
@@ -90,7 +99,9 @@ class TorchExecutor:
         `prefill_forward`: a step's prefill chunks in the decode rows' verify forward ("fused",
         reference step only) or in a forward of their own ("separate"); None: the fast path's
         way (`engine_prefill_forward`); `engines`: where to take the engine from (a pool kept
-        across the runs of a measurement, `backend.fast_path.EnginePool`; None: a new one)."""
+        across the runs of a measurement, `backend.fast_path.EnginePool`; None: a new one);
+        `acceptance`: drawn acceptance (module docstring), the simulator's model for the run
+        (`sim.build.run_acceptance_model`), EOS then ignored; None: the engine's own matches."""
         if prefill_forward is None:
             prefill_forward = engine_prefill_forward(fast_path)
         if prefill_forward not in PREFILL_FORWARDS:
@@ -109,6 +120,7 @@ class TorchExecutor:
             k_max=k_max,
             temperature=temperature,
             seed=seed,
+            drawn_acceptance=acceptance is not None,
         )
         self.engine: SpecDecodeEngine = (
             build_spec_decode_engine(target, draft, engine_config, fast_path=fast_path)
@@ -116,6 +128,8 @@ class TorchExecutor:
             else engines.engine(target, draft, engine_config, fast_path, release=self.release)
         )
         self.tokenize = tokenize
+        self.acceptance = acceptance
+        ignore_eos = ignore_eos or acceptance is not None  # drawn tokens mean nothing
         eos = target.config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
         self.eos_token_ids: IntArray = np.array(
             [] if ignore_eos else sorted(set(eos)), dtype=np.int64
@@ -170,11 +184,15 @@ class TorchExecutor:
             token_ids=token_ids, num_prompt_tokens=int(token_ids.size)
         )
         self.prompt_ids[req_id] = token_ids
+        if self.acceptance is not None:
+            self.acceptance.add_request(req_id, spec)
 
     def execute(self, batch: ScheduledBatch) -> StepOutcome:
         start_s = time.perf_counter()
         engine = self.engine
         for req_id in batch.finished_req_ids:
+            if self.acceptance is not None:
+                self.acceptance.remove_request(req_id)
             state = self._requests.pop(req_id, None)
             if state is None:
                 continue
@@ -200,15 +218,22 @@ class TorchExecutor:
 
         decode_slots, spec = slots[:num_decode], batch.num_spec_tokens[:num_decode]
         prefill_slots, chunks = slots[num_decode:], batch.num_scheduled_tokens[num_decode:]
+        drawn = None
+        if self.acceptance is not None and num_decode:
+            # Drawn as the simulator draws them (sim.executor.FittedExecutor): a row that drafts
+            # fewer than its K verifies only its drafts, as the simulator prices it.
+            spec, drawn = self.acceptance.sample_outcomes(
+                batch.req_ids[:num_decode], batch.num_output_tokens[:num_decode], spec
+            )
         result: StepResult | None = None
         first_tokens: IntArray | None = None
         if num_decode and prefill_slots.size and self.prefill_forward == "fused":
             result, first_tokens = engine.step_with_prefill(
-                decode_slots, spec, prefill_slots, chunks
+                decode_slots, spec, prefill_slots, chunks, drawn
             )
         else:
             if num_decode:
-                result = engine.step(decode_slots, spec)
+                result = engine.step(decode_slots, spec, drawn)
             if prefill_slots.size:
                 first_tokens = engine.prefill(prefill_slots, chunks)
         if result is not None:

@@ -25,10 +25,11 @@ A model draft's lazy catch-up (the draft does no work at K = 0 and never sees th
 its cache may lag the target's) has a variable width, so it runs eagerly BEFORE the fixed-shape
 part: one forward over the lagging tokens of the rows that draft. After it every drafting row's
 draft cache holds exactly [0, L), and the fixed-shape part is: K draft forwards of width 1,
-one target forward over [B, K+1], greedy accept. Its inputs are four int64 rows (slot, last
-token, L, K), then k_max rows of n-gram drafts, copied into static buffers; its output is one
-[B, K+2] tensor (accepted count, then the K+1 output ids) read back with the step's one host
-sync.
+one target forward over [B, K+1], greedy accept (or, under drawn acceptance, the accepted
+count drawn before the step: `backend.sampling.drawn_accept`). Its inputs are five int64 rows
+(slot, last token, L, K, drawn accepted count), then k_max rows of n-gram drafts, copied into
+static buffers; its output is one [B, K+2] tensor (accepted count, then the K+1 output ids) read
+back with the step's one host sync.
 
 Two runners share the padding and key bookkeeping:
 - `EagerStepRunner` runs the fixed-shape function directly (CPU or CUDA): the testable half,
@@ -74,7 +75,7 @@ from dsd.backend.engine import (
 )
 from dsd.backend.kv_cache import KVCache
 from dsd.backend.model import ForwardGroup, Transformer
-from dsd.backend.sampling import greedy_accept
+from dsd.backend.sampling import drawn_accept, greedy_accept
 from dsd.common.arrays import IntArray
 from dsd.common.errors import InputError
 from dsd.sim.models.shapes import (  # the shapes, defined once for the engine and the simulator
@@ -87,7 +88,8 @@ from dsd.sim.models.shapes import (  # the shapes, defined once for the engine a
 
 FastPathKind = Literal["off", "eager", "cuda-graphs"]
 FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
-_NUM_INPUT_ROWS = 4  # slot, last token, L, K: the fixed-shape step's inputs (then n-gram drafts)
+# slot, last token, L, K, drawn accepted count: the fixed-shape step's inputs (then n-gram drafts)
+_NUM_INPUT_ROWS = 5
 CUBLASLT_MAX_ROWS_ENV = "DSD_CUBLASLT_MAX_ROWS"
 
 
@@ -147,17 +149,19 @@ def fixed_shape_step(
     draft: Draft | EagleDraft | None,
     target_cache: KVCache,
     draft_cache: KVCache | None,
-    inputs: torch.Tensor,  # [4 + K_max, B] int64 rows: slot, last token, L, K, n-gram drafts
+    inputs: torch.Tensor,  # [5 + K_max, B] int64 rows: slot, last token, L, K, a, n-gram drafts
     key: GraphKey,
     trash_position: int,
     eagle: EagleState | None = None,  # with an EAGLE draft: the target's features, head cache
-    lookup: bool = False,  # EAGLE or lookup: rows 4.. hold a row's full lookup, -1: the head's
+    lookup: bool = False,  # EAGLE or lookup: rows 5.. hold a row's full lookup, -1: the head's
+    drawn: bool = False,  # drawn acceptance: row 4 holds each row's accepted count
 ) -> torch.Tensor:
-    """Draft (width-1 forwards), verify, greedy accept; returns [B, K+2]: a, then output ids.
+    """Draft (width-1 forwards), verify, greedy accept (`drawn`: accept row 4's counts);
+    returns [B, K+2]: a, then output ids.
 
     Every drafting row's draft cache must already hold [0, L). Rows with K = 0 (and padded rows,
     whose L is the trash position) write only at the trash position of the draft cache. Without
-    a model draft (n-gram), the drafts come in: rows 4..4+K of `inputs`, found on the host. No
+    a model draft (n-gram), the drafts come in: rows 5..5+K of `inputs`, found on the host. No
     host sync, no data-dependent shapes: capturable as a CUDA graph for this key.
     """
     slots, last_tokens, lengths, spec = inputs[0], inputs[1], inputs[2], inputs[3]  # [B] each
@@ -210,7 +214,10 @@ def fixed_shape_step(
         features: list[torch.Tensor] = []
         target_logits = target.forward_groups([verify], target_cache, features_out=features)[0]
         eagle.store([verify], features)
-    num_accepted, output_ids = greedy_accept(draft_ids, target_logits, spec)  # [B], [B, K+1]
+    if drawn:
+        num_accepted, output_ids = drawn_accept(draft_ids, target_logits, inputs[4])
+    else:
+        num_accepted, output_ids = greedy_accept(draft_ids, target_logits, spec)  # [B], [B, K+1]
     return torch.cat((num_accepted[:, None], output_ids), dim=1)  # [B, K+2]
 
 
@@ -228,13 +235,13 @@ class EagerStepRunner:
             (_NUM_INPUT_ROWS + engine.config.k_max, max_rows),
             dtype=torch.int64,
             device=engine.device,
-        )  # [4 + K_max, S]
+        )  # [5 + K_max, S]
 
     def run(self, key: GraphKey, host_inputs: IntArray) -> IntArray:
-        """[4 + K_max, key.num_rows] host inputs -> [num_rows, K+2] host outputs (the one
+        """[5 + K_max, key.num_rows] host inputs -> [num_rows, K+2] host outputs (the one
         sync)."""
         self.keys_seen.add(key)
-        staged = self.input_buffer[:, : key.num_rows]  # [4 + K_max, B] view of the buffer
+        staged = self.input_buffer[:, : key.num_rows]  # [5 + K_max, B] view of the buffer
         staged.copy_(torch.from_numpy(host_inputs), non_blocking=False)
         out = self._execute(key, staged)  # [B, K+2]
         return out.cpu().numpy().astype(np.int64)
@@ -253,6 +260,7 @@ class EagerStepRunner:
                 engine.trash_position,
                 engine.eagle,
                 lookup=isinstance(engine.draft, EagleOrLookup),
+                drawn=engine.config.drawn_acceptance,
             )
 
 
@@ -374,8 +382,8 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         return len(keys)
 
     def _padded_inputs(self, num_rows: int) -> IntArray:
-        """[4 + K_max, num_rows] step inputs of padded rows only: slot 0, token 0, K = 0, at
-        the trash position; a step fills in its real rows."""
+        """[5 + K_max, num_rows] step inputs of padded rows only: slot 0, token 0, K = 0 (and
+        a = 0), at the trash position; a step fills in its real rows."""
         host_inputs = np.zeros((_NUM_INPUT_ROWS + self.config.k_max, num_rows), dtype=np.int64)
         host_inputs[2, :] = self.trash_position
         return host_inputs
@@ -395,6 +403,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         spec: IntArray,
         lengths: IntArray,
         k_step: int,
+        drawn: IntArray | None,
         prefill: PrefillSpan | None = None,
     ) -> tuple[StepResult, torch.Tensor | None]:
         """The step at a fixed shape on checked inputs (`step` checks them, as for the
@@ -416,11 +425,13 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             self._catch_up_eagle(slots[drafting_rows], lengths[drafting_rows])
 
         key = self.graph_key(num_rows, k_step, int(lengths.max()))
-        host_inputs = self._padded_inputs(key.num_rows)  # [4 + K_max, Bpad]
+        host_inputs = self._padded_inputs(key.num_rows)  # [5 + K_max, Bpad]
         host_inputs[0, :num_rows] = slots
         host_inputs[1, :num_rows] = self.token_ids[slots, lengths]
         host_inputs[2, :num_rows] = lengths
         host_inputs[3, :num_rows] = spec
+        if drawn is not None:
+            host_inputs[4, :num_rows] = drawn
         if ngram_drafts is not None:
             host_inputs[_NUM_INPUT_ROWS : _NUM_INPUT_ROWS + k_step, :num_rows] = ngram_drafts.T
         if isinstance(self.draft, EagleOrLookup) and k_step > 0:

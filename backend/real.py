@@ -21,7 +21,7 @@ from dsd.backend.fast_path import EnginePool
 from dsd.backend.model import Transformer
 from dsd.backend.pair import ModelPair
 from dsd.common.errors import InputError
-from dsd.sim.build import build_engine
+from dsd.sim.build import build_engine, run_acceptance_model
 from dsd.sim.config import RunConfig
 from dsd.sim.engine import Engine, LoopConfig, RunResult
 from dsd.sim.metrics import StepSink
@@ -70,9 +70,12 @@ def torch_executor(
     ignore_eos: bool = False,
     fast_path: str = "off",
     engines: EnginePool | None = None,
+    drawn_acceptance: bool = False,
 ) -> TorchExecutor:
     """The real executor of a resolved run: slots for the most requests that can run at once,
-    and the run's max_model_len, k_max and seed; its engine from `engines` when given."""
+    and the run's max_model_len, k_max and seed; its engine from `engines` when given.
+    `drawn_acceptance`: accepted counts drawn from the run's acceptance model as the simulator
+    draws them (`sim.build.run_acceptance_model`; tokens meaningless, EOS ignored)."""
     return TorchExecutor(
         target,
         draft,
@@ -86,6 +89,7 @@ def torch_executor(
         fast_path=fast_path,
         prefill_forward=resolved.prefill_forward,
         engines=engines,
+        acceptance=run_acceptance_model(resolved) if drawn_acceptance else None,
     )
 
 
@@ -98,9 +102,11 @@ def real_engine(
     fast_path: str = "off",
     step_sink: StepSink | None = None,
     engines: EnginePool | None = None,
+    drawn_acceptance: bool = False,
 ) -> Engine:
     """The engine of a real run (wall clock), ready to `run()`; `engines`: the pool of the
-    measurement it belongs to (`backend.fast_path.EnginePool`)."""
+    measurement it belongs to (`backend.fast_path.EnginePool`); `drawn_acceptance`: see
+    `torch_executor`."""
     executor = torch_executor(
         resolved,
         pair.target,
@@ -110,6 +116,7 @@ def real_engine(
         ignore_eos=ignore_eos,
         fast_path=fast_path,
         engines=engines,
+        drawn_acceptance=drawn_acceptance,
     )
     return build_engine(resolved, executor, LoopConfig(clock="wall", step_sink=step_sink))
 

@@ -5,9 +5,12 @@ target agrees with are **accepted** (a of them); the row then emits a + 1 **outp
 accepted drafts plus one more, the **recovered** token at the first rejected position or, when
 all K were accepted, the **bonus** token from the target's distribution after the last draft.
 
-Two rules:
+Three rules:
 - temperature 0 (greedy match): accept while draft == target argmax; the extra token is the
   target's argmax at position a. The output equals plain greedy decoding of the target.
+- drawn (`drawn_accept`): a is given (drawn before the step from the simulator's acceptance
+  model); the output is the first a drafts and the target's argmax at position a, meaningless
+  tokens for a timing run whose acceptance a trained pair would have.
 - temperature > 0 (lossless rejection sampling, Leviathan et al. / Chen et al.): accept draft d
   with probability min(1, p(d) / q(d)); at the first rejection sample the recovered token from
   norm(max(p - q, 0)); if all accepted, sample the bonus from p. Each output token is then
@@ -77,6 +80,25 @@ def greedy_accept(
     # Output = target argmax at positions 0..a: the accepted drafts (equal to it) + recovered/bonus.
     keep = torch.arange(k_step + 1, device=target_ids.device)[None, :] <= num_accepted[:, None]
     output = torch.where(keep, target_ids, PLACEHOLDER_TOKEN_ID)  # [B, K+1]
+    return num_accepted, output
+
+
+def drawn_accept(
+    draft_token_ids: torch.Tensor,  # [B, K] int64 (padded past each row's K)
+    target_logits: torch.Tensor,  # [B, K+1, V] target logits after last token and each draft
+    num_accepted: torch.Tensor,  # [B] int64 accepted counts drawn before the step, a <= K_row
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drawn acceptance (`backend.engine`, docs/validation.md) -> (num_accepted [B],
+    output_token_ids [B, K+1] padded with -1): the a drafts the row was given as accepted, then
+    the target's argmax at position a. The count does not depend on the logits, so the tokens
+    mean nothing; the argmax over every position is the device work greedy matching does."""
+    k_step = draft_token_ids.shape[1]
+    target_ids = target_logits.argmax(dim=-1)  # [B, K+1]
+    extra = target_ids.gather(1, num_accepted[:, None])[:, 0]  # [B]
+    positions = torch.arange(k_step + 1, device=draft_token_ids.device)[None, :]  # [1, K+1]
+    drafts_padded = torch.cat((draft_token_ids, extra[:, None]), dim=1)  # [B, K+1]
+    output = torch.where(positions < num_accepted[:, None], drafts_padded, PLACEHOLDER_TOKEN_ID)
+    output = torch.where(positions == num_accepted[:, None], extra[:, None], output)
     return num_accepted, output
 
 

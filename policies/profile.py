@@ -215,6 +215,33 @@ class Profile:
         joint: IntArray = outcome_matrices(self.draft_outcomes, self.k_max).sum(axis=0)
         return joint  # [k+1, k+1]
 
+    def with_acceptance_of(self, source: Profile, name: str) -> Profile:
+        """This profile's timing with `source`'s acceptance (its rates cut to this k_max, and
+        its per-request rates; its counts, outcomes and sequences too where both k_max agree),
+        e.g. a trained pair's acceptance for timing measured on random weights. `name` (the
+        source's file) goes into the metadata as `acceptance_from`. ValueError when `source`
+        has fewer positions than this k_max."""
+        k_max = self.k_max
+        if len(source.acceptance_rates) < k_max:
+            raise ValueError(
+                f"its acceptance has {len(source.acceptance_rates)} positions, the profile's "
+                f"k_max is {k_max}"
+            )
+        same = source.k_max == k_max
+        return replace(
+            self,
+            acceptance_rates=tuple(source.acceptance_rates[:k_max]),
+            drafted_at_pos=source.drafted_at_pos if same else None,
+            accepted_at_pos=source.accepted_at_pos if same else None,
+            per_request_rates=tuple(tuple(rates[:k_max]) for rates in source.per_request_rates),
+            draft_rates=(None if source.draft_rates is None else tuple(source.draft_rates[:k_max])),
+            num_acceptance_steps=source.num_acceptance_steps if same else None,
+            draft_outcomes=source.draft_outcomes if same else (),
+            draft_outcome_keys=source.draft_outcome_keys if same else (),
+            draft_sequences=source.draft_sequences if same else (),
+            metadata={**self.metadata, "acceptance_from": name},
+        )
+
 
 def outcome_matrices(
     draft_outcomes: tuple[tuple[tuple[int, ...], ...], ...], k_max: int

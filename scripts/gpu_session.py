@@ -3,13 +3,16 @@
 
   python3 scripts/gpu_session.py [--phase LIST] [--dry-run] [--results DIR] [--budget S]
       [--wheels DIR] [--target DIR] [--export DIR] [--quick] [--trials N] [--dtype D]
-      [--fast-path P] [--report-module M]                            on the device
+      [--fast-path P] [--report-module M] [--prompts N]               on the device
   python3 scripts/gpu_session.py --collect DIR ARCHIVE...            here, afterwards
 
 Phases, in PHASES' order: install (the wheels under --wheels into --target, a split wheel once
 all its pieces came; then dsd's requirements checked), device (always: nvidia-smi, Python, torch,
 versions), tests (pytest -m gpu), bench (BENCHMARKS), report (`python3 -m M hardware-report`,
-with --quick/--trials/--dtype/--fast-path). install runs whenever another phase is asked for.
+with --quick/--trials/--dtype/--fast-path), production-profile and production-cells (PR #32374's
+experiment at production shapes, `hardware-report --plan production` in two calls: the profile,
+then the cells on it, into RESULTS/production; --prompts N: N x C requests a cell instead of the
+plan's). install runs whenever another phase is asked for.
 Each phase logs to RESULTS/<phase>.log, has a time limit cut to what is left of --budget (570 s
 of a device call's 600 by default), and adds a line to RESULTS/summary.txt; a failed phase does
 not stop the next. RESULTS defaults to results/gpu/<UTC date>-<device> (b, c, ... after the date
@@ -280,10 +283,9 @@ def bench(s: Session) -> str:
     return check(rc, "; ".join(notes))
 
 
-def report(s: Session) -> str:
-    """`python3 -m M hardware-report` on the device (cpu, --quick and eager in a dry run), its
-    --time-budget the phase's limit less 20 s for the start, so that it ends in time."""
-    module, dry = s.args.report_module, s.args.dry_run
+def report_module(s: Session) -> str:
+    """--report-module, Skipped where it does not exist."""
+    module = s.args.report_module
     find = "import importlib.util as u, sys; sys.exit(0 if u.find_spec(sys.argv[1]) else 3)"
     found = s.run([PY, "-c", find, module])[0]
     if found == 3:
@@ -291,6 +293,13 @@ def report(s: Session) -> str:
         raise Skipped(f"{module} not found")
     if found:
         raise Failed(f"cannot look up {module} (its package fails to import)")
+    return module
+
+
+def report(s: Session) -> str:
+    """`python3 -m M hardware-report` on the device (cpu, --quick and eager in a dry run), its
+    --time-budget the phase's limit less 20 s for the start, so that it ends in time."""
+    module, dry = report_module(s), s.args.dry_run
     fast_path = "eager" if dry and s.args.fast_path == "cuda-graphs" else s.args.fast_path
     command = [PY, "-m", module, "hardware-report", "--device", "cpu" if dry else "cuda"]
     command += ["--out", str(s.results / "hardware"), "--dtype", s.args.dtype]
@@ -298,6 +307,31 @@ def report(s: Session) -> str:
     command += ["--quick"] if dry or s.args.quick else []
     command += ["--trials", str(s.args.trials)] if s.args.trials else []
     return check(s.run(command)[0], "")
+
+
+# The production experiment (`hardware-report --plan production`, docs/validation.md): on the GPU
+# the 8B-shaped target and EAGLE-shaped head on random bf16 weights under CUDA graphs; in a dry
+# run the tiny pair on the eager fixed-shape step at the plan's tiny settings (--quick).
+PRODUCTION_GPU = (
+    "--target random:llama-3.1-8b --draft eagle --dtype bfloat16 --fast-path cuda-graphs"
+)
+PRODUCTION_DRY = "--target tiny --draft eagle --dtype float32 --fast-path eager --quick"
+
+
+def production(s: Session, stage: str) -> str:
+    """One stage of `python3 -m M hardware-report --plan production` into RESULTS/production:
+    the profile (one call), then the cells on it (the next call of the same warm machine, which
+    finds the folder again), its --time-budget the phase's limit less 20 s."""
+    module, dry = report_module(s), s.args.dry_run
+    command = [PY, "-m", module, "hardware-report", "--plan", "production"]
+    command += ["--device", "cpu" if dry else "cuda", "--out", str(s.results / "production")]
+    command += (PRODUCTION_DRY if dry else PRODUCTION_GPU).split()
+    command += ["--stage", stage, "--time-budget", str(max(20, s.limit_s - 20))]
+    if stage == "cells" and s.args.prompts:
+        command += ["--prompts-per-concurrency", str(s.args.prompts)]
+    written = s.results / "production" / ("cells.csv" if stage == "cells" else "profile.json")
+    rc = s.run(command)[0]
+    return check(rc, f"{written.relative_to(s.results)} written" if written.exists() else "")
 
 
 @dataclass(frozen=True)
@@ -314,6 +348,8 @@ PHASES = {
     "tests": Phase(tests, 300, "tests.log"),
     "bench": Phase(bench, 540, "bench.log"),
     "report": Phase(report, 560, "report.log"),
+    "production-profile": Phase(lambda s: production(s, "profile"), 560, "production.log"),
+    "production-cells": Phase(lambda s: production(s, "cells"), 560, "production.log"),
 }
 
 
@@ -491,6 +527,7 @@ def main() -> int:
     add("--export", type=Path, default=os.environ.get("OUT") or None)
     add("--quick", action="store_true")
     add("--trials", type=int)
+    add("--prompts", type=int)
     add("--dtype", default="float32")
     add("--fast-path", default="off", choices=["off", "eager", "cuda-graphs"])
     add("--report-module", default="dsd")

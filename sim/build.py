@@ -4,7 +4,8 @@
 architecture.md): the scheduler from the resolved limits, a fresh policy from the SPEC with the
 run's policy seed stream, the workload, and the loop with its clock. Only the executor differs:
 `fitted_executor(resolved)` for the simulator (this module), `backend.executor.torch_executor`
-for the real engine. `run_simulation(config)` is the simulator's whole run in one call;
+for the real engine; `run_acceptance_model(resolved)` is the acceptance both draw from (the real
+engine under drawn acceptance). `run_simulation(config)` is the simulator's whole run in one call;
 `build_fitted_executor(profile, seed, ...)` the simulator's executor without a run config
 (tests, benchmarks), built the same way.
 
@@ -93,18 +94,28 @@ def fitted_executor(resolved: ResolvedRun) -> FittedExecutor:
     )
     return FittedExecutor(
         _latency_model(resolved),
-        _acceptance_model(
-            config.acceptance_model,
-            resolved.profile,
-            streams["acceptance"],
-            config.category_acceptance,
-            resolved.replay_recording,
-        ),
+        run_acceptance_model(resolved),
         host_overhead_ms=resolved.host_overhead_ms,
         jitter=jitter,
         host_overhead_model=resolved.host_overhead_model,
         host_planning_ms=resolved.host_planning_ms,
         overlap_planning=config.scheduling == "async" and resolved.host_overlap,
+    )
+
+
+def run_acceptance_model(resolved: ResolvedRun) -> AcceptanceModel:
+    """The run's acceptance model on its acceptance seed stream: the simulator's (in
+    `fitted_executor`), and the real engine's under drawn acceptance
+    (`backend.executor.TorchExecutor`), so both draw the same counts for the same run."""
+    config = resolved.config
+    if resolved.profile is None:
+        raise InputError("profile: acceptance is drawn from a profile's rates (--profile)")
+    return _acceptance_model(
+        config.acceptance_model,
+        resolved.profile,
+        sim_seed_streams(config.seed)["acceptance"],
+        config.category_acceptance,
+        resolved.replay_recording,
     )
 
 

@@ -9,6 +9,7 @@ nothing to install, and install a split wheel once all its pieces came, across c
 from __future__ import annotations
 
 import base64
+import csv
 import datetime
 import functools
 import hashlib
@@ -202,12 +203,15 @@ def test_dry_run_runs_every_phase_and_a_failed_phase_does_not_stop_the_next(tmp_
     result, output = session(tmp_path, "--report-module", "dsd.no_such_report", "--export", export)
     assert result.returncode == 1, output  # a phase failed
     rows = summary(output)
-    assert list(rows) == ["install", "device", "tests", "bench", "report"]
+    assert list(rows) == [
+        "install", "device", "tests", "bench", "report", "production-profile", "production-cells"
+    ]  # fmt: skip
     assert rows["install"] == ("failed", "pip install failed")
     assert rows["device"][0] == "ok"
     assert rows["tests"][0] == "ok" and rows["tests"][1].endswith("(skipped without CUDA)")
     assert rows["bench"][0] == "ok" and "async/sync C=1" in rows["bench"][1]
     assert rows["report"] == ("skipped", "dsd.no_such_report not found")
+    assert rows["production-cells"] == ("skipped", "dsd.no_such_report not found")
     assert "dsd.no_such_report does not exist" in output
     results = tmp_path / "results"
     for name in (
@@ -221,13 +225,39 @@ def test_dry_run_runs_every_phase_and_a_failed_phase_does_not_stop_the_next(tmp_
     lines = (results / "summary.txt").read_text().splitlines()
     assert [line.split()[1:3] for line in lines] == [
         ["install", "failed"], ["device", "ok"], ["tests", "ok"], ["bench", "ok"],
-        ["report", "skipped"],
+        ["report", "skipped"], ["production-profile", "skipped"], ["production-cells", "skipped"],
     ]  # fmt: skip
     # what comes back from the device: the folder as one archive, and the summary
     assert (export / "summary.txt").read_text() == (results / "summary.txt").read_text()
     with tarfile.open(export / "gpu-results.tar.gz") as archive:
         names = set(archive.getnames())
     assert {"results/summary.txt", "results/engine_gpu.json", "results/device.json"} <= names
+
+
+def test_the_production_phases_profile_then_run_the_cells_with_drawn_acceptance(
+    tmp_path: Path,
+) -> None:
+    # the dry run of the GPU session's production experiment: two phases (two device calls on
+    # the GPU), the second on the profile.json the first left in RESULTS/production
+    result, output = session(tmp_path, "--phase", "production-profile")
+    assert result.returncode == 0, output
+    assert summary(output)["production-profile"] == ("ok", "production/profile.json written")
+    result, output = session(tmp_path, "--phase", "production-cells", "--prompts", "2")
+    assert result.returncode == 0, output
+    assert summary(output)["production-cells"] == ("ok", "production/cells.csv written")
+    report = tmp_path / "results" / "production"
+    log = (tmp_path / "results" / "production.log").read_text()
+    assert "--plan production" in log and "--stage cells" in log and "--target tiny" in log
+    assert "--prompts-per-concurrency 2" in log
+    config = json.loads((report / "config.json").read_text())
+    assert config["acceptance"].startswith("drawn") and config["fast_path"] == "eager"
+    assert config["plan"]["prompts_per_concurrency"] == 2
+    rows = list(csv.DictReader((report / "cells.csv").open()))
+    assert {row["policy"] for row in rows} == {
+        "static:0", "static:3", "goodput", "online", "per-request"
+    }  # fmt: skip
+    assert all(row["measured_acceptance_length"] == row["simulated_acceptance_length"]
+               for row in rows)  # fmt: skip
 
 
 def test_a_failing_report_is_reported_and_the_script_still_ends_with_its_summary(

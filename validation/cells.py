@@ -12,6 +12,7 @@ It does not parse flags, load models or write files (`dsd validate` and `validat
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -188,13 +189,16 @@ def measured_runs(
     fast_path: str = "off",
     between_steps: Callable[[], object] | None = None,
     engines: EnginePool | None = None,
+    drawn_acceptance: bool = False,
 ) -> list[MeasuredRun]:
     """The real engine's runs of resolved cells, EOS ignored (output lengths as simulated), in
     their order. Several cells (closed loop only) run interleaved a step at a time
     (`sim.engine.run_interleaved`): each run's clock holds only its own steps, and the drift of
     a shared machine over seconds lands on all of them alike. `between_steps` (closed-loop
     cells only) runs after every step, outside the steps' time; `engines`: the pool of the
-    measurement (a fast path's shapes kept across its runs), the i-th cell on its lane i."""
+    measurement (a fast path's shapes kept across its runs), the i-th cell on its lane i;
+    `drawn_acceptance`: accepted counts drawn as the cells' simulated side draws them
+    (`backend.real.torch_executor`)."""
     built = [
         real_engine(
             resolved,
@@ -203,6 +207,7 @@ def measured_runs(
             ignore_eos=True,
             fast_path=fast_path,
             engines=None if engines is None else engines.lane(lane),
+            drawn_acceptance=drawn_acceptance,
         )
         for lane, resolved in enumerate(resolved_cells)
     ]
@@ -311,6 +316,8 @@ def validation_cells(
     on_progress: Callable[[str], None] | None = None,
     timing: TimingRounds | None = None,
     deadline_s: float | None = None,
+    drawn_acceptance: bool = False,
+    interleave: bool = True,
 ) -> list[CellResult]:
     """Every cell on both sides, in order (resolve them all with `resolve_real` first, so a
     bad cell fails before any runs). The real runs go in `trials` rounds over the cells'
@@ -323,12 +330,20 @@ def validation_cells(
     a closed-loop group is probed between its steps (`SpeedProbes`), and every trial's machine
     speed recorded (a group's trials share it). `deadline_s` (a `time.monotonic()` instant): no
     round starts that the mean round so far says would end after it, so every cell has the
-    same number of trials (at least one: the first round always runs)."""
+    same number of trials (at least one: the first round always runs). `drawn_acceptance`: the
+    real runs accept the simulator's draws (`measured_runs`; no replay of their meaningless
+    tokens); `interleave` False: every cell runs alone (one engine, and KV cache, per C instead
+    of one per cell of a C: production shapes)."""
     if trials < 1:
         raise InputError(f"--trials: must be >= 1, got {trials}")
     runs: list[list[MeasuredRun]] = [[] for _ in resolved_cells]
-    groups = interleaved_groups(resolved_cells)
+    groups = (
+        interleaved_groups(resolved_cells)
+        if interleave
+        else [[index] for index in range(len(resolved_cells))]
+    )
     engines = EnginePool()  # a fast path's engine (its CUDA graphs) serves every run of its config
+    last_c: int | None = None  # the max concurrency of the group that ran last
     before = timing.round() if timing is not None else -1
     round_start_s = time.monotonic()
     for trial in range(trials):
@@ -341,11 +356,21 @@ def validation_cells(
             order = [group[(trial + lane) % len(group)] for lane in range(len(group))]
             cells = [resolved_cells[index] for index in order]
             workload = cells[0].workload
+            if not interleave and trial == trials - 1 and workload.max_concurrency != last_c:
+                # the last round leaves a C for good: its engine (an 8B KV cache) is let go
+                engines = EnginePool()
+                gc.collect()
+            last_c = workload.max_concurrency
             probes = None
             if timing is not None and workload.closed_loop:
                 probes = SpeedProbes(timing, workload.max_concurrency)
             measured = measured_runs(
-                cells, pair, fast_path=fast_path, between_steps=probes, engines=engines
+                cells,
+                pair,
+                fast_path=fast_path,
+                between_steps=probes,
+                engines=engines,
+                drawn_acceptance=drawn_acceptance,
             )
             if timing is not None:
                 after = timing.round()
@@ -366,8 +391,10 @@ def validation_cells(
     if timing is not None:
         retimed = timing.profile()
         resolved_cells = [with_latency_from(resolved, retimed) for resolved in resolved_cells]
+    replay_pair = None if drawn_acceptance else pair  # drawn tokens have nothing to replay
     results = [
-        cell_result(resolved, own, pair) for resolved, own in zip(resolved_cells, runs, strict=True)
+        cell_result(resolved, own, replay_pair)
+        for resolved, own in zip(resolved_cells, runs, strict=True)
     ]
     return results if timing is None else with_machine_spread(results)
 

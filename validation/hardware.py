@@ -515,6 +515,21 @@ def hardware_markdown(
             "show that every stage ran.",
             "",
         ]
+    if config.get("acceptance"):
+        lines += [
+            f"Acceptance: {config['acceptance']}. Every real run accepted, per request and step, "
+            "the counts the simulator draws for the same cell and seed (from "
+            f"{config.get('plan', {}).get('acceptance_profile')}'s rates), so the errors below "
+            "are timing alone; the emitted tokens mean nothing (random weights).",
+            "",
+        ]
+    if config.get("b1_plain_decode_ms") is not None:
+        lines += [
+            f"Plain decode at B = 1 (the profile's K = 0 point): "
+            f"{config['b1_plain_decode_ms']:.2f} ms on {config.get('device_name')}; vLLM: 6.3 ms "
+            "on an H100 (PR #32374's table).",
+            "",
+        ]
     lines += ["| goal | measured | verdict |", "|---|---|---|"]
     for goal in goals(speedup, rows, cells):
         lines.append(

@@ -23,8 +23,7 @@ from dsd.sim.interval import VALIDATION_INTERVAL_RUNS
 from dsd.sim.run_fields import run_config
 from dsd.traces.datasets import PROMPT_SET_NAMES
 from dsd.validation.plan import (
-    FULL_HARDWARE_PLAN,
-    QUICK_HARDWARE_PLAN,
+    HARDWARE_PLANS,
     REPORT_WRITE_RESERVE_S,
     RETIMED_PROFILE_NAME,
     validation_cell_config,
@@ -37,6 +36,34 @@ if TYPE_CHECKING:
 
 DEFAULT_VALIDATE_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
 DEFAULT_VALIDATE_CONCURRENCY: tuple[int, ...] = (1, 4)
+# `hardware_report`'s stages: all in one call, or the profile and then the cells (two calls)
+HARDWARE_STAGES: tuple[str, ...] = ("all", "profile", "cells")
+
+
+def with_drawn_acceptance(profile_path: Path, acceptance_profile: str) -> None:
+    """The profile at `profile_path` rewritten with `acceptance_profile`'s acceptance
+    (`Profile.with_acceptance_of`): what the cells draw from under drawn acceptance."""
+    source = load_profile(acceptance_profile)
+    try:
+        combined = load_profile(profile_path).with_acceptance_of(
+            source, Path(acceptance_profile).name
+        )
+    except ValueError as exc:
+        raise InputError(f"acceptance profile {acceptance_profile}: {exc}") from None
+    save_profile(combined, profile_path)
+
+
+def b1_plain_decode_ms(profile_path: Path) -> float | None:
+    """The profile's plain decode step at B = 1 (K = 0; the shortest context's), ms: the figure
+    beside vLLM's (PR #32374: 6.3 ms on an H100); None where it has no such point."""
+    points = [
+        point
+        for point in load_profile(profile_path).latency
+        if point.batch_size == 1 and point.num_spec_tokens == 0
+    ]
+    if not points:
+        return None
+    return min(points, key=lambda point: point.context_len or 0).expected_ms
 
 
 def validate(
@@ -107,10 +134,14 @@ def run_cells(
     deadline_s: float | None = None,
     held_out_prompts: bool = True,
     prompts_per_cell: int | None = None,
+    drawn_acceptance: bool = False,
+    interleave: bool = True,
     **fields: Any,
 ) -> tuple[list[CellResult], ValidationRecord, Profile | None]:
     """The cells of `validate`, the record of how they ran (the report's config.json) and the
-    re-timed profile their simulated side was priced by (None: not re-timed)."""
+    re-timed profile their simulated side was priced by (None: not re-timed).
+    `drawn_acceptance`: the real runs accept counts drawn from the cells' acceptance model
+    (`backend.executor`; tokens meaningless); `interleave`: see `validation_cells`."""
     fields.setdefault("interval_runs", VALIDATION_INTERVAL_RUNS)
     from dsd.backend.environment import environment_metadata, machine_differences
     from dsd.backend.fast_path import check_fast_path
@@ -182,6 +213,8 @@ def run_cells(
             on_progress=advance,
             timing=timing,
             deadline_s=deadline_s,
+            drawn_acceptance=drawn_acceptance,
+            interleave=interleave,
         )
     retimed = None if timing is None else timing.profile()
     if timing is not None:
@@ -237,6 +270,12 @@ def run_cells(
     record = record.with_extra(
         held_out_prompts=held_out_prompts,
         interval_runs=first.interval_runs,
+        **(
+            {"acceptance": f"drawn ({first.acceptance_model}; tokens meaningless)"}
+            if drawn_acceptance
+            else {}
+        ),
+        **({} if interleave else {"interleaved": False}),
         **policy_sources(r.config.policy for r in resolved),
     )
     return cells, record, retimed
@@ -251,13 +290,16 @@ def hardware_report(
     dtype: str = "auto",
     fast_path: str = "off",
     threads: int | None = None,
-    dataset: str = "instructcoder",
+    dataset: str | None = None,
     profile_dataset: str | None = None,
     quick: bool = False,
     trials: int | None = None,
     time_budget_s: float | None = None,
     speedup_arms: Sequence[str] | None = None,
     seed: int = 0,
+    plan: str = "full",
+    stage: str = "all",
+    prompts_per_concurrency: int | None = None,
     progress: ProgressFactory = no_progress,
     on_stage: Callable[[str], None] | None = None,
 ) -> list[Path]:
@@ -273,9 +315,14 @@ def hardware_report(
     (None: the plan's `speedup_extra_arms`). On CPU `threads` defaults to 1 (a shared
     machine's cores are not all ours).
     `dtype` and `fast_path` (the decode path: off, eager, cuda-graphs) hold for the profile, the
-    speedup arms and the cells alike. `profile_dataset`: the prompt set of the profile's
-    acceptance run (None: `dataset`); another set than the cells' is a transfer report
-    (docs/validation.md, "Transfer")."""
+    speedup arms and the cells alike. `plan`: a name of `HARDWARE_PLANS` (full; production: PR
+    #32374's experiment at production shapes with drawn acceptance, docs/validation.md);
+    `dataset`: None for the plan's (instructcoder unless it names one). `profile_dataset`: the
+    prompt set of the profile's acceptance run (None: `dataset`); another set than the cells'
+    is a transfer report (docs/validation.md, "Transfer"). `stage`: all; profile
+    (load and profile into `out`, then stop: one device call); cells (the rest, on the
+    profile.json an earlier `profile` stage left in `out`). `prompts_per_concurrency`: N x C
+    requests a cell instead of the plan's (a device call shorter or longer than it assumes)."""
     import datetime as dt
     import time
 
@@ -284,18 +331,35 @@ def hardware_report(
     from dsd.validation.hardware import write_hardware_report
     from dsd.validation.speedup import Arm, measure_arms
 
-    plan = QUICK_HARDWARE_PLAN if quick else FULL_HARDWARE_PLAN
+    if plan not in HARDWARE_PLANS:
+        raise InputError(f"plan {plan}: choose {', '.join(HARDWARE_PLANS)}")
+    if stage not in HARDWARE_STAGES:
+        raise InputError(f"stage {stage}: choose {', '.join(HARDWARE_STAGES)}")
+    plan_name = plan
+    chosen = HARDWARE_PLANS[plan][1 if quick else 0]
+    dataset = dataset or chosen.dataset or "instructcoder"
     if trials is not None:
         if trials < 1:
             raise InputError(f"trials {trials}: must be at least 1")
-        plan = dataclasses.replace(plan, trials=trials)
+        chosen = dataclasses.replace(chosen, trials=trials)
+    if prompts_per_concurrency is not None:
+        require_int(prompts_per_concurrency, "prompts_per_concurrency", 1)
+        chosen = dataclasses.replace(
+            chosen, prompts_per_concurrency=prompts_per_concurrency, prompts_per_cell=None
+        )
     if time_budget_s is not None and not time_budget_s > 0:
         raise InputError(f"time_budget_s {time_budget_s}: must be > 0 seconds")
     deadline_s = (
         None if time_budget_s is None else time.monotonic() + time_budget_s - REPORT_WRITE_RESERVE_S
     )
-    stage = on_stage or (lambda text: None)
+    say = on_stage or (lambda text: None)
     folder = check_output_folder(out, "out")
+    if stage == "cells":  # before anything loads
+        if not (folder / "profile.json").is_file():
+            raise InputError(f"out {folder}: no profile.json (run --stage profile first)")
+        profiled = load_profile(folder / "profile.json").metadata.get("target")
+        if profiled != target:
+            raise InputError(f"out {folder}: its profile.json is of {profiled}, not {target}")
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.pair import check_draft_spec, load_pair
     from dsd.backend.profiling import profile_to_file
@@ -311,8 +375,8 @@ def hardware_report(
                 f"{field}: {name!r} is not a prompt set; known: {', '.join(PROMPT_SET_NAMES)}"
             )
     if speedup_arms is not None:
-        plan = dataclasses.replace(plan, speedup_extra_arms=tuple(speedup_arms))
-    extra_arms = [Arm.parse(text) for text in plan.speedup_extra_arms]
+        chosen = dataclasses.replace(chosen, speedup_extra_arms=tuple(speedup_arms))
+    extra_arms = [Arm.parse(text) for text in chosen.speedup_extra_arms]
     for arm in extra_arms:
         if arm.draft == "none":
             raise InputError("speedup_arms none: plain decoding is always the first arm")
@@ -322,86 +386,103 @@ def hardware_report(
         raise InputError("draft: the hardware report needs a draft (e.g. ngram:2-6)")
     started = dt.datetime.now(dt.UTC)
     loads = [load_average()]
-    stage(f"loading {target} + {draft} on {device}")
+    say(f"loading {target} + {draft} on {device}")
     set_threads(threads, device)
     pair = load_pair(target, draft, device=device, dtype=dtype, seed=seed)
     folder.mkdir(parents=True, exist_ok=True)
     profile_path = folder / "profile.json"
-    k_max = max(plan.k_values)
-    stage(f"profiling into {profile_path}")
-    profile_to_file(
-        pair,
-        out=profile_path,
-        batch_sizes=plan.batch_sizes,
-        k=sorted({0, 1, *plan.k_values}),
-        context_lens=plan.context_lens,
-        prefill_tokens=plan.prefill_tokens,
-        dataset=dataset if profile_dataset is None else profile_dataset,
-        num_prompts=plan.acceptance_prompts,
-        output_len=plan.output_len,
-        warmup=plan.profile_warmup,
-        iters=plan.profile_iters,
-        allow_noisy=plan.allow_noisy_profile,
-        # the cells run every request to its length (vllm bench --ignore-eos); so do the
-        # acceptance prompts, whose draft sequences the cells' simulated side replays
-        ignore_eos=True,
-        seed=seed,
-        fast_path=fast_path,
-        progress=progress,
-    )
-    loads.append(load_average())
-    stage("timing the B = 1 speedup arms")
-    arms = [
-        Arm("none", "static:0", 0),
-        *(Arm(draft, f"static:{k}", k) for k in plan.speedup_k),
-        Arm(draft, "goodput", k_max),
-        *extra_arms,
-    ]
-    speedup_config = run_config(
-        policy="static:0",
-        profile=str(profile_path),
-        dataset=dataset,
-        num_prompts=plan.speedup_prompts,
-        max_concurrency=1,
-        output_len=plan.output_len,
-        seed=seed,
-    )
-    with progress(len(arms) * plan.speedup_repeats, "speedup at B=1") as advance:
-        speedup = measure_arms(
+    k_max = max(chosen.k_values)
+    if stage == "cells":
+        say(f"profile: {profile_path}, from the profile stage")
+    else:
+        say(f"profiling into {profile_path}")
+        profile_to_file(
             pair,
-            arms,
-            speedup_config,
-            repeats=plan.speedup_repeats,
+            out=profile_path,
+            batch_sizes=chosen.batch_sizes,
+            k=sorted({0, 1, *chosen.k_values}),
+            context_lens=chosen.context_lens,
+            prefill_tokens=chosen.prefill_tokens,
+            dataset=dataset if profile_dataset is None else profile_dataset,
+            num_prompts=chosen.acceptance_prompts,
+            output_len=chosen.output_len,
+            warmup=chosen.profile_warmup,
+            iters=chosen.profile_iters,
+            allow_noisy=chosen.allow_noisy_profile,
+            adaptive_target_pct=chosen.adaptive_target_pct,
+            adaptive_budget_s=chosen.adaptive_budget_s,
+            # the cells run every request to its length (vllm bench --ignore-eos); so do the
+            # acceptance prompts, whose draft sequences the cells' simulated side replays
+            ignore_eos=True,
+            seed=seed,
             fast_path=fast_path,
-            on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
+            progress=progress,
         )
+        if chosen.acceptance_profile is not None:
+            say(f"acceptance: {chosen.acceptance_profile}'s rates, drawn (tokens meaningless)")
+            with_drawn_acceptance(profile_path, chosen.acceptance_profile)
+        if stage == "profile":
+            return [profile_path]
     loads.append(load_average())
-    stage("validating: every (policy, C) cell, real and simulated")
-    policies = [*(f"static:{k}" for k in plan.k_values), *plan.dynamic_policies]
+    speedup = None
+    if chosen.speedup_repeats > 0:
+        say("timing the B = 1 speedup arms")
+        arms = [
+            Arm("none", "static:0", 0),
+            *(Arm(draft, f"static:{k}", k) for k in chosen.speedup_k),
+            Arm(draft, "goodput", k_max),
+            *extra_arms,
+        ]
+        speedup_config = run_config(
+            policy="static:0",
+            profile=str(profile_path),
+            dataset=dataset,
+            num_prompts=chosen.speedup_prompts,
+            max_concurrency=1,
+            output_len=chosen.output_len,
+            seed=seed,
+        )
+        with progress(len(arms) * chosen.speedup_repeats, "speedup at B=1") as advance:
+            speedup = measure_arms(
+                pair,
+                arms,
+                speedup_config,
+                repeats=chosen.speedup_repeats,
+                fast_path=fast_path,
+                on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
+            )
+    loads.append(load_average())
+    say("validating: every (policy, C) cell, real and simulated")
+    static_k = chosen.k_values if chosen.static_k is None else chosen.static_k
+    policies = [*(f"static:{k}" for k in static_k), *chosen.dynamic_policies]
+    drawn = chosen.acceptance_profile is not None
     cells, record, retimed = run_cells(
         pair,
         profile=str(profile_path),
         policies=policies,
-        max_concurrency=plan.concurrency,
-        num_prompts_per_concurrency=plan.prompts_per_concurrency,
-        prompts_per_cell=plan.prompts_per_cell,
-        trials=plan.trials,
+        max_concurrency=chosen.concurrency,
+        num_prompts_per_concurrency=chosen.prompts_per_concurrency,
+        prompts_per_cell=chosen.prompts_per_cell,
+        trials=chosen.trials,
         fast_path=fast_path,
-        allow_noisy_profile=plan.allow_noisy_profile,
+        allow_noisy_profile=chosen.allow_noisy_profile,
         retime=True,
-        retime_share=plan.retime_share,
+        retime_share=chosen.retime_share,
         progress=progress,
         dataset=dataset,
-        output_len=plan.output_len,
+        output_len=chosen.output_len,
         k_max=k_max,
         seed=seed,
         deadline_s=deadline_s,
         # Prompts the profile never ran (held out): each is given a recorded request's draft
         # outcomes (sim.models.acceptance.EmpiricalAcceptance), drawn anew in every re-run of the
-        # prediction interval; the replay of each run's own drafts is the timing check.
-        acceptance_model="empirical",
-        held_out_prompts=True,
+        # prediction interval; the replay of each run's own drafts is the timing check. Under
+        # drawn acceptance the real runs draw what the simulator draws: no prompt is recorded.
+        acceptance_model=chosen.acceptance_model,
+        held_out_prompts=not drawn,
         shuffle=True,
+        drawn_acceptance=drawn,
+        interleave=chosen.interleave,
     )
     loads.append(load_average())
     environment = environment_metadata(pair.device, pair.dtype)
@@ -412,13 +493,15 @@ def hardware_report(
             "device_name": environment["device"],
             **({"matmul": environment["matmul"]} if "matmul" in environment else {}),
             "quick": quick,
-            "plan": dataclasses.asdict(plan),
+            "plan_name": plan_name,
+            "plan": dataclasses.asdict(chosen),
+            **({"b1_plain_decode_ms": b1_plain_decode_ms(profile_path)} if drawn else {}),
             "time_budget_s": time_budget_s,
             "started": started.isoformat(timespec="seconds"),
             "finished": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "load_during": {"min": min(loads), "max": max(loads), "samples": loads},
-            "speedup_prompts": plan.speedup_prompts,
-            "speedup_repeats": plan.speedup_repeats,
+            "speedup_prompts": chosen.speedup_prompts,
+            "speedup_repeats": chosen.speedup_repeats,
             # only in a transfer report, so other reports keep the keys they always had
             **(
                 {"profile_dataset": profile_dataset}
@@ -427,7 +510,7 @@ def hardware_report(
             ),
         }
     )
-    stage(f"writing {folder}")
+    say(f"writing {folder}")
     written = [profile_path]
     if retimed is not None:
         save_profile(retimed, folder / RETIMED_PROFILE_NAME)

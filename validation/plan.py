@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from dsd.sim.config import RunConfig
@@ -40,6 +41,16 @@ class HardwarePlan:
     retime_share: float  # share of the profile's points each timing round re-times
     output_len: int | None  # max_tokens of every request; None: the dataset's
     allow_noisy_profile: bool
+    static_k: tuple[int, ...] | None = None  # static K of the cells; None: k_values
+    dataset: str | None = None  # the prompt set; None: the command's (instructcoder)
+    # Drawn acceptance (docs/validation.md): the profile's acceptance replaced by this profile's
+    # rates, and every real run accepting counts drawn from them as the simulator draws them
+    # (tokens meaningless: random weights). None: the engine's own matches, recorded.
+    acceptance_profile: str | None = None
+    acceptance_model: str = "empirical"  # of the cells (empirical: per recorded request)
+    interleave: bool = True  # the cells of one C run a step at a time together (one engine each)
+    adaptive_target_pct: float | None = None  # the profiler adds B until interpolation is this good
+    adaptive_budget_s: float = 600.0
 
 
 # The full plan: about 2 h 10 min on the 2-core CPU with SmolLM2-135M at one thread (the
@@ -99,6 +110,80 @@ QUICK_HARDWARE_PLAN = HardwarePlan(
     output_len=12,
     allow_noisy_profile=True,
 )
+
+
+# PR #32374's profile (Llama-3.1-8B-Instruct + EAGLE-1 on an H100, MT-Bench): the acceptance the
+# production plan draws from.
+PR32374_PROFILE = str(
+    Path(__file__).resolve().parents[1]
+    / "policies"
+    / "profiles"
+    / "pr32374_llama31_8b_eagle_h100.json"
+)
+
+# PR #32374's experiment on our engine (`--plan production`, issue 59): a Llama-3.1-8B-shaped
+# target and an EAGLE-1-shaped head on random bf16 weights (`--target random:llama-3.1-8b
+# --draft eagle`), acceptance drawn from the PR's per-position rates, MT-Bench with 256 output
+# tokens, C = 1..256, vanilla, static:3 and the dynamic policies; profiled over the PR's B and K
+# grid plus what adaptive profiling adds. Sized for two device calls of 570 s on one warm
+# machine: `--stage profile`, then `--stage cells` (scripts/gpu_session.py's production phases).
+# The estimate, from results/gpu/2026-11-26-h200 (8B shape, bf16, CUDA graphs: plain decode 7.76,
+# 9.44, 13.12 and 28.72 ms a step at B = 1, 16, 64, 256; K = 3 about 2x the B = 1 step there, and
+# from B = 64 on a verify of 4B tokens about 3x): a request is 256 tokens, 256 steps at K = 0 and
+# about 113 at K = 3 (AL 2.27), so one wave of C requests takes 2-2.5 s at C <= 16, 3.5-4.5 s at
+# 64, 5-7 s at 128 and 7-10 s at 256 per policy: about 125 s for the 30 cells, 160 s with the
+# speed probes. Two prompts per C (two waves: 320 s), one trial, a quarter of the profile re-timed
+# per round, and the CUDA graphs (about 400 shapes over the six engines, ~0.1 s each: 40 s) fit
+# one call with ~100 s to spare; the PR ran 20 x C prompts, ten times as many.
+PRODUCTION_HARDWARE_PLAN = HardwarePlan(
+    k_values=(0, 1, 3, 5),
+    batch_sizes=(1, 4, 16, 64, 256),
+    concurrency=(1, 4, 16, 64, 128, 256),
+    dynamic_policies=("goodput", "online", "per-request"),
+    context_lens=(128, 384),
+    prefill_tokens=(32, 128, 512),
+    acceptance_prompts=1,  # random weights accept nothing: the PR's rates replace the run's
+    profile_iters=10,
+    profile_warmup=3,
+    speedup_prompts=0,  # no B = 1 arms: the profile's B = 1, K = 0 point is the figure
+    speedup_repeats=0,
+    speedup_k=(),
+    speedup_extra_arms=(),
+    prompts_per_concurrency=2,
+    prompts_per_cell=None,
+    trials=1,
+    retime_share=0.25,
+    output_len=256,
+    allow_noisy_profile=True,
+    static_k=(0, 3),
+    dataset="mt-bench",
+    acceptance_profile=PR32374_PROFILE,
+    acceptance_model="per-position",
+    interleave=False,  # one engine (and its KV cache) per C, not one per policy and C
+    adaptive_target_pct=5.0,
+    adaptive_budget_s=60.0,
+)
+
+# The production plan at tiny settings (`--plan production --quick`): the CPU dry run of the
+# pipeline with the tiny pair (`--target tiny --draft eagle`), not a measurement.
+PRODUCTION_QUICK_HARDWARE_PLAN = dataclasses.replace(
+    PRODUCTION_HARDWARE_PLAN,
+    batch_sizes=(1, 2),
+    concurrency=(1, 2),
+    context_lens=(32,),
+    prefill_tokens=(16, 64),
+    profile_iters=2,
+    profile_warmup=1,
+    prompts_per_concurrency=1,
+    output_len=8,
+    adaptive_target_pct=None,
+)
+
+# --plan NAME: (the plan, its --quick dry run)
+HARDWARE_PLANS: dict[str, tuple[HardwarePlan, HardwarePlan]] = {
+    "full": (FULL_HARDWARE_PLAN, QUICK_HARDWARE_PLAN),
+    "production": (PRODUCTION_HARDWARE_PLAN, PRODUCTION_QUICK_HARDWARE_PLAN),
+}
 
 
 def validation_cell_config(

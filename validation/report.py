@@ -305,7 +305,7 @@ def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -
     command = config.get("command")
     if command:
         lines += ["Command:", "", "```", str(command), "```", ""]
-    for key in ("device", "dtype", "target", "draft", "profile", "dataset", "seed"):
+    for key in ("device", "dtype", "target", "draft", "profile", "dataset", "seed", "acceptance"):
         if key in config:
             lines.append(f"- {key}: {config[key]}")
     lines += [
@@ -365,7 +365,12 @@ def prompts_lines(config: dict[str, Any]) -> list[str]:
     held_out = config.get("held_out_prompts")
     if held_out is None:
         return []
-    if held_out:
+    if str(config.get("acceptance", "")).startswith("drawn"):
+        text = (
+            "Prompts: their lengths only (acceptance drawn, the same draws on both sides), so "
+            "this checks timing only."
+        )
+    elif held_out:
         text = (
             "Prompts: held out (none of the cells' prompts is among those the profile recorded "
             "acceptance for), so the acceptance-modelling part is a prediction."

@@ -28,7 +28,10 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[
             int | None, typer.Option(help="torch CPU threads (default: 1 on CPU).")
         ] = None,
-        dataset_name: Annotated[str, typer.Option(help="Prompt set.")] = "instructcoder",
+        dataset_name: Annotated[
+            str | None,
+            typer.Option(help="Prompt set (default: the plan's; instructcoder, or mt-bench)."),
+        ] = None,
         profile_dataset_name: Annotated[
             str | None,
             typer.Option(
@@ -57,6 +60,24 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         seed: Annotated[int, typer.Option(help="Run seed.")] = 0,
+        plan: Annotated[
+            str,
+            typer.Option(
+                help="full, or production (PR #32374's experiment at production shapes, "
+                "acceptance drawn from its rates: tokens meaningless)."
+            ),
+        ] = "full",
+        stage: Annotated[
+            str,
+            typer.Option(
+                help="all; profile (then stop); cells (on the profile.json a profile stage "
+                "left in --out)."
+            ),
+        ] = "all",
+        prompts_per_concurrency: Annotated[
+            int | None,
+            typer.Option(help="N x C requests a cell instead of the plan's (default: the plan's)."),
+        ] = None,
     ) -> None:
         """Profile, B=1 speedup, crossover and simulated-vs-measured TPOT in one report."""
         from dsd import api
@@ -76,6 +97,9 @@ def register(app: typer.Typer) -> None:
             time_budget_s=time_budget,
             speedup_arms=speedup_arm,
             seed=seed,
+            plan=plan,
+            stage=stage,
+            prompts_per_concurrency=prompts_per_concurrency,
             progress=flags.progress_bar,
             on_stage=lambda text: typer.echo(text, err=True),
         )

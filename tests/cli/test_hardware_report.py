@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +128,10 @@ def test_quick_report_writes_every_file_with_the_error_split(tmp_path, capsys) -
         (["--device", "tpu"], "--device"),
         (["--fast-path", "turbo"], "--fast-path"),
         (["--fast-path", "cuda-graphs"], "needs --device cuda"),
+        (["--plan", "huge"], "--plan huge: choose full, production"),
+        (["--stage", "later"], "--stage later: choose all, profile, cells"),
+        (["--stage", "cells"], "no profile.json (run --stage profile first)"),
+        (["--prompts-per-concurrency", "0"], "--prompts-per-concurrency: must be an integer >= 1"),
         (["--dataset-name", "azure-code"], "--dataset-name: 'azure-code' is not a prompt set"),
         (["--profile-dataset-name", "nope"], "--profile-dataset-name: 'nope' is not a prompt"),
     ],
@@ -178,3 +183,47 @@ def test_out_that_is_a_file_is_refused(tmp_path, capsys) -> None:
         main(["hardware-report", "--quick", "--target", "tiny", "--out", str(out)])
     assert "exists and is not a folder" in capsys.readouterr().err
     assert out.read_text() == "keep me"
+
+
+def test_the_production_plan_runs_in_two_stages_with_drawn_acceptance(tmp_path, capsys) -> None:
+    # the production plan's dry run (tiny shapes): the profile in one call, the cells in the
+    # next on its profile.json, as scripts/gpu_session.py's production phases split them
+    from dsd.cli import main
+
+    out = tmp_path / "report"
+    common = ["hardware-report", "--plan", "production", "--quick", "--draft", "eagle",
+              "--out", str(out)]  # fmt: skip
+    main([*common, "--target", "tiny", "--stage", "profile"])
+    assert {path.name for path in out.iterdir()} == {"profile.json"}
+    profile = json.loads((out / "profile.json").read_text())
+    pr_rates = json.loads(
+        (
+            Path(__file__).parents[2] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
+        ).read_text()
+    )["acceptance_rate_per_pos"]
+    assert profile["acceptance"]["rates"] == pr_rates  # k_max 5 on both sides
+    assert profile["metadata"]["acceptance_from"] == "pr32374_llama31_8b_eagle_h100.json"
+    with pytest.raises(SystemExit):  # the cells stage checks the profile is the target's
+        main([*common, "--target", "random:tiny", "--stage", "cells"])
+    assert "its profile.json is of tiny, not random:tiny" in capsys.readouterr().err
+
+    main([*common, "--target", "tiny", "--stage", "cells"])
+    rows = list(csv.DictReader((out / "cells.csv").open()))
+    assert {row["policy"] for row in rows} == {
+        "static:0", "static:3", "goodput", "online", "per-request"
+    }  # fmt: skip
+    assert {row["max_concurrency"] for row in rows} == {"1", "2"}
+    for row in rows:  # the same accepted counts on both sides: only timing differs
+        assert row["measured_acceptance_length"] == row["simulated_acceptance_length"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["acceptance"] == "drawn (per-position; tokens meaningless)"
+    assert config["plan_name"] == "production" and config["dataset"] == "mt-bench"
+    assert config["plan"]["prompts_per_concurrency"] == 1 and config["interleaved"] is False
+    assert config["b1_plain_decode_ms"] > 0
+    assert config["held_out_prompts"] is False
+    report = (out / "report.md").read_text()
+    for fragment in ("Acceptance: drawn", "tokens meaningless", "Plain decode at B = 1",
+                     "vLLM: 6.3 ms", "Prompts: their lengths only"):  # fmt: skip
+        assert fragment in report, fragment
+    assert "tokens meaningless" in (out / "validation.md").read_text()
+    assert not (out / "speedup.json").exists()  # no B = 1 arms in this plan

@@ -354,3 +354,28 @@ def test_malformed_files_are_one_line_errors(tmp_path: Path, text: str, fragment
         load_profile(path)
     assert fragment in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_profile_takes_another_profiles_acceptance_and_keeps_its_own_timing() -> None:
+    # drawn acceptance: our engine's timing (random weights) with a trained pair's acceptance
+    from dataclasses import replace
+
+    from dsd.policies.profile_io import load_profile
+
+    pr = load_profile(H100_PROFILE)  # k_max 5, per-position rates only
+    ours = load_profile(
+        Path(__file__).parents[1] / "data" / "profiles" / "cpu_smollm2_ngram_2026-11-27f.json"
+    )
+    three = replace(ours, k_max=3, latency=tuple(p for p in ours.latency if p.num_spec_tokens <= 3))
+    combined = three.with_acceptance_of(pr, "pr.json")
+    assert combined.acceptance_rates == pr.acceptance_rates[:3]
+    assert combined.latency == three.latency and combined.prefill == three.prefill
+    assert combined.host_overhead == three.host_overhead
+    # the n-gram profile's draft rates and outcomes are gone: the PR's head drafts its K, and
+    # its counts are for another k_max
+    assert ours.draft_rates is not None and combined.draft_rates is None
+    assert combined.draft_outcomes == () and combined.draft_sequences == ()
+    assert combined.accepted_at_pos is None
+    assert combined.metadata["acceptance_from"] == "pr.json"
+    with pytest.raises(ValueError, match="has 3 positions, the profile's k_max is 5"):
+        pr.with_acceptance_of(combined, "short.json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import time
@@ -373,7 +374,7 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     clock = {"now": 0.0}
     monkeypatch.setattr(validate_module.time, "monotonic", lambda: clock["now"])
 
-    def fake_runs(cells, pair, fast_path, between_steps, engines):
+    def fake_runs(cells, pair, fast_path, between_steps, engines, drawn_acceptance):
         clock["now"] += 10.0 * len(cells)
         return [resolved.config.policy for resolved in cells]
 
@@ -388,6 +389,42 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
     ]
     done = validation_cells(cells, None, trials=5, deadline_s=deadline_s)
     assert done == [("a",) * rounds, ("b",) * rounds]
+
+
+@pytest.mark.parametrize("trials", [1, 2])
+def test_cells_run_alone_one_at_a_time_and_the_last_round_lets_each_c_go(
+    monkeypatch, trials: int
+) -> None:
+    """interleave=False: every cell its own group, and the drawn flag passed to the runs; in
+    the last round each new C gets a fresh engine pool (the one of the C before is let go),
+    earlier rounds keep one pool for all (the engines' shapes reused)."""
+    import dsd.validation.cells as validate_module
+
+    seen = []
+
+    def fake_runs(cells, pair, fast_path, between_steps, engines, drawn_acceptance):
+        seen.append(([r.config.policy for r in cells], engines, drawn_acceptance))
+        return [resolved.config.policy for resolved in cells]
+
+    monkeypatch.setattr(validate_module, "measured_runs", fake_runs)
+    monkeypatch.setattr(validate_module, "cell_result", lambda resolved, runs, pair: tuple(runs))
+    cells = [
+        SimpleNamespace(
+            config=SimpleNamespace(policy=p),
+            workload=SimpleNamespace(closed_loop=True, max_concurrency=c),
+        )
+        for p, c in (("a", 1), ("b", 1), ("c", 2))
+    ]
+    done = validation_cells(cells, None, trials=trials, interleave=False, drawn_acceptance=True)
+    assert done == [("a",) * trials, ("b",) * trials, ("c",) * trials]
+    assert all(len(policies) == 1 and drawn for policies, _pool, drawn in seen)
+    concurrency = {"a": 1, "b": 1, "c": 2}
+    last = seen[-3:]  # the last round, rotated by trials - 1: a b c, or b c a
+    for (before, pool_before, _), (after, pool_after, _) in itertools.pairwise(last):
+        same_c = concurrency[before[0]] == concurrency[after[0]]
+        assert (pool_before is pool_after) == same_c
+    if trials > 1:  # the first round ran every cell on one pool
+        assert all(pool is seen[0][1] for _policies, pool, _drawn in seen[:3])
 
 
 def test_speed_probes_take_their_share_of_the_steps_time() -> None:
