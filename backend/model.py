@@ -629,25 +629,31 @@ class Attention(nn.Module):
         queries of the lowest row on it, so a padded row that shares a real row's slot (padding
         rows come after the real ones) leaves it the real row's; a slot with no row attends with
         some row's queries (finite: position 0 is always visible) and its output is dropped.
-        -> [B, T, H * D], the gather path's values."""
+        The query heads that share a KV head are stacked along the query axis (group x T
+        queries per KV head), so SDPA needs no grouped-query support: a backend without it
+        would otherwise copy each KV head per query head. -> [B, T, H * D], the gather's values.
+        """
         batch, num_tokens = positions.shape
         window = group.in_place_slots
         assert window is not None
+        share = self.num_heads // self.num_kv_heads  # query heads per KV head
         rows = torch.arange(batch, device=q.device)  # [B]
         row_of_slot = torch.full((window,), batch, dtype=rows.dtype, device=q.device)
         row_of_slot = row_of_slot.scatter_reduce(0, slot_ids, rows, reduce="amin")  # [W]
         row_of_slot = row_of_slot.clamp(max=batch - 1)  # [W]
-        slot_q = q.index_select(0, row_of_slot)  # [W, T, H, D]
+        slot_q = q.index_select(0, row_of_slot).transpose(1, 2)  # [W, H, T, D]
+        slot_q = slot_q.reshape(window, self.num_kv_heads, share * num_tokens, self.head_dim)
         slot_positions = positions.index_select(0, row_of_slot)  # [W, T]
         key_positions = torch.arange(span, device=q.device)  # [S_kv]
         mask = key_positions[None, None, :] <= slot_positions[:, :, None]  # [W, T, S_kv]
+        mask = mask[:, None].expand(window, share, num_tokens, span)  # [W, share, T, S_kv]
         out = F.scaled_dot_product_attention(
-            slot_q.transpose(1, 2),  # [W, H, T, D]
+            slot_q,  # [W, Hkv, share * T, D]
             cache_k[:window, :span].transpose(1, 2),  # [W, Hkv, S_kv, D], a view
             cache_v[:window, :span].transpose(1, 2),  # [W, Hkv, S_kv, D], a view
-            attn_mask=mask[:, None, :, :],  # [W, 1, T, S_kv]
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )  # [W, H, T, D]
+            attn_mask=mask.reshape(window, 1, share * num_tokens, span),
+        )  # [W, Hkv, share * T, D]
+        out = out.reshape(window, self.num_heads, num_tokens, self.head_dim)  # [W, H, T, D]
         out = out.index_select(0, slot_ids)  # [B, H, T, D]
         return out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
 
