@@ -44,10 +44,18 @@ forward has at most N rows (bucket x (K + 1)) runs, and is captured, with cuBLAS
 other with cuBLAS (`step_blas_library`). Not yet measured on a GPU; float32 rounding may differ
 between the libraries, so the GPU tests check tokens against the reference with it set.
 
+Step options (`StepOptions`, all off by default; docs/validation.md has what each is for):
+in-place attention (a step whose rows' slots all lie below its batch bucket reads the caches
+where they lie, `GraphKey.in_place`; other steps gather) and the step torch.compile'd (one
+compile per key; the CUDA-graph runner then captures the compiled step). Fused projections are
+the model's switch (`Transformer.fuse_projections`); a captured graph keeps the products it was
+captured with.
+
 What this does not do: sampling at temperature > 0 (the draft samples between forwards and the
 engine's torch.Generator is not registered with the graphs; such engines must use the reference
-path), graphs for prefill (prefill stays eager, as in vLLM), `torch.compile`, or a faster
-attention kernel (the model's gather + SDPA is used as is).
+path), graphs for prefill (prefill stays eager, as in vLLM), in-place attention for steps whose
+slots are scattered (they gather each row's span), an attention kernel of its own (SDPA as
+torch picks it), or the step options from the command line (Python only).
 """
 
 from __future__ import annotations

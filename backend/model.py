@@ -23,6 +23,11 @@ On CUDA the forwards keep SDPA off cuDNN attention (`attention_backends`): it bu
 execution plan for every new (batch, key length, ...) shape, and a decode step's key length is new
 at every step.
 
+Two switches for speed on a GPU, both off by default: `Transformer.fuse_projections()` runs q/k/v
+and gate/up as one product each (the separate weights become views of the fused one), and a
+group's `in_place_slots` lets attention read cache slots where they lie instead of gathering
+each row's span (the decode fast path sets it when its rows' slots allow).
+
 It deliberately does not: load files (`backend.weights`), tokenize, support attention biases,
 sliding windows, MoE or tensor parallelism, or pick attention kernels otherwise (plain SDPA).
 """
