@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from mock_models import make_engine, perturbed_copy, random_prompt, tiny_target
 from test_fast_path import fast_engine, run_pair
 
-from dsd.backend.engine import Draft, SpecDecodeConfig, target_greedy_decode
+from dsd.backend.eagle import EagleDraft, EagleHead
+from dsd.backend.engine import Draft, SpecDecodeConfig, SpecDecodeEngine, target_greedy_decode
 from dsd.backend.fast_path import (
     FastSpecDecodeEngine,
     GraphKey,
@@ -235,6 +236,28 @@ def test_fast_path_in_place_agrees_with_reference_and_falls_back_to_the_gather(
     )
     assert fast_out == ref_out and fast_acc == ref_acc
     assert {key.in_place for key in fast.runner.keys_seen} == {False, True}
+
+
+@pytest.mark.parametrize("compile_backend", [None, "eager"])
+def test_in_place_and_compiled_with_an_eagle_head_give_the_reference_tokens(
+    target, compile_backend
+) -> None:
+    draft = EagleDraft(EagleHead.random(target, seed=3), target)
+    rng = np.random.default_rng(13)
+    prompts = [random_prompt(rng, n) for n in (3, 12, 6)]
+    k_rng = np.random.default_rng(14)
+    config = SpecDecodeConfig(num_slots=4, max_model_len=96, k_max=3)
+    options = StepOptions(in_place_attention=True, compile_backend=compile_backend)
+    fast = FastSpecDecodeEngine(target, draft, config, min_kv_len=16, options=options)
+    (ref_out, ref_acc), (fast_out, fast_acc) = run_pair(
+        [SpecDecodeEngine(target, draft, config), fast],
+        prompts,
+        12,
+        lambda step, rows: k_rng.integers(0, 4, size=rows),
+        arrival_steps=[0, 0, 5],
+    )
+    assert fast_out == ref_out and fast_acc == ref_acc
+    assert any(key.in_place for key in fast.runner.keys_seen)
 
 
 def test_in_place_doubles_the_shapes_and_every_shape_runs(target, close_draft) -> None:
