@@ -15,7 +15,8 @@ decode step under each engine-efficiency switch, so that it says what each one b
     read) and TFLOP/s (the products and attention).
 (b) the tax of the dynamic engine (a draft, held at K = 0) against the plain engine at B = 1, per
     `--tax-variants`: target <= 1 %.
-(c) the SD step at K against K = 0 at B = 1 (the ideal speedup per unit of AL), same variants;
+(c) the SD step at K against K = 0 at B = 1 (the ideal speedup per unit of AL), per
+    `--sd-variants` (default baseline only: a compiled K > 0 step is one more compile);
     random weights accept almost nothing, so only the step times mean anything.
 
 Variants are interleaved (rounds of A B C ..., `--rounds`): each engine is built and prefilled
@@ -107,7 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=3, help="K for (c)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="variants at B = 1")
     parser.add_argument("--large-variants", default="baseline,all", help="variants at B > 1")
-    parser.add_argument("--tax-variants", default="baseline,all", help="variants for (b), (c)")
+    parser.add_argument("--tax-variants", default="baseline,all", help="variants for (b)")
+    parser.add_argument("--sd-variants", default="baseline", help="variants for (c)")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds per engine")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per round")
     parser.add_argument("--iters", type=int, default=20, help="timed steps per round")
@@ -122,6 +124,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.variant_list = _names(args.variants, "--variants")
     args.large_variant_list = _names(args.large_variants, "--large-variants")
     args.tax_variant_list = _names(args.tax_variants, "--tax-variants")
+    args.sd_variant_list = _names(args.sd_variants, "--sd-variants")
     if args.fast_path not in ("eager", "cuda-graphs"):
         raise SystemExit(f"--fast-path: choose eager or cuda-graphs, got {args.fast_path!r}")
     return args
@@ -344,94 +347,105 @@ class Bench:
             "target_fraction_at_b1": ROOFLINE_TARGET,
         }
         decode: dict[str, Any] = {}
-        tax: dict[str, Any] = {}
         for batch_size in self.batch_sizes:
-            names = args.variant_list if batch_size == 1 else args.large_variant_list
-            plain = [Arm(name, VARIANTS[name], 0) for name in names]
-            dynamic: list[Arm] = []
             if batch_size == 1:
-                for name in args.tax_variant_list:
-                    dynamic.append(Arm(f"{name} dynamic", VARIANTS[name], 0, dynamic=True))
-                    dynamic.append(
-                        Arm(f"{name} dynamic K={args.k}", VARIANTS[name], args.k, dynamic=True)
-                    )
-            self.run_arms(plain + dynamic, batch_size)
-            read_bytes, flops = step_work(self.target, batch_size, self.context_len + 1)
-            by_variant = {}
-            for arm in plain:
-                ms = arm.ms
-                entry = {
-                    "tpot_ms": ms,
-                    "rounds_ms": arm.rounds_ms,
-                    "fraction_of_roofline": roofline_ms / ms,
-                    "achieved_gb_s": read_bytes / ms / 1e6,
-                    "achieved_tflop_s": flops / ms / 1e9,
-                    "error": arm.error,
-                }
-                by_variant[arm.label] = entry
-                self.rows.append(
-                    [f"decode B={batch_size}", arm.label, _ms(ms), _fraction(entry), _gbs(entry)]
-                )
-            decode[str(batch_size)] = {
-                "bytes_read": read_bytes,
-                "flops": flops,
-                "by_variant": by_variant,
-            }
-            for name in args.tax_variant_list if batch_size == 1 else ():
-                base = next(arm for arm in plain if arm.label == name) if name in names else None
-                zero, with_k = (arm for arm in dynamic if arm.variant.name == name)
-                plain_ms = base.ms if base is not None else float("nan")
-                tax[name] = {
-                    "plain_ms": plain_ms,
-                    "dynamic_k0_ms": zero.ms,
-                    "tax_pct": (zero.ms / plain_ms - 1.0) * 100.0,
-                    "k": args.k,
-                    "itl_k_ms": with_k.ms,
-                    "ideal_speedup_per_al": zero.ms / with_k.ms,
-                    "errors": [e for e in (zero.error, with_k.error) if e],
-                }
-                self.rows.append(
-                    ["K=0 tax B=1", name, _ms(zero.ms), f"{tax[name]['tax_pct']:+.2f} %", ""]
-                )
-                self.rows.append([f"SD K={args.k} B=1", name, _ms(with_k.ms), "", ""])
-            self._summarise(decode, tax)
+                names = list(dict.fromkeys(args.variant_list + args.tax_variant_list))
+            else:
+                names = args.large_variant_list
+            plain = {name: Arm(name, VARIANTS[name]) for name in names}
+            zero: dict[str, Arm] = {}  # the dynamic engine at K = 0, per variant
+            with_k: dict[str, Arm] = {}  # ... and at K = args.k
+            if batch_size == 1:
+                for name in dict.fromkeys(args.tax_variant_list + args.sd_variant_list):
+                    zero[name] = Arm(f"{name} dynamic", VARIANTS[name], dynamic=True)
+                for name in args.sd_variant_list:
+                    label = f"{name} dynamic K={args.k}"
+                    with_k[name] = Arm(label, VARIANTS[name], args.k, dynamic=True)
+            self.run_arms([*plain.values(), *zero.values(), *with_k.values()], batch_size)
+            decode[str(batch_size)] = self._decode(batch_size, list(plain.values()), roofline_ms)
+            if batch_size == 1:
+                results["k0_tax"] = self._tax(plain, zero)
+                results["sd_step"] = self._sd(zero, with_k)
+            self._summarise(decode)
         return results
 
-    def _summarise(self, decode: dict[str, Any], tax: dict[str, Any]) -> None:
-        """The parts so far, with the keys earlier runs of this script wrote: (a) and (b) of
-        the last variant measured at B = 1 (by default `all`)."""
-        results = self.results
+    def _decode(self, batch_size: int, arms: list[Arm], roofline_ms: float) -> dict[str, Any]:
+        read_bytes, flops = step_work(self.target, batch_size, self.context_len + 1)
+        by_variant = {}
+        for arm in arms:
+            ms = arm.ms
+            entry = {
+                "tpot_ms": ms,
+                "rounds_ms": arm.rounds_ms,
+                "fraction_of_roofline": roofline_ms / ms,
+                "achieved_gb_s": read_bytes / ms / 1e6,
+                "achieved_tflop_s": flops / ms / 1e9,
+                "error": arm.error,
+            }
+            by_variant[arm.label] = entry
+            self.rows.append(
+                [f"decode B={batch_size}", arm.label, _ms(ms), _fraction(entry), _gbs(entry)]
+            )
+        return {"bytes_read": read_bytes, "flops": flops, "by_variant": by_variant}
+
+    def _tax(self, plain: dict[str, Arm], zero: dict[str, Arm]) -> dict[str, Any]:
+        tax = {}
+        for name in self.args.tax_variant_list:
+            plain_ms, dynamic_ms = plain[name].ms, zero[name].ms
+            tax[name] = {
+                "plain_ms": plain_ms,
+                "dynamic_k0_ms": dynamic_ms,
+                "tax_pct": (dynamic_ms / plain_ms - 1.0) * 100.0,
+                "errors": [e for e in (plain[name].error, zero[name].error) if e],
+            }
+            pct = missing_text(tax[name]["tax_pct"], "{:+.2f} %")
+            self.rows.append(["K=0 tax B=1", name, _ms(dynamic_ms), pct, ""])
+        return tax
+
+    def _sd(self, zero: dict[str, Arm], with_k: dict[str, Arm]) -> dict[str, Any]:
+        sd = {}
+        for name in self.args.sd_variant_list:
+            k0_ms, k_ms = zero[name].ms, with_k[name].ms
+            sd[name] = {
+                "k": self.args.k,
+                "itl_k0_ms": k0_ms,
+                "itl_k_ms": k_ms,
+                "ideal_speedup_per_al": k0_ms / k_ms,  # multiply by AL(K) for the ideal speedup
+                "errors": [e for e in (zero[name].error, with_k[name].error) if e],
+            }
+            self.rows.append([f"SD K={self.args.k} B=1", name, _ms(k_ms), "", ""])
+        return sd
+
+    def _summarise(self, decode: dict[str, Any]) -> None:
+        """The parts so far, written out; with the keys earlier runs of this script wrote,
+        (a), (b) and (c) of the last variant of each list (by default `all`, `all`,
+        `baseline`)."""
+        args, results = self.args, self.results
         results["by_batch_size"] = decode
-        results["k0_tax"] = tax
-        headline = self.args.variant_list[-1]
+        headline = args.variant_list[-1]
         b1 = decode.get("1", {}).get("by_variant", {}).get(headline)
         if b1 is not None:
+            roofline = results["roofline"]
             results["a_plain_decode"] = {
                 "variant": headline,
-                **results["roofline"],
+                **roofline,
                 "by_batch_size": {"1": b1},
             }
-        tax_headline = self.args.tax_variant_list[-1]
-        if tax_headline in tax:
-            results["b_k0_tax"] = {
-                "variant": tax_headline,
-                **tax[tax_headline],
-                "target_pct": TAX_TARGET_PCT,
-            }
-            results["c_sd_speedup"] = {
-                "variant": tax_headline,
-                "k": self.args.k,
-                "itl_k0_ms": tax[tax_headline]["dynamic_k0_ms"],
-                "itl_k_ms": tax[tax_headline]["itl_k_ms"],
-                "note": "random weights: acceptance is near 0; multiply by AL(K)",
-                "ideal_speedup_per_al": tax[tax_headline]["ideal_speedup_per_al"],
-            }
+        tax_headline = args.tax_variant_list[-1]
+        if tax_headline in results.get("k0_tax", {}):
+            tax = results["k0_tax"][tax_headline]
+            results["b_k0_tax"] = {"variant": tax_headline, **tax, "target_pct": TAX_TARGET_PCT}
+        sd_headline = args.sd_variant_list[-1]
+        if sd_headline in results.get("sd_step", {}):
+            sd = results["sd_step"][sd_headline]
+            note = "random weights: acceptance is near 0; multiply by AL(K)"
+            results["c_sd_speedup"] = {"variant": sd_headline, **sd, "note": note}
         stats = torch._dynamo.utils.counters
         results["compile_stats"] = {
             "unique_graphs": int(stats["stats"].get("unique_graphs", 0)),
             "graph_breaks": int(sum(stats["graph_break"].values())),
         }
-        atomic_write_json(self.args.out, results)
+        atomic_write_json(args.out, results)
 
     def table(self) -> str:
         header = ["part", "variant", "ms", "of roofline / tax", "GB/s, TFLOP/s"]
@@ -455,7 +469,7 @@ def _gbs(entry: dict[str, Any]) -> str:
     gbs, tflops = entry["achieved_gb_s"], entry["achieved_tflop_s"]
     if not np.isfinite(gbs):
         return missing_text(None)
-    return f"{gbs:.0f}, {tflops:.1f}"
+    return f"{gbs:.4g}, {tflops:.4g}"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

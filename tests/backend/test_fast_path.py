@@ -686,8 +686,10 @@ def test_engine_gpu_benchmark_parses_args_and_dry_runs_on_cpu(tmp_path) -> None:
     for entry in [*by_b["1"]["by_variant"].values(), *by_b["2"]["by_variant"].values()]:
         assert entry["error"] is None and len(entry["rounds_ms"]) == 2 and entry["tpot_ms"] > 0
         assert entry["achieved_gb_s"] > 0 and entry["achieved_tflop_s"] > 0
-    assert set(result["k0_tax"]) == {"baseline", "all"}
-    assert all(not tax["errors"] for tax in result["k0_tax"].values())
+    assert set(result["k0_tax"]) == {"baseline", "all"} and set(result["sd_step"]) == {"baseline"}
+    for part in ("k0_tax", "sd_step"):
+        assert all(not entry["errors"] for entry in result[part].values())
+    assert result["b_k0_tax"]["variant"] == "all" and result["c_sd_speedup"]["itl_k_ms"] > 0
     assert result["compile_stats"]["unique_graphs"] > 0
 
 
