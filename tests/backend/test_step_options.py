@@ -238,7 +238,7 @@ def test_fast_path_in_place_agrees_with_reference_and_falls_back_to_the_gather(
     assert {key.in_place for key in fast.runner.keys_seen} == {False, True}
 
 
-@pytest.mark.parametrize("compile_backend", [None, "eager"])
+@pytest.mark.parametrize("compile_backend", [None, "aot_eager"])
 def test_in_place_and_compiled_with_an_eagle_head_give_the_reference_tokens(
     target, compile_backend
 ) -> None:
