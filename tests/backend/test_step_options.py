@@ -281,11 +281,15 @@ def test_compiled_step_gives_the_reference_tokens(backend, target, close_draft) 
 
 @pytest.mark.slow
 def test_inductor_compiled_step_gives_the_reference_tokens_on_cpu(target, close_draft) -> None:
-    _check_all_switches_agree(target, close_draft, StepOptions(compile_backend="inductor"))
+    options = StepOptions(compile_backend="inductor")
+    _check_all_switches_agree(target, close_draft, options, ks=(0, 2))
 
 
-def _check_all_switches_agree(target, close_draft, options: StepOptions, device=None) -> None:
-    """A fast engine with `options` over fused copies gives the reference's tokens."""
+def _check_all_switches_agree(
+    target, close_draft, options: StepOptions, device=None, ks: tuple[int, ...] = (0, 1, 2, 3)
+) -> None:
+    """A fast engine with `options` over fused copies gives the reference's tokens (each row's
+    K drawn from `ks`: fewer K, fewer shapes to compile)."""
     fused_target, fused_draft = fused_copy(target, device), fused_copy(close_draft, device)
     if device is not None:
         target, close_draft = plain_copy(target, device), plain_copy(close_draft, device)
@@ -307,7 +311,7 @@ def _check_all_switches_agree(target, close_draft, options: StepOptions, device=
         [reference, fast],
         prompts,
         10,
-        lambda step, rows: k_rng.integers(0, 4, size=rows),
+        lambda step, rows: k_rng.choice(ks, size=rows),
         [0, 0, 6],
     )
     assert fast_out == ref_out and fast_acc == ref_acc
@@ -328,4 +332,4 @@ def test_step_options_are_checked() -> None:
 @pytest.mark.gpu
 def test_every_switch_on_cuda_graphs_gives_the_reference_tokens(target, close_draft) -> None:
     options = StepOptions(in_place_attention=True, compile_backend="inductor")
-    _check_all_switches_agree(target, close_draft, options, device=torch.device("cuda"))
+    _check_all_switches_agree(target, close_draft, options, torch.device("cuda"), ks=(0, 2))
