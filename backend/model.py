@@ -891,7 +891,7 @@ class Transformer(nn.Module):
         default: the CPU latency fits were measured on the separate products.
         """
         if enabled and self.cpu_kernels:
-            raise ValueError("fuse_projections: the CPU kernels are per weight; fuse before them")
+            raise ValueError("fuse_projections: not with the CPU kernels (a layout per weight)")
         for layer in self.layers:
             layer.self_attn.fuse(enabled)  # type: ignore[union-attr,operator]
             layer.mlp.fuse(enabled)  # type: ignore[union-attr,operator]
