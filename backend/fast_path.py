@@ -45,14 +45,23 @@ forward has at most N rows (bucket x (K + 1)) runs, and is captured, with cuBLAS
 other with cuBLAS (`step_blas_library`). Not yet measured on a GPU; float32 rounding may differ
 between the libraries, so the GPU tests check tokens against the reference with it set.
 
+Step options (`StepOptions`, all off by default; docs/validation.md has what each is for):
+in-place attention (a step whose rows' slots all lie below its batch bucket reads the caches
+where they lie, `GraphKey.in_place`; other steps gather) and the step torch.compile'd (one
+compile per key; the CUDA-graph runner then captures the compiled step). Fused projections are
+the model's switch (`Transformer.fuse_projections`); a captured graph keeps the products it was
+captured with.
+
 What this does not do: sampling at temperature > 0 (the draft samples between forwards and the
 engine's torch.Generator is not registered with the graphs; such engines must use the reference
-path), graphs for prefill (prefill stays eager, as in vLLM), `torch.compile`, or a faster
-attention kernel (the model's gather + SDPA is used as is).
+path), graphs for prefill (prefill stays eager, as in vLLM), in-place attention for steps whose
+slots are scattered (they gather each row's span), an attention kernel of its own (SDPA as
+torch picks it), or the step options from the command line (Python only).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from collections.abc import Callable, Iterator
@@ -91,6 +100,33 @@ FAST_PATH_KINDS: tuple[str, ...] = ("off", "eager", "cuda-graphs")
 # slot, last token, L, K, drawn accepted count: the fixed-shape step's inputs (then n-gram drafts)
 _NUM_INPUT_ROWS = 5
 CUBLASLT_MAX_ROWS_ENV = "DSD_CUBLASLT_MAX_ROWS"
+# Dynamo compiles the step once per key; its default limit (8) would silently run later keys
+# eagerly, so a compiled engine raises it to at least this
+_COMPILED_KEYS_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How the fixed-shape step runs: switches, all off by default (module docstring, "Step
+    options"); `benchmarks/engine_gpu.py` measures what each buys."""
+
+    # A step whose rows' slots all lie below its batch bucket attends over those cache slots in
+    # place (`ForwardGroup.in_place_slots`) instead of gathering each row's span
+    in_place_attention: bool = False
+    # torch.compile the step with this backend ("inductor"; "eager"/"aot_eager" trace only);
+    # None: run it as written
+    compile_backend: str | None = None
+    # torch.compile's mode (None: its default); never one that captures CUDA graphs itself
+    # ("reduce-overhead"): the CUDA-graph runner captures the compiled step
+    compile_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compile_mode is not None and "overhead" in self.compile_mode:
+            raise ValueError(
+                f"compile_mode {self.compile_mode!r} captures CUDA graphs itself; the runner does"
+            )
+        if self.compile_mode is not None and self.compile_backend != "inductor":
+            raise ValueError("compile_mode needs compile_backend 'inductor'")
 
 
 def cublaslt_max_rows() -> int:
@@ -141,6 +177,7 @@ class GraphKey:
     num_rows: int  # padded batch size (a batch bucket)
     num_spec_tokens: int  # K of the step (its largest per-row K), 0..k_max
     kv_len: int  # attention span read from each slot's cache (a kv bucket)
+    in_place: bool = False  # every slot < num_rows: attention reads slots [0, num_rows) in place
 
 
 @torch.inference_mode()
@@ -162,10 +199,15 @@ def fixed_shape_step(
     Every drafting row's draft cache must already hold [0, L). Rows with K = 0 (and padded rows,
     whose L is the trash position) write only at the trash position of the draft cache. Without
     a model draft (n-gram), the drafts come in: rows 5..5+K of `inputs`, found on the host. No
-    host sync, no data-dependent shapes: capturable as a CUDA graph for this key.
+    host sync, no data-dependent shapes: capturable as a CUDA graph for this key. With
+    `key.in_place` every slot id is below `key.num_rows` and the target's and a model draft's
+    attention read their caches in place.
     """
     slots, last_tokens, lengths, spec = inputs[0], inputs[1], inputs[2], inputs[3]  # [B] each
     k_step = key.num_spec_tokens
+    in_place_slots = key.num_rows if key.in_place else None
+    # passed only when set: a model draft may be any callable of the reference's arguments
+    in_place = {} if in_place_slots is None else {"in_place_slots": in_place_slots}
     trash = torch.full_like(lengths, trash_position)  # [B]
     drafted: list[torch.Tensor] = []
     if k_step > 0 and draft is None:  # n-gram drafts, looked up on the host
@@ -193,6 +235,7 @@ def fixed_shape_step(
                 slots,
                 num_layers=draft.num_layers,
                 kv_len=key.kv_len,
+                **in_place,
             )[:, 0]  # [B, V]
             token = logits.argmax(dim=-1)  # [B]
             drafted.append(token)
@@ -207,10 +250,12 @@ def fixed_shape_step(
     verify_ids = torch.cat((last_tokens[:, None], draft_ids), dim=1)  # [B, K+1]
     if eagle is None:
         target_logits = target(
-            verify_ids, positions, target_cache, slots, kv_len=key.kv_len
+            verify_ids, positions, target_cache, slots, kv_len=key.kv_len, **in_place
         )  # [B, K+1, V]
     else:  # the same forward, keeping the target's features for the head
-        verify = ForwardGroup(verify_ids, positions, slots, kv_len=key.kv_len)
+        verify = ForwardGroup(
+            verify_ids, positions, slots, kv_len=key.kv_len, in_place_slots=in_place_slots
+        )
         features: list[torch.Tensor] = []
         target_logits = target.forward_groups([verify], target_cache, features_out=features)[0]
         eagle.store([verify], features)
@@ -221,11 +266,31 @@ def fixed_shape_step(
     return torch.cat((num_accepted[:, None], output_ids), dim=1)  # [B, K+2]
 
 
+def step_function(options: StepOptions) -> Callable[..., torch.Tensor]:
+    """`fixed_shape_step` as `options` run it: as written, or torch.compile'd (one compile per
+    key: its ints and the models' switches are guarded constants, no dynamic shapes)."""
+    if options.compile_backend is None:
+        return fixed_shape_step
+    dynamo_config = torch._dynamo.config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, _COMPILED_KEYS_LIMIT)
+    dynamo_config.accumulated_recompile_limit = max(
+        dynamo_config.accumulated_recompile_limit, _COMPILED_KEYS_LIMIT
+    )
+    # Under no_grad, not inference_mode: AOT autograd cannot trace inference tensors' updates
+    step: Callable[..., torch.Tensor] = fixed_shape_step.__wrapped__  # type: ignore[attr-defined]
+    compiled = torch.compile(
+        step, backend=options.compile_backend, mode=options.compile_mode, dynamic=False
+    )
+    return torch.no_grad()(compiled)
+
+
 class EagerStepRunner:
     """Runs `fixed_shape_step` directly; counts the distinct keys it has run."""
 
-    def __init__(self, engine: SpecDecodeEngine) -> None:
+    def __init__(self, engine: SpecDecodeEngine, options: StepOptions = StepOptions()) -> None:
         self.engine = engine
+        self.options = options
+        self.step_function = step_function(options)
         self.keys_seen: set[GraphKey] = set()
         # CUDA only: the matrix library per step shape (module docstring)
         self.cublaslt_max_rows = cublaslt_max_rows() if engine.device.type == "cuda" else 0
@@ -250,7 +315,7 @@ class EagerStepRunner:
         engine = self.engine
         # A graph keeps the kernels it was captured with, so the library holds at capture
         with _blas_library(step_blas_library(key, self.cublaslt_max_rows)):
-            return fixed_shape_step(
+            return self.step_function(
                 engine.target,
                 engine.eagle_draft or engine.model_draft,
                 engine.target_cache,
@@ -285,10 +350,15 @@ def _no_automatic_gc() -> Iterator[None]:
 class CudaGraphStepRunner(EagerStepRunner):
     """Captures `fixed_shape_step` once per key as a CUDA graph, then replays it."""
 
-    def __init__(self, engine: SpecDecodeEngine, num_warmup_runs: int = 2) -> None:
+    def __init__(
+        self,
+        engine: SpecDecodeEngine,
+        options: StepOptions = StepOptions(),
+        num_warmup_runs: int = 2,
+    ) -> None:
         if engine.device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the engine is on {engine.device}")
-        super().__init__(engine)
+        super().__init__(engine, options)
         self.num_warmup_runs = num_warmup_runs
         self.num_captures = 0  # graphs captured so far; fixed once every key was seen
         self._graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -331,7 +401,8 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
     """`SpecDecodeEngine` whose SD step runs at bucketed fixed shapes (see module docstring).
 
     `runner`: "eager" (any device; the reference for the bucketing) or "cuda-graphs" (CUDA).
-    Greedy only (temperature 0). Prefill, slots and bookkeeping are the parent's.
+    `options`: how the step runs (`StepOptions`). Greedy only (temperature 0). Prefill, slots
+    and bookkeeping are the parent's.
     """
 
     def __init__(
@@ -341,6 +412,7 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
         config: SpecDecodeConfig,
         runner: Literal["eager", "cuda-graphs"] = "eager",
         min_kv_len: int = DEFAULT_MIN_KV_LEN,
+        options: StepOptions = StepOptions(),
     ) -> None:
         if config.temperature != 0.0:
             raise ValueError(
@@ -351,23 +423,26 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             raise ValueError(f"min_kv_len must be >= 1, got {min_kv_len}")
         super().__init__(target, draft, config)
         self.min_kv_len = min_kv_len
+        self.options = options
         self.batch_buckets = batch_buckets(config.num_slots)
         self.runner: EagerStepRunner
         if runner == "eager":
-            self.runner = EagerStepRunner(self)
+            self.runner = EagerStepRunner(self, options)
         elif runner == "cuda-graphs":
-            self.runner = CudaGraphStepRunner(self)
+            self.runner = CudaGraphStepRunner(self, options)
         else:
             raise ValueError(f"runner must be 'eager' or 'cuda-graphs', got {runner!r}")
 
     def all_graph_keys(self) -> list[GraphKey]:
         """Every fixed shape a step of this engine can take."""
         spans = kv_len_buckets(self.config.cache_len, self.min_kv_len)
+        in_place = (False, True) if self.options.in_place_attention else (False,)
         return [
-            GraphKey(rows, k, span)
+            GraphKey(rows, k, span, flag)
             for rows in self.batch_buckets
             for k in range(self.config.k_max + 1)
             for span in spans
+            for flag in in_place
         ]
 
     def run_every_shape(self) -> int:
@@ -425,6 +500,8 @@ class FastSpecDecodeEngine(SpecDecodeEngine):
             self._catch_up_eagle(slots[drafting_rows], lengths[drafting_rows])
 
         key = self.graph_key(num_rows, k_step, int(lengths.max()))
+        if self.options.in_place_attention and int(slots.max()) < key.num_rows:
+            key = dataclasses.replace(key, in_place=True)
         host_inputs = self._padded_inputs(key.num_rows)  # [5 + K_max, Bpad]
         host_inputs[0, :num_rows] = slots
         host_inputs[1, :num_rows] = self.token_ids[slots, lengths]
@@ -540,10 +617,14 @@ def build_spec_decode_engine(
     draft: AnyDraft | None,
     config: SpecDecodeConfig,
     fast_path: str = "off",
+    options: StepOptions = StepOptions(),
 ) -> SpecDecodeEngine:
-    """The reference engine ("off") or the fast path ("eager", "cuda-graphs")."""
+    """The reference engine ("off") or the fast path ("eager", "cuda-graphs") whose step runs
+    as `options` say."""
     if fast_path == "off":
+        if options != StepOptions():
+            raise ValueError("step options need a fast path (eager or cuda-graphs)")
         return SpecDecodeEngine(target, draft, config)
     if fast_path in ("eager", "cuda-graphs"):
-        return FastSpecDecodeEngine(target, draft, config, runner=fast_path)  # type: ignore[arg-type]
+        return FastSpecDecodeEngine(target, draft, config, runner=fast_path, options=options)  # type: ignore[arg-type]
     raise ValueError(f"fast_path must be one of {', '.join(FAST_PATH_KINDS)}, got {fast_path!r}")

@@ -23,6 +23,11 @@ On CUDA the forwards keep SDPA off cuDNN attention (`attention_backends`): it bu
 execution plan for every new (batch, key length, ...) shape, and a decode step's key length is new
 at every step.
 
+Two switches for speed on a GPU, both off by default: `Transformer.fuse_projections()` runs q/k/v
+and gate/up as one product each (the separate weights become views of the fused one), and a
+group's `in_place_slots` lets attention read cache slots where they lie instead of gathering
+each row's span (the decode fast path sets it when its rows' slots allow).
+
 It deliberately does not: load files (`backend.weights`), tokenize, support attention biases,
 sliding windows, MoE or tensor parallelism, or pick attention kernels otherwise (plain SDPA).
 """
@@ -503,10 +508,15 @@ class ForwardGroup:
     slot_ids: torch.Tensor | None = None  # [B] int64 cache slot of each row (with a cache)
     kv_len: int | None = None  # attend to cache positions [0, kv_len); None: the whole cache
     logit_indices: torch.Tensor | None = None  # [B, N] tokens to compute logits at; None: all
+    # Every slot id is below this: attention reads cache slots [0, in_place_slots) where they
+    # lie instead of gathering each row's slot (`Attention`); None: gather
+    in_place_slots: int | None = None
 
 
 class Attention(nn.Module):
     """Grouped-query self-attention that reads/writes one layer of a slot-indexed KV cache."""
+
+    qkv_weight: torch.Tensor | None  # a buffer (None until fused)
 
     def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
@@ -518,6 +528,9 @@ class Attention(nn.Module):
         self.k_proj = Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
         self.v_proj = Linear(config.hidden_size, config.num_kv_heads * config.head_dim, **kw)
         self.o_proj = Linear(config.num_heads * config.head_dim, config.hidden_size, **kw)
+        # [q; k; v] rows in one weight once fused (`fuse_rows`): q/k/v_proj's weights are views
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.fused = False  # run q/k/v as one product of qkv_weight
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm:
@@ -534,9 +547,15 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """[N, hidden]: the projections run once over all N tokens (one read of each weight),
         attention within each group."""
-        q_all = self.q_proj(x)  # [N, H * D]
-        k_all = self.k_proj(x)  # [N, Hkv * D]
-        v_all = self.v_proj(x)  # [N, Hkv * D]
+        if self.fused and self.qkv_weight is not None:
+            q_width = self.num_heads * self.head_dim
+            kv_width = self.num_kv_heads * self.head_dim
+            widths = [q_width, kv_width, kv_width]
+            q_all, k_all, v_all = F.linear(x, self.qkv_weight).split_with_sizes(widths, -1)
+        else:
+            q_all = self.q_proj(x)  # [N, H * D]
+            k_all = self.k_proj(x)  # [N, Hkv * D]
+            v_all = self.v_proj(x)  # [N, Hkv * D]
         outs: list[torch.Tensor] = []
         start = 0
         for group, (cos, sin) in zip(groups, ropes, strict=True):
@@ -580,6 +599,8 @@ class Attention(nn.Module):
             cache_k[slot_ids[:, None], positions] = k
             cache_v[slot_ids[:, None], positions] = v
             span = cache_k.shape[1] if kv_len is None else kv_len
+            if group.in_place_slots is not None:
+                return self._attend_in_place(q, positions, slot_ids, cache_k, cache_v, span, group)
             # index_select, not cache_k[slot_ids, :span]: on CPU advanced indexing gathers
             # element by element (B = 8, 600 positions: 1.6 ms a layer's K against 0.27 ms)
             keys = cache_k[:, :span].index_select(0, slot_ids)  # [B, S_kv, Hkv, D]
@@ -598,9 +619,60 @@ class Attention(nn.Module):
         )  # [B, H, T, D]
         return out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
 
+    def _attend_in_place(
+        self,
+        q: torch.Tensor,  # [B, T, H, D], RoPE applied
+        positions: torch.Tensor,  # [B, T]
+        slot_ids: torch.Tensor,  # [B], every id < group.in_place_slots
+        cache_k: torch.Tensor,  # [S, max_len, Hkv, D], this step's K/V already written
+        cache_v: torch.Tensor,
+        span: int,
+        group: ForwardGroup,
+    ) -> torch.Tensor:
+        """Attention over cache slots [0, W) as they lie (W = group.in_place_slots): no copy of
+        any row's span. The queries move instead (a few rows, not a span): slot s takes the
+        queries of the lowest row on it, so a padded row that shares a real row's slot (padding
+        rows come after the real ones) leaves it the real row's; a slot with no row attends with
+        some row's queries (finite: position 0 is always visible) and its output is dropped.
+        The query heads that share a KV head are stacked along the query axis (group x T
+        queries per KV head), so SDPA needs no grouped-query support: a backend without it
+        would otherwise copy each KV head per query head. -> [B, T, H * D], the gather's values.
+        """
+        batch, num_tokens = positions.shape
+        window = group.in_place_slots
+        assert window is not None
+        share = self.num_heads // self.num_kv_heads  # query heads per KV head
+        rows = torch.arange(batch, device=q.device)  # [B]
+        row_of_slot = torch.full((window,), batch, dtype=rows.dtype, device=q.device)
+        row_of_slot = row_of_slot.scatter_reduce(0, slot_ids, rows, reduce="amin")  # [W]
+        row_of_slot = row_of_slot.clamp(max=batch - 1)  # [W]
+        slot_q = q.index_select(0, row_of_slot).transpose(1, 2)  # [W, H, T, D]
+        slot_q = slot_q.reshape(window, self.num_kv_heads, share * num_tokens, self.head_dim)
+        slot_positions = positions.index_select(0, row_of_slot)  # [W, T]
+        key_positions = torch.arange(span, device=q.device)  # [S_kv]
+        mask = key_positions[None, None, :] <= slot_positions[:, :, None]  # [W, T, S_kv]
+        mask = mask[:, None].expand(window, share, num_tokens, span)  # [W, share, T, S_kv]
+        out = F.scaled_dot_product_attention(
+            slot_q,  # [W, Hkv, share * T, D]
+            cache_k[:window, :span].transpose(1, 2),  # [W, Hkv, S_kv, D], a view
+            cache_v[:window, :span].transpose(1, 2),  # [W, Hkv, S_kv, D], a view
+            attn_mask=mask.reshape(window, 1, share * num_tokens, span),
+        )  # [W, Hkv, share * T, D]
+        out = out.reshape(window, self.num_heads, num_tokens, self.head_dim)  # [W, H, T, D]
+        out = out.index_select(0, slot_ids)  # [B, H, T, D]
+        return out.transpose(1, 2).reshape(batch, num_tokens, self.num_heads * self.head_dim)
+
+    def fuse(self, enabled: bool) -> None:
+        """q/k/v as one product (`Transformer.fuse_projections`)."""
+        if enabled and not _aliases(self.qkv_weight, [self.q_proj, self.k_proj, self.v_proj]):
+            self.qkv_weight = fuse_rows([self.q_proj, self.k_proj, self.v_proj])
+        self.fused = enabled
+
 
 class MLP(nn.Module):
     """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    gate_up_weight: torch.Tensor | None  # a buffer (None until fused)
 
     def __init__(self, config: ModelConfig, device: Any = None, dtype: Any = None) -> None:
         super().__init__()
@@ -608,10 +680,54 @@ class MLP(nn.Module):
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size, **kw)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size, **kw)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, **kw)
+        # [gate; up] rows in one weight once fused (`fuse_rows`): gate/up_proj's are views
+        self.register_buffer("gate_up_weight", None, persistent=False)
+        self.fused = False  # run gate and up as one product of gate_up_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.fused and self.gate_up_weight is not None:
+            gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        else:
+            out = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return out  # [B, T, hidden]
+
+    def fuse(self, enabled: bool) -> None:
+        """gate/up as one product (`Transformer.fuse_projections`)."""
+        if enabled and not _aliases(self.gate_up_weight, [self.gate_proj, self.up_proj]):
+            self.gate_up_weight = fuse_rows([self.gate_proj, self.up_proj])
+        self.fused = enabled
+
+
+def fuse_rows(linears: Sequence[Linear]) -> torch.Tensor:
+    """One weight holding the linears' weights' rows one after another; each linear's weight
+    becomes a view of its rows (contiguous: a block of whole rows), so the weights are held
+    once and every later in-place change (a state dict loaded, a random init) reaches both."""
+    with torch.no_grad():
+        fused = torch.cat([linear.weight.detach() for linear in linears])  # [sum out, in]
+        start = 0
+        for linear in linears:
+            rows = linear.weight.shape[0]
+            requires_grad = linear.weight.requires_grad
+            linear.weight = nn.Parameter(fused[start : start + rows], requires_grad=requires_grad)
+            start += rows
+    return fused
+
+
+def _aliases(fused: torch.Tensor | None, linears: Sequence[Linear]) -> bool:
+    """Whether `fused` still holds the linears' weights (moving a module to another device or
+    dtype copies each tensor on its own and breaks the views)."""
+    if fused is None:
+        return False
+    offset = 0
+    for linear in linears:
+        weight = linear.weight
+        if weight.untyped_storage().data_ptr() != fused.untyped_storage().data_ptr():
+            return False
+        if weight.storage_offset() != fused.storage_offset() + offset:
+            return False
+        offset += weight.numel()
+    return True
 
 
 class DecoderLayer(nn.Module):
@@ -658,6 +774,7 @@ class Transformer(nn.Module):
         num_layers: int | None = None,
         kv_len: int | None = None,
         logit_indices: torch.Tensor | None = None,  # [B, N] token indices into T; None: all T
+        in_place_slots: int | None = None,  # every slot id < this: no gather (`ForwardGroup`)
     ) -> torch.Tensor:
         """Logits [B, T, V] (float32) of the next token after each given token.
 
@@ -674,7 +791,7 @@ class Transformer(nn.Module):
         those tokens (a prefill chunk needs one row of logits, not T x V); the result is then
         [B, N, V].
         """
-        group = ForwardGroup(input_ids, positions, slot_ids, kv_len, logit_indices)
+        group = ForwardGroup(input_ids, positions, slot_ids, kv_len, logit_indices, in_place_slots)
         return self.forward_groups([group], kv_cache, num_layers)[0]
 
     def forward_groups(
@@ -754,6 +871,31 @@ class Transformer(nn.Module):
             logits = F.linear(hidden, self.embed_tokens.weight)
         return logits.float()
 
+    @property
+    def projections_fused(self) -> bool:
+        """Whether q/k/v and gate/up run as one product each (`fuse_projections`)."""
+        return any(layer.self_attn.fused for layer in self.layers)  # type: ignore[union-attr]
+
+    def fuse_projections(self, enabled: bool = True) -> None:
+        """Run q/k/v as one product and gate/up as one product in every layer (`enabled`), or
+        the separate products again (False).
+
+        The first call lays each group's weights out as one tensor whose row blocks ARE the
+        separate weights (views, `fuse_rows`): nothing is held twice, the state dict keeps its
+        Hugging Face names, and switching back and forth costs nothing. Move the model to its
+        device and dtype before fusing (a move copies every tensor on its own; enabling again
+        re-fuses). A wide product reads the same bytes as the separate ones but launches one
+        kernel, and on CUDA avoids cuBLAS's slow few-row kernels of the narrow k/v products.
+        Values: the same dot products; logits agree to rounding (the kernels may differ).
+        Not with the CPU kernels (`prepare_cpu_kernels`: per-weight layouts), and never on by
+        default: the CPU latency fits were measured on the separate products.
+        """
+        if enabled and self.cpu_kernels:
+            raise ValueError("fuse_projections: not with the CPU kernels (a layout per weight)")
+        for layer in self.layers:
+            layer.self_attn.fuse(enabled)  # type: ignore[union-attr,operator]
+            layer.mlp.fuse(enabled)  # type: ignore[union-attr,operator]
+
     def prepare_cpu_kernels(self, native: bool = True) -> bool:
         """Lay the weights out for CPU inference (`CpuKernels`); True if done.
 
@@ -766,6 +908,8 @@ class Transformer(nn.Module):
         weight = self.embed_tokens.weight
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             return False
+        if self.projections_fused:
+            raise ValueError("prepare_cpu_kernels: the projections are fused (torch's kernels)")
         if not _onednn_linear_available():
             return False
         product = rows_matmul() if native else None

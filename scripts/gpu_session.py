@@ -272,7 +272,8 @@ def bench(s: Session) -> str:
     with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
         engine = json.loads((s.results / "engine_gpu.json").read_text())
         b1 = engine["a_plain_decode"]["by_batch_size"]["1"].get("fraction_of_roofline")
-        notes += [] if b1 is None else [f"B=1 at {b1:.2f} of roofline (target 0.89)"]
+        target = engine["a_plain_decode"]["target_fraction_at_b1"]
+        notes += [] if b1 is None else [f"B=1 at {b1:.2f} of roofline (target {target})"]
         notes.append(f"K=0 tax {engine['b_k0_tax']['tax_pct']:+.2f} % (target 1 %)")
     with contextlib.suppress(OSError, ValueError, LookupError, TypeError):
         rows = json.loads((s.results / "async_overlap.json").read_text())["rows"]
@@ -293,7 +294,7 @@ def report_module(s: Session) -> str:
         raise Skipped(f"{module} not found")
     if found:
         raise Failed(f"cannot look up {module} (its package fails to import)")
-    return module
+    return str(module)
 
 
 def report(s: Session) -> str:

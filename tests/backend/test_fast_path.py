@@ -652,12 +652,14 @@ def test_cuda_graph_capture_survives_garbage_graphs_collected_during_it(monkeypa
 # ------------------------------------------------------------------------- GPU benchmark script
 def _load_benchmark():
     import importlib.util
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_gpu.py"
     spec = importlib.util.spec_from_file_location("engine_gpu", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -668,12 +670,27 @@ def test_engine_gpu_benchmark_parses_args_and_dry_runs_on_cpu(tmp_path) -> None:
     benchmark = _load_benchmark()
     args = benchmark.parse_args(["--batch-sizes", "1,16", "--k", "2"])
     assert args.batch_size_list == [1, 16] and args.k == 2
+    with pytest.raises(SystemExit, match="--variants: choose from"):
+        benchmark.parse_args(["--variants", "baseline,turbo"])
     out = tmp_path / "engine_gpu.json"
     assert benchmark.main(["--dry-run", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
+    text = out.read_text()
+    result = json.loads(text, parse_constant=lambda word: pytest.fail(f"not strict JSON: {word}"))
     assert result["dry_run"] is True
     assert set(result) >= {"a_plain_decode", "b_k0_tax", "c_sd_speedup", "device", "versions"}
     assert result["a_plain_decode"]["by_batch_size"]["1"]["tpot_ms"] > 0
+    # every variant ran at B = 1 (the compiled ones traced by dynamo), the large-B pair at B = 2
+    by_b = result["by_batch_size"]
+    assert set(by_b["1"]["by_variant"]) == set(benchmark.VARIANTS)
+    assert set(by_b["2"]["by_variant"]) == {"baseline", "all"}
+    for entry in [*by_b["1"]["by_variant"].values(), *by_b["2"]["by_variant"].values()]:
+        assert entry["error"] is None and len(entry["rounds_ms"]) == 2 and entry["tpot_ms"] > 0
+        assert entry["achieved_gb_s"] > 0 and entry["achieved_tflop_s"] > 0
+    assert set(result["k0_tax"]) == {"baseline", "all"} and set(result["sd_step"]) == {"baseline"}
+    for part in ("k0_tax", "sd_step"):
+        assert all(not entry["errors"] for entry in result[part].values())
+    assert result["b_k0_tax"]["variant"] == "all" and result["c_sd_speedup"]["itl_k_ms"] > 0
+    assert result["compile_stats"]["unique_graphs"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message")
