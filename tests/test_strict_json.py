@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -14,7 +16,7 @@ from hypothesis import strategies as st
 
 from dsd.common.atomic import atomic_write_json
 from dsd.common.disk_memo import disk_memo
-from dsd.common.strict_json import MISSING, dumps, finite_or_none, missing_text
+from dsd.common.strict_json import MISSING, csv_text, dumps, finite_or_none, missing_text
 
 H100 = Path(__file__).resolve().parents[1] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 
@@ -131,6 +133,24 @@ def test_disk_memo_stores_no_nan_and_recomputes_it(
 )
 def test_missing_text(value: Any, fmt: str, text: str) -> None:
     assert missing_text(value, fmt) == text
+
+
+def test_csv_text_writes_missing_values_as_empty_fields() -> None:
+    rows = [
+        ["a", "b", "c", "d", "e", "f"],
+        [math.nan, -math.inf, np.float32("nan"), None, 10**400, "x"],
+    ]
+    assert csv_text(rows) == f"a,b,c,d,e,f\n,,,,{10**400},x\n"
+
+
+@given(st.lists(st.floats() | st.integers() | st.none(), min_size=1, max_size=6))
+def test_csv_text_reads_back_every_finite_value(values: list[Any]) -> None:
+    (field_texts,) = csv.reader(io.StringIO(csv_text([values])))
+    for value, text in zip(values, field_texts, strict=True):
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            assert text == ""
+        else:
+            assert type(value)(text) == value
 
 
 def test_simulate_json_and_files_of_a_run_without_drafts_are_strict(
