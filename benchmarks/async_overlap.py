@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from typing import Any
 from dsd import api
 from dsd.backend.real import resolve_real, torch_executor
 from dsd.backend.threads import measured_run_settings
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.policies.profile import Profile
@@ -180,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"settings": settings, "rows": rows}, out, indent=1)
+        atomic_write_json(args.json, {"settings": settings, "rows": rows}, indent=1)
     return 0
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -43,6 +42,7 @@ import numpy as np
 from crn_variance import POINTS, POLICIES, PROFILE, STATIC
 from scipy import stats
 
+from dsd.common.atomic import atomic_write_json
 from dsd.policies.types import K_TIMINGS
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
@@ -144,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     _print_run(run)
     if args.json:
         try:
-            with open(args.json, "w", encoding="utf-8") as handle:
-                json.dump(run, handle, indent=1)
+            atomic_write_json(args.json, run, indent=1)
         except OSError as exc:
             print(f"error: --json {args.json}: {exc}", file=sys.stderr)
             return 2

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from dsd.common.atomic import atomic_write_json
 from dsd.sim.build import build_engine, fitted_executor
 from dsd.sim.config import RunConfig
 from dsd.sim.resolve import resolve
@@ -169,8 +170,7 @@ def main() -> int:
     run = measure(args.seeds, args.workers)
     _print_run(run)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(run, handle, indent=1)
+        atomic_write_json(args.json, run, indent=1)
     return 0
 
 

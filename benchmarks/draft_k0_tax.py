@@ -15,10 +15,8 @@ generated the same tokens (they must: K = 0 is plain greedy decoding).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +24,7 @@ from dsd import api
 from dsd.backend.engine import SpecDecodeConfig, SpecDecodeEngine
 from dsd.backend.pair import ModelPair
 from dsd.backend.threads import thread_settings
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 from dsd.common.machine import load_average
 
@@ -114,20 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{load_after:.2f}"
     )
     if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "settings": {**vars(args), "threads": thread_settings()},
-                    "arms": figures,
-                    "ratio_of_medians": ratio_of_medians,
-                    "median_paired_ratio": paired,
-                    "pairs": int(plain_ms.size),
-                    "same_tokens": same_tokens,
-                    "load": [load_before, load_after],
-                },
-                indent=1,
-            )
-            + "\n"
+        atomic_write_json(
+            args.json,
+            {
+                "settings": {**vars(args), "threads": thread_settings()},
+                "arms": figures,
+                "ratio_of_medians": ratio_of_medians,
+                "median_paired_ratio": paired,
+                "pairs": int(plain_ms.size),
+                "same_tokens": same_tokens,
+                "load": [load_before, load_after],
+            },
+            indent=1,
         )
     return 0 if same_tokens else 1
 

@@ -32,12 +32,12 @@ records the load average before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.policies.profile_io import load_profile
@@ -274,8 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({**settings, "rows": rows}, out, indent=1)
+        atomic_write_json(args.json, {**settings, "rows": rows}, indent=1)
     return 0
 
 

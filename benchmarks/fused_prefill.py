@@ -18,7 +18,6 @@ It measures; it changes nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -28,6 +27,7 @@ from dsd.backend.engine import SpecDecodeConfig
 from dsd.backend.fast_path import build_spec_decode_engine
 from dsd.backend.profiler import MixedItem, ProfileConfig, time_mixed_steps
 from dsd.backend.threads import thread_settings
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model, load_average
 from dsd.common.progress import print_label
@@ -153,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             "load": [load_before, load_after],
             "curve_1_ms": curve_1,
         }
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({**settings, "rows": table}, out, indent=1)
+        atomic_write_json(args.json, {**settings, "rows": table}, indent=1)
     return 0
 
 

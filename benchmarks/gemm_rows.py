@@ -19,7 +19,6 @@ Median over `--repeats`, printed per M and saved as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from dsd.backend.model import MODEL_CONFIGS, ModelConfig
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError, int_list
 
 MODES = ("float32", "float32-lt", "tf32", "bfloat16")
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "ms_by_mode_and_rows": results,
         }
-        args.out.write_text(json.dumps(record, indent=1) + "\n")
+        atomic_write_json(args.out, record, indent=1)
         print(f"wrote {args.out}")
     return 0
 

@@ -31,10 +31,10 @@ records the load average before and after.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError, int_list
 from dsd.common.machine import load_average
 from dsd.reports.paired import Gap, paired_gap
@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(f"load average {load_before:.2f} -> {settings['load_average_after']:.2f}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({**settings, "rows": rows}, out, indent=1)
+        atomic_write_json(args.json, {**settings, "rows": rows}, indent=1)
     return 0
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dsd.common.atomic import atomic_write_json
 from dsd.common.disk_memo import CACHE_DIR_ENV
 from dsd.policies.profile import LatencyPoint, Profile
 from dsd.policies.profile_io import load_profile
@@ -64,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"points": points, "seconds": seconds, "kind": choice.kind})
         print(f"{points} points: {seconds:.2f} s cold, chose {choice.kind} ({choice.reason})")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(rows, handle, indent=1)
+        atomic_write_json(args.json, rows, indent=1)
     return 0
 
 

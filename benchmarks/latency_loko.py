@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 from dsd.policies.profile_io import load_profile
 from dsd.sim.models.latency import LatencyModelKind
@@ -73,12 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     _model, choice = select_latency_model(profile)
     print(f"--latency-model auto uses {choice.kind}: {choice.reason}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out_file:
-            json.dump(
-                {"profile": args.profile, "rows": rows, "auto": dataclasses.asdict(choice)},
-                out_file,
-                indent=1,
-            )
+        atomic_write_json(
+            args.json,
+            {"profile": args.profile, "rows": rows, "auto": dataclasses.asdict(choice)},
+            indent=1,
+        )
     return 0
 
 

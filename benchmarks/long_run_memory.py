@@ -97,8 +97,10 @@ def main() -> None:
     parser.add_argument("--fractions", default="0.125,0.25,0.5,1")
     parser.add_argument("--one", type=float, help=argparse.SUPPRESS)  # child process mode
     args = parser.parse_args()
+    from dsd.common import strict_json
+
     if args.one is not None:
-        print(json.dumps(measure(args.one)))
+        print(strict_json.dumps(measure(args.one)))
         return
     rows = []
     for fraction in (float(text) for text in args.fractions.split(",")):
@@ -120,7 +122,7 @@ def main() -> None:
             f"{row['requests_frame_mib']:.1f} MiB), {row['wall_s']:.1f} s",
             flush=True,
         )
-    print(json.dumps(rows, indent=2))
+    print(strict_json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from typing import Any
 
 import numpy as np
 
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"{row['num_tokens']:>7} {row['measured_ms']:9.1f}  {cells}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"profile": args.profile, "rows": rows}, out, indent=1)
+        atomic_write_json(args.json, {"profile": args.profile, "rows": rows}, indent=1)
     return 0
 
 

@@ -25,13 +25,13 @@ It measures; it changes nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from dsd.common.arrays import FloatArray
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 
 # the hardware report's profiled B and K (dsd.validation.plan.FULL_HARDWARE_PLAN)
@@ -121,7 +121,7 @@ def live(args: argparse.Namespace) -> int:
             f"{errors['ratio_p90_pct']:.1f}%"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+        atomic_write_json(args.json, figures, indent=2)
     return 0
 
 

@@ -17,7 +17,6 @@ tokens differ from the first arm's (lossless verification broken).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -28,6 +27,7 @@ import torch
 import dsd
 from dsd import api
 from dsd.backend.threads import thread_settings
+from dsd.common.atomic import atomic_write_json
 from dsd.common.errors import InputError
 from dsd.common.machine import cpu_model
 from dsd.validation.speedup import Arm, measure_arms, speedup_table
@@ -113,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.out:
         rows = [summary.row() for summary in result.arms]
-        Path(args.out).write_text(
-            json.dumps({"settings": settings, "arms": rows, "runs": result.runs}, indent=1) + "\n"
+        atomic_write_json(
+            args.out, {"settings": settings, "arms": rows, "runs": result.runs}, indent=1
         )
     return 0 if all(summary.identical_to_first_arm for summary in result.arms) else 1
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from dsd.common import strict_json
 from dsd.policies.goodput import GoodputPolicy
 from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
@@ -217,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         f"completed {first.num_completed}/{expected}; "
         f"cpu {cpu_s:.3f} s -> {first.num_output_tokens / cpu_s / 1e6:.3f} M tokens per CPU second"
     )
-    print("summary " + json.dumps(summary, sort_keys=True))
+    print("summary " + strict_json.dumps(summary, sort_keys=True))
     if profiler is not None:
         profiler.dump_stats(args.profile)
         stats = pstats.Stats(profiler)

@@ -18,7 +18,7 @@ from dsd.common.errors import InputError
 from dsd.policies.plugin import export_table, policy_spec
 from dsd.policies.profile_io import load_profile
 from dsd.policies.range_table import RangeTable, expand_ranges
-from dsd.policies.spec import parse_policy
+from dsd.policies.spec import parse_policy, run_k_max
 from dsd.policies.speculative_config import speculative_config
 
 # vLLM's method names (what `--method` takes for every export) -> each engine's name for it.
@@ -158,13 +158,16 @@ def sglang_launch_note(
 def compiled_table(
     profile: str | Path, max_num_seqs: int, policy: str | object
 ) -> tuple[RangeTable, int]:
-    """(the policy on the profile compiled to a range table for B = 1..max_num_seqs, the
-    profile's k_max): the table every export writes. A user's policy compiles only when it
-    declares K depends on the batch size alone (`policies.plugin.export_table`)."""
+    """(the policy on the profile compiled to a range table for B = 1..max_num_seqs, its
+    k_max): the table every export writes. k_max is the profile's, raised to the K a static
+    policy or a range table fixes, as `dsd simulate` raises it (`policies.spec.run_k_max`). A
+    user's policy compiles only when it declares K depends on the batch size alone
+    (`policies.plugin.export_table`)."""
     loaded = load_profile(profile)
     spec = policy_spec(policy)
-    chosen = parse_policy(spec, profile=loaded, k_max=loaded.k_max, max_num_seqs=max_num_seqs)
-    return export_table(chosen, loaded.k_max, max_num_seqs, spec), loaded.k_max
+    k_max = run_k_max(spec, loaded.k_max)
+    chosen = parse_policy(spec, profile=loaded, k_max=k_max, max_num_seqs=max_num_seqs)
+    return export_table(chosen, k_max, max_num_seqs, spec), k_max
 
 
 def export_vllm(

@@ -319,6 +319,13 @@ def spec_k_max(spec: str) -> int | None:
     return min(max(ks, default=0), MAX_SPEC_TOKENS)
 
 
+def run_k_max(spec: str, base: int) -> int:
+    """The k_max of a run of `spec` given none: `base` (the profile's k_max, or the default)
+    raised to the K the SPEC fixes (`spec_k_max`), so `static:6` runs like vLLM with
+    num_speculative_tokens 6. The one rule of `dsd simulate` (sim.resolve) and the exports."""
+    return max(base, spec_k_max(spec) or 0)
+
+
 def policy_source(spec: str) -> dict[str, Any] | None:
     """Where a user's policy's code came from (`spec`, `kind`, `path`, `class`, `sha256` of the
     file; `policies.plugin`), recorded beside results; None for a built-in policy."""

@@ -26,7 +26,7 @@ from dsd.common.errors import InputError
 from dsd.common.user_paths import check_input_file
 from dsd.policies.profile import HostOverhead, Profile
 from dsd.policies.profile_io import host_overhead_to_native, load_profile
-from dsd.policies.spec import parse_policy, policy_name, policy_source, spec_k_max
+from dsd.policies.spec import parse_policy, policy_name, policy_source, run_k_max
 from dsd.policies.types import KPolicy
 from dsd.sim.config import DEFAULT_BLOCK_SIZE, DEFAULT_K_MAX, DEFAULT_MAX_NUM_SEQS, RunConfig
 from dsd.sim.models.latency import (
@@ -260,8 +260,7 @@ def resolve(config: RunConfig, workload: Workload | None = None) -> ResolvedRun:
     else:
         # The profile's (or the default) k_max, raised to the K a static policy or a range
         # table fixes: `static:6` runs like vLLM with num_speculative_tokens 6.
-        k_max = DEFAULT_K_MAX if profile is None else profile.k_max
-        k_max = max(k_max, spec_k_max(config.policy) or 0)
+        k_max = run_k_max(config.policy, DEFAULT_K_MAX if profile is None else profile.k_max)
     if (
         profile is not None
         and config.latency_model == "table"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ from hypothesis import strategies as st
 
 from dsd.common.atomic import atomic_write_json
 from dsd.common.disk_memo import disk_memo
-from dsd.common.strict_json import MISSING, dumps, finite_or_none, missing_text
+from dsd.common.strict_json import MISSING, csv_text, dumps, finite_or_none, missing_text
 
 H100 = Path(__file__).resolve().parents[1] / "policies/profiles/pr32374_llama31_8b_eagle_h100.json"
 
@@ -133,6 +136,24 @@ def test_missing_text(value: Any, fmt: str, text: str) -> None:
     assert missing_text(value, fmt) == text
 
 
+def test_csv_text_writes_missing_values_as_empty_fields() -> None:
+    rows = [
+        ["a", "b", "c", "d", "e", "f"],
+        [math.nan, -math.inf, np.float32("nan"), None, 10**400, "x"],
+    ]
+    assert csv_text(rows) == f"a,b,c,d,e,f\n,,,,{10**400},x\n"
+
+
+@given(st.lists(st.floats() | st.integers() | st.none(), min_size=1, max_size=6))
+def test_csv_text_reads_back_every_finite_value(values: list[Any]) -> None:
+    (field_texts,) = csv.reader(io.StringIO(csv_text([values])))
+    for value, text in zip(values, field_texts, strict=True):
+        if value is None or (isinstance(value, float) and not math.isfinite(value)):
+            assert text == ""
+        else:
+            assert type(value)(text) == value
+
+
 def test_simulate_json_and_files_of_a_run_without_drafts_are_strict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -171,3 +192,40 @@ def test_sweep_tables_say_dash_for_a_missing_acceptance(
     assert "nan" not in table.lower()
     static0 = next(line for line in table.splitlines() if line.startswith("| static:0 "))
     assert f"| {MISSING} |" in static0
+
+
+def test_a_benchmarks_json_file_writes_null_for_nan(
+    load_benchmark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = load_benchmark("prefill_estimate")
+    names = ("decode slope", "verify slope", "parametric")
+    row = {"num_tokens": 32, "measured_ms": 0.0}
+    row |= {f"{name}_ms": 1.0 for name in names} | {f"{name}_error_pct": math.inf for name in names}
+    monkeypatch.setattr(module, "load_profile", lambda path: None)
+    monkeypatch.setattr(module, "estimates", lambda profile: [row])
+    out = tmp_path / "estimate.json"
+    assert module.main(["--json", str(out)]) == 0
+    (written,) = strict_loads(out.read_text())["rows"]
+    assert written["parametric_error_pct"] is None and written["measured_ms"] == 0.0
+
+
+# (file, code, why) of the json.dump(s) calls in benchmarks/ and scripts/ that write no output
+OWN_JSON_CALLS = [
+    ("benchmarks/sim_speed.py", "hasher.update(json.dumps(", "a digest's input, not output"),
+    # installs what the machine lacks before dsd can import; it writes names, versions, counts
+    ("scripts/gpu_session.py", "json.dumps(", "standard library only"),
+]
+
+
+def test_benchmarks_and_scripts_write_json_through_strict_json() -> None:
+    root = Path(__file__).resolve().parents[1]
+    hits = []
+    for path in sorted([*root.glob("benchmarks/*.py"), *root.glob("scripts/*.py")]):
+        relative = str(path.relative_to(root))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not re.search(r"(?<![\w.])json\.dumps?\(", line):  # not strict_json.dumps
+                continue
+            if any(relative == file and code in line for file, code, _ in OWN_JSON_CALLS):
+                continue
+            hits.append(f"{relative}:{number}: {line.strip()}")
+    assert not hits, "JSON written without dsd.common.strict_json:\n" + "\n".join(hits)

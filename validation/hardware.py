@@ -10,8 +10,6 @@ TPOT is the median over its trials.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import math
 import statistics
@@ -127,16 +125,17 @@ def crossover(
 
 
 def crossover_csv(rows: Sequence[CrossoverRow]) -> str:
-    """One line per (C, policy): measured TPOT, whether it is the envelope, gap %."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["max_concurrency", "policy", "mean_tpot_ms", "k_star", "gap_to_envelope_pct"])
+    """One line per (C, policy): measured TPOT, whether it is the envelope, gap % (a missing
+    value: an empty field)."""
+    lines: list[list[Any]] = [
+        ["max_concurrency", "policy", "mean_tpot_ms", "k_star", "gap_to_envelope_pct"]
+    ]
     for row in rows:
         for k, tpot in row.static_tpot_ms.items():
             gap = (tpot / row.envelope_tpot_ms - 1.0) * 100.0
-            writer.writerow([row.max_concurrency, f"static:{k}", tpot, row.k_star, gap])
+            lines.append([row.max_concurrency, f"static:{k}", tpot, row.k_star, gap])
         for policy in row.dynamic_tpot_ms:
-            writer.writerow(
+            lines.append(
                 [
                     row.max_concurrency,
                     policy,
@@ -145,7 +144,7 @@ def crossover_csv(rows: Sequence[CrossoverRow]) -> str:
                     row.gap_pct(policy),
                 ]
             )
-    return buffer.getvalue()
+    return strict_json.csv_text(lines)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,6 @@ fits nothing; it only formats.
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,9 +156,8 @@ def interval_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str
 
 
 def cells_csv(cells: Sequence[Cell]) -> str:
-    """One row per cell: measured, simulated and error % of every report metric."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    """One row per cell: measured, simulated and error % of every report metric (a missing
+    value: an empty field)."""
     header = ["policy", "max_concurrency"]
     for key, _label in REPORT_METRICS:
         header += [f"measured_{key}", f"simulated_{key}", f"error_pct_{key}"]
@@ -194,7 +191,7 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "measured_inside_interval",
         "num_prompts",
     ]
-    writer.writerow(header)
+    rows: list[list[Any]] = [header]
     for cell in cells:
         row: list[Any] = [cell.policy, "" if cell.max_concurrency is None else cell.max_concurrency]
         for key, _label in REPORT_METRICS:
@@ -222,8 +219,8 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             {None: "", True: 1, False: 0}[cell.inside_interval("mean_tpot_ms")],
             cell.num_prompts or "",
         ]
-        writer.writerow(row)
-    return buffer.getvalue()
+        rows.append(row)
+    return strict_json.csv_text(rows)
 
 
 def _executor_steps(cell: Cell) -> Any:
@@ -247,12 +244,10 @@ def step_split_ms(cell: Cell) -> tuple[float, float]:
 
 def steps_csv(cells: Sequence[Cell]) -> str | None:
     """One row per step of each cell's first real trial: what ran, the loop's wall ms and the
-    executor's own ms (None when no cell has executor times)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
+    executor's own ms (None when no cell has executor times; a missing value: an empty field)."""
     columns = ["step_index", "batch_size", "num_decode_reqs", "num_tokens", "num_spec_tokens"]
     columns += ["num_accepted_tokens", "mean_k"]
-    writer.writerow(["policy", "max_concurrency", *columns, "wall_ms", "execute_ms"])
+    rows: list[list[Any]] = [["policy", "max_concurrency", *columns, "wall_ms", "execute_ms"]]
     written = False
     for cell in cells:
         steps = _executor_steps(cell)
@@ -263,9 +258,9 @@ def steps_csv(cells: Sequence[Cell]) -> str | None:
         values.append((steps["duration_s"] * 1000.0).round(4).tolist())
         values.append((steps["execute_s"] * 1000.0).round(4).tolist())
         for row in zip(*values, strict=True):
-            writer.writerow([cell.policy, concurrency, *row])
+            rows.append([cell.policy, concurrency, *row])
         written = True
-    return buffer.getvalue() if written else None
+    return strict_json.csv_text(rows) if written else None
 
 
 def cell_tables(cells: Sequence[Cell]) -> dict[str, str]:
@@ -282,20 +277,18 @@ def trials_csv(cells: Sequence[Cell]) -> str:
     """One row per real trial, in each cell's trial order: its machine speed (empty without
     timing) and every report metric as that trial measured it (a cell's `measured` is their
     median)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
     keys = [key for key, _label in REPORT_METRICS]
-    writer.writerow(["policy", "max_concurrency", "trial", "machine_speed", *keys])
+    rows: list[list[Any]] = [["policy", "max_concurrency", "trial", "machine_speed", *keys]]
     for cell in cells:
         concurrency = "" if cell.max_concurrency is None else cell.max_concurrency
         speeds = cell.trial_speeds if len(cell.trial_speeds) == len(cell.measured_trials) else ()
         for index, trial in enumerate(cell.measured_trials):
             speed = speeds[index] if speeds else ""
-            writer.writerow(
+            rows.append(
                 [cell.policy, concurrency, index + 1, speed]
                 + [as_number(trial.get(key)) for key in keys]
             )
-    return buffer.getvalue()
+    return strict_json.csv_text(rows)
 
 
 def report_markdown(cells: Sequence[Cell], config: dict[str, Any], title: str) -> str:

@@ -53,15 +53,15 @@ def committed_level_lines(rows: list[dict[str, str]], trials: list[dict[str, str
     """The Level line of a report's simulated side as it wrote it: cells.csv `rows`, trials.csv
     `trials` (nothing without trials)."""
     from dsd.validation.cells import CellResult
-    from dsd.validation.report import level_lines
+    from dsd.validation.report import as_number, level_lines
 
     tpot = "mean_tpot_ms"
     cells = [
         CellResult(
             row["policy"],
             int(row["max_concurrency"]),
-            measured={tpot: float(row[f"measured_{tpot}"])},
-            simulated={tpot: float(row[f"simulated_{tpot}"])},
+            measured={tpot: as_number(row[f"measured_{tpot}"])},
+            simulated={tpot: as_number(row[f"simulated_{tpot}"])},
         )
         for row in rows
     ]
@@ -89,7 +89,7 @@ def rescore(
     from dsd.traces.registry import WorkloadOptions
     from dsd.validation.cells import CellResult, simulated_run
     from dsd.validation.record import CellRecord, ValidationRecord
-    from dsd.validation.report import level_lines, tpot_error_summary
+    from dsd.validation.report import as_number, level_lines, tpot_error_summary
 
     config = ValidationRecord.from_json(
         json.loads((folder / "config.json").read_text()), str(folder / "config.json")
@@ -156,9 +156,10 @@ def rescore(
             cell = CellResult(
                 row["policy"],
                 concurrency,
-                measured={key: float(row[f"measured_{key}"]) for key in (tpot, ttft)},
+                # an empty field (or "nan", as older reports wrote it): missing
+                measured={key: as_number(row[f"measured_{key}"]) for key in (tpot, ttft)},
                 simulated={key: simulated[key] for key in (tpot, ttft)},
-                replayed={tpot: float(row[f"replayed_{tpot}"])},
+                replayed={tpot: as_number(row[f"replayed_{tpot}"])},
             )
             cells.append(cell)
             lines.append(

@@ -4,15 +4,19 @@ This module only assembles the app and enforces the error contract: bad user inp
 (`dsd.common.errors.InputError`, missing files, bad flags, an OS error about a named path)
 prints one line `error: ...` on stderr and exits with code 2, with no traceback; a sweep whose
 worker process died prints one line and exits 1 (finished cells are kept), and one stopped by
-Ctrl-C or SIGTERM says what it kept and exits 128 + the signal's number; outputs are
-written atomically by the API, so a failed command leaves nothing half-written.
+Ctrl-C or SIGTERM says what it kept and exits 128 + the signal's number; any other command
+stopped by Ctrl-C prints `interrupted` and exits 130; outputs are written atomically by the
+API, so a failed or stopped command leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import sys
-from typing import Annotated, Any
+import threading
+from types import FrameType
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -143,19 +147,58 @@ def _path_of(error: OSError) -> str:
     return str(path) if path is not None else str(error)
 
 
+class _CtrlC:
+    """Notes a Ctrl-C (SIGINT) while the command runs: typer turns its KeyboardInterrupt into a
+    silent exit code 130 (older releases: an Abort), so main() cannot tell it apart otherwise.
+    The interrupt is raised as before; a SIGINT the caller ignores (nohup) stays ignored."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._installed = False
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+        signal.default_int_handler(signum, frame)
+
+    def __enter__(self) -> _CtrlC:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            signal.signal(signal.SIGINT, self._note)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def interrupted() -> NoReturn:
+    """Print the one line of a command stopped by Ctrl-C and exit 130 (128 + SIGINT)."""
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv_given = sys.argv[1:] if argv is None else argv
     invocation.record(argv_given)
+    ctrl_c = _CtrlC()
     try:
-        command = typer.main.get_command(app)
-        _full_short_help(command)
-        args = sys.argv[1:] if argv is None else argv
-        if "--help" in args:
-            _fill_policy_names(command, args)
-        result = command.main(args=argv, prog_name="dsd", standalone_mode=False)
+        with ctrl_c:
+            command = typer.main.get_command(app)
+            _full_short_help(command)
+            args = sys.argv[1:] if argv is None else argv
+            if "--help" in args:
+                _fill_policy_names(command, args)
+            result = command.main(args=argv, prog_name="dsd", standalone_mode=False)
+    except KeyboardInterrupt:  # before typer ran the command
+        interrupted()
     except typer.Exit as exc:
         raise SystemExit(exc.exit_code) from None
     except typer.Abort:
+        if ctrl_c.seen:
+            interrupted()
         fail("aborted")
     except NoArgsIsHelpError as exc:  # its help as it is, not squeezed onto one error line
         print(exc.format_message(), file=sys.stderr)
@@ -180,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         if exc.filename is None and exc.filename2 is None:
             raise
         fail(f"{_path_of(exc)}: {os_error_reason(exc)}")
+    if ctrl_c.seen and result == 130:  # typer's exit code for a KeyboardInterrupt
+        interrupted()
     if isinstance(result, int) and result != 0:
         raise SystemExit(result)
 

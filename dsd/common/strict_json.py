@@ -4,17 +4,20 @@ Python's `json` writes NaN and infinities as the bare words `NaN` and `Infinity`
 JSON: every strict parser (browsers, jq, serde, Go) refuses the document. `dumps` writes a
 non-finite float (Python's or numpy's) as null instead, numpy scalars and arrays as their
 Python values, and then refuses anything non-finite left (`allow_nan=False`). Tables in
-markdown or text say "-" for the same missing values (`missing_text`).
+markdown or text say "-" for the same missing values (`missing_text`), CSV files an empty field
+(`csv_text`: Python's `csv` would write `nan`; pandas' `to_csv` writes NaN empty too).
 
 Not here: reading user files (`common.user_files`, which refuses the bare words unless asked).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 # What a table cell says where JSON says null (a metric with no samples, e.g. acceptance at K=0)
@@ -68,3 +71,21 @@ def missing_text(value: Any, fmt: str = "{}") -> str:
     if isinstance(value, numbers.Real) and not math.isfinite(value):
         return MISSING
     return fmt.format(value)
+
+
+def csv_field(value: Any) -> Any:
+    """A CSV cell's value: "" for None, NaN and infinities, else `value` as it is."""
+    if value is None:
+        return ""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return value if math.isfinite(value) else ""
+    return value
+
+
+def csv_text(rows: Iterable[Sequence[Any]]) -> str:
+    """CSV text of `rows` (the header first), Unix line ends, missing values empty fields."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    for row in rows:
+        writer.writerow([csv_field(value) for value in row])
+    return buffer.getvalue()

@@ -52,6 +52,27 @@ def test_export_h100_prints_the_goodput_table(capsys: pytest.CaptureFixture[str]
     }
 
 
+@pytest.mark.parametrize(
+    ("policy", "table"),
+    [("static:7", [[1, 4, 7]]), ("table:[[1,2,8],[3,4,1]]", [[1, 2, 8], [3, 4, 1]])],
+)
+def test_export_raises_k_max_to_a_fixed_k_as_simulate_does(
+    policy: str, table: list[list[int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A K past the profile's K_max (5) is num_speculative_tokens, the k_max `dsd simulate`
+    runs the same SPEC at (one rule: policies.spec.run_k_max)."""
+    from dsd.sim.config import RunConfig
+    from dsd.sim.resolve import resolve
+
+    argv = ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--policy", policy]
+    code, out, err = _run(argv, capsys)
+    assert (code, err) == (0, "")
+    config = json.loads(out)
+    assert config["num_speculative_tokens_per_batch_size"] == table
+    run = RunConfig(profile=str(H100), policy=policy, num_prompts=2, max_concurrency=2)
+    assert config["num_speculative_tokens"] == resolve(run).k_max == max(k for *_, k in table)
+
+
 def test_export_with_method_model_and_out_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -105,7 +126,7 @@ def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[st
             ["export", "vllm", "--profile", str(H100), "--max-num-seqs", "4", "--policy", "x"],
             "unknown policy 'x'",
         ),
-        # static K past the profile's K_max
+        # static K past what any run may draft (a K past the profile's raises k_max)
         (
             [
                 "export",
@@ -115,9 +136,9 @@ def test_explain_all_has_one_row_per_batch_size(capsys: pytest.CaptureFixture[st
                 "--max-num-seqs",
                 "4",
                 "--policy",
-                "static:9",
+                "static:99",
             ],
-            "K=9 exceeds k_max 5",
+            "K=99 exceeds k_max 64",
         ),
         # bad range table
         (
@@ -291,7 +312,7 @@ def test_export_engine_with_out_file(
     ("extra", "fragment"),
     [
         (["--policy", "x"], "unknown policy 'x'"),
-        (["--policy", "static:9"], "K=9 exceeds k_max 5"),
+        (["--policy", "static:99"], "K=99 exceeds k_max 64"),
         (["--policy", "table:[[2,4,1]]"], "must start at batch size 1"),
         (["--policy", "static:0"], "policy static:0: K is 0 at every batch size"),
         (["--method", "medusa"], "--method 'medusa'"),

@@ -506,3 +506,38 @@ def test_interval_runs_print_and_write_the_prediction_interval(capsys, tmp_path)
                             "--out", str(tmp_path / "sweep")], capsys)  # fmt: skip
     assert code == 0 and "mean_tpot_ms_lo" in out
     assert "mean_tpot_ms_hi" in (tmp_path / "sweep" / "sweep.md").read_text()
+
+
+def _ctrl_c_before(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> None:
+    """Make `owner.name` get a real SIGINT (a terminal's Ctrl-C) as it starts."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's default here (ignored by the runner)")
+    original = getattr(owner, name)
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGINT)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, interrupted)
+
+
+@pytest.mark.parametrize("where", ["run", "files"])
+def test_ctrl_c_prints_one_line_exits_130_and_writes_nothing(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import signal
+
+    from dsd.reports import run_outputs
+    from dsd.sim.engine import Engine
+
+    if where == "run":
+        _ctrl_c_before(monkeypatch, Engine, "run")
+    else:  # the files staged, before the folder is renamed into place
+        _ctrl_c_before(monkeypatch, run_outputs.os, "rename")
+    out_dir = tmp_path / "out" / "run"
+    code, _out, err = run_cli(["simulate", *GOODPUT, *SMALL, "--out", str(out_dir)], capsys)
+    assert (code, err) == (130, "interrupted\n")
+    assert not (tmp_path / "out").exists()  # no folder, no hidden temp files
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
