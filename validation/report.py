@@ -145,12 +145,20 @@ def interval_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str
         if math.isfinite(sigma)
         else "not timing noise (no trial speeds without re-timing)"
     )
+    devices = {str(cell.simulated.get("interval_timing_error", "none")) for cell in cells}
+    device = next(iter(devices)) if len(devices) == 1 else "none"
+    model_error = (
+        f"widened by the simulator's timing error on {device} measured by earlier reports "
+        "(sim.interval.TIMING_ERROR_P90_PCT), "
+        if device != "none"
+        else ""
+    )
     return [
         f"Prediction intervals: measured mean TPOT inside the simulator's 90% interval in "
         f"{summary['interval_coverage']:.0%} of {int(summary['interval_cells'])} cells "
         f"(median half-width {format_number(summary['median_interval_half_width_pct'], 1)} %). "
         "The interval is how far other draws of the cell's acceptance move the prediction "
-        f"(sim.interval), {timing}.",
+        f"(sim.interval), {model_error}{timing}.",
         "",
     ]
 
