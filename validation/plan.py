@@ -53,8 +53,9 @@ class HardwarePlan:
     adaptive_budget_s: float = 600.0
 
 
-# The full plan: about 2 h 10 min on the 2-core CPU with SmolLM2-135M at one thread (the
-# profile and B = 1 arms ~50 min as before, the held-out cells ~77 min: docs/validation.md). Why
+# The full plan: about an hour on the 2-core Zen 4 CPU with SmolLM2-135M at one thread (the
+# profile and B = 1 arms 13-20 min, the held-out cells ~47 min; about twice that on the Zen 3
+# host of 2026-11-28b: docs/validation.md). Why
 # each figure (two contexts, 20 profile rounds, noisy points kept, 32 prompts a cell) is
 # docs/validation.md's "The plan"; what each choice measured is in the results' notes.
 FULL_HARDWARE_PLAN = HardwarePlan(
