@@ -108,18 +108,24 @@ def test_a_k0_row_emits_the_targets_own_token(target, draft) -> None:  # type: i
     assert drawn_engine.sequence(0).tolist() == plain.sequence(0).tolist()
 
 
-def test_the_fixed_shape_step_agrees_with_the_reference_step(target, draft) -> None:  # type: ignore[no-untyped-def]
-    reference, fast = _engine(target, draft), _engine(target, draft, runner="eager")
-    ref_slots, fast_slots = _prefilled(reference, 3), _prefilled(fast, 3)
-    rng = np.random.default_rng(3)
-    for _ in range(6):
+def _steps_agree(want: SpecDecodeEngine, got: SpecDecodeEngine, seed: int, steps: int) -> None:
+    """`steps` drawn-acceptance steps of 3 rows at random K and drawn counts on both engines:
+    the same accepted counts (the drawn ones) and output ids, `got`'s cache lengths consistent."""
+    want_slots, got_slots = _prefilled(want, 3), _prefilled(got, 3)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
         spec = rng.integers(0, 6, size=3)
         drawn = rng.integers(0, spec + 1)
-        ref = reference.step(ref_slots, spec, drawn)
-        got = fast.step(fast_slots, spec, drawn)
-        assert got.num_accepted.tolist() == ref.num_accepted.tolist() == drawn.tolist()
-        assert got.output_token_ids.tolist() == ref.output_token_ids.tolist()
-        _check_lengths(fast, fast_slots)
+        expected = want.step(want_slots, spec, drawn)
+        result = got.step(got_slots, spec, drawn)
+        assert result.num_accepted.tolist() == expected.num_accepted.tolist() == drawn.tolist()
+        assert result.output_token_ids.tolist() == expected.output_token_ids.tolist()
+        _check_lengths(got, got_slots)
+
+
+def test_the_fixed_shape_step_agrees_with_the_reference_step(target, draft) -> None:  # type: ignore[no-untyped-def]
+    reference, fast = _engine(target, draft), _engine(target, draft, runner="eager")
+    _steps_agree(reference, fast, seed=3, steps=6)
     assert fast.token_ids.tolist() == reference.token_ids.tolist()
 
 
@@ -132,16 +138,7 @@ def test_cuda_graphs_accept_the_drawn_counts_as_the_eager_fixed_shape_step(draft
     config = SpecDecodeConfig(num_slots=4, max_model_len=96, k_max=5, drawn_acceptance=True)
     eager = FastSpecDecodeEngine(pair.target, pair.draft, config, runner="eager")
     graphs = FastSpecDecodeEngine(pair.target, pair.draft, config, runner="cuda-graphs")
-    eager_slots, graph_slots = _prefilled(eager, 3), _prefilled(graphs, 3)
-    rng = np.random.default_rng(4)
-    for _ in range(10):
-        spec = rng.integers(0, 6, size=3)
-        drawn = rng.integers(0, spec + 1)
-        want = eager.step(eager_slots, spec, drawn)
-        got = graphs.step(graph_slots, spec, drawn)
-        assert got.num_accepted.tolist() == want.num_accepted.tolist() == drawn.tolist()
-        assert got.output_token_ids.tolist() == want.output_token_ids.tolist()
-        _check_lengths(graphs, graph_slots)
+    _steps_agree(eager, graphs, seed=4, steps=10)
 
 
 def test_drawn_counts_are_checked(target, draft) -> None:  # type: ignore[no-untyped-def]

@@ -361,6 +361,17 @@ def test_closed_loop_cells_of_one_concurrency_form_a_group() -> None:
     assert interleaved_groups(cells) == [[0, 2], [1, 4], [3], [5]]  # type: ignore[arg-type]
 
 
+def _stand_in_cells(*policy_and_concurrency: tuple[str, int]) -> list[SimpleNamespace]:
+    """Closed-loop stand-ins for resolved cells: what `validation_cells` reads of them."""
+    return [
+        SimpleNamespace(
+            config=SimpleNamespace(policy=policy),
+            workload=SimpleNamespace(closed_loop=True, max_concurrency=concurrency),
+        )
+        for policy, concurrency in policy_and_concurrency
+    ]
+
+
 @pytest.mark.parametrize(
     ("deadline_s", "rounds"),
     [(None, 5), (1000.0, 5), (45.0, 2), (39.0, 1), (0.0, 1)],
@@ -380,13 +391,7 @@ def test_a_deadline_stops_whole_rounds(monkeypatch, deadline_s, rounds) -> None:
 
     monkeypatch.setattr(validate_module, "measured_runs", fake_runs)
     monkeypatch.setattr(validate_module, "cell_result", lambda resolved, runs, pair: tuple(runs))
-    cells = [
-        SimpleNamespace(
-            config=SimpleNamespace(policy=p),
-            workload=SimpleNamespace(closed_loop=True, max_concurrency=c),
-        )
-        for p, c in (("a", 1), ("b", 2))
-    ]
+    cells = _stand_in_cells(("a", 1), ("b", 2))
     done = validation_cells(cells, None, trials=5, deadline_s=deadline_s)
     assert done == [("a",) * rounds, ("b",) * rounds]
 
@@ -408,13 +413,7 @@ def test_cells_run_alone_one_at_a_time_and_the_last_round_lets_each_c_go(
 
     monkeypatch.setattr(validate_module, "measured_runs", fake_runs)
     monkeypatch.setattr(validate_module, "cell_result", lambda resolved, runs, pair: tuple(runs))
-    cells = [
-        SimpleNamespace(
-            config=SimpleNamespace(policy=p),
-            workload=SimpleNamespace(closed_loop=True, max_concurrency=c),
-        )
-        for p, c in (("a", 1), ("b", 1), ("c", 2))
-    ]
+    cells = _stand_in_cells(("a", 1), ("b", 1), ("c", 2))
     done = validation_cells(cells, None, trials=trials, interleave=False, drawn_acceptance=True)
     assert done == [("a",) * trials, ("b",) * trials, ("c",) * trials]
     assert all(len(policies) == 1 and drawn for policies, _pool, drawn in seen)
