@@ -269,6 +269,7 @@ def run_cells(
     # a user's policy: its file, class and the file's sha256, by the SPEC the cells ran
     record = record.with_extra(
         held_out_prompts=held_out_prompts,
+        shuffle=first.shuffle,  # with held_out_prompts: which prompts the cells took
         interval_runs=first.interval_runs,
         **(
             {"acceptance": f"drawn ({first.acceptance_model}; tokens meaningless)"}

@@ -29,6 +29,7 @@ from dsd.policies.profile import Profile
 from dsd.policies.profile_io import load_profile
 from dsd.sim.config import ACCEPTANCE_MODEL_KINDS, AcceptanceKind
 from dsd.sim.models.latency import LatencyModelKind
+from dsd.validation.record import ValidationRecord
 
 
 def keyed_profile(profile: Profile) -> tuple[Profile, str]:
@@ -47,6 +48,16 @@ def keyed_profile(profile: Profile) -> tuple[Profile, str]:
         return profile, "none (some acceptance prompts left no sample)"
     keys = tuple(request.prompt_key or "" for request in workload.requests)
     return dataclasses.replace(profile, draft_outcome_keys=keys), "from the profile's workload"
+
+
+def cells_prompts(config: ValidationRecord) -> dict[str, bool]:
+    """How the report's cells took their prompts (`held_out_prompts`, `shuffle`), so the
+    simulated side re-runs on the same prompts. Reports before `shuffle` was recorded: a hardware
+    report shuffled its prompts once they were held out, `dsd validate` when told to."""
+    held_out = bool(config.extra.get("held_out_prompts", False))
+    command = config.command.split()
+    shuffled = (held_out and "hardware-report" in command) or "--shuffle" in command
+    return {"held_out_prompts": held_out, "shuffle": bool(config.extra.get("shuffle", shuffled))}
 
 
 def committed_level_lines(rows: list[dict[str, str]], trials: list[dict[str, str]]) -> list[str]:
@@ -88,7 +99,7 @@ def rescore(
     from dsd.sim.resolve import with_latency_from
     from dsd.traces.registry import WorkloadOptions
     from dsd.validation.cells import CellResult, simulated_run
-    from dsd.validation.record import CellRecord, ValidationRecord
+    from dsd.validation.record import CellRecord
     from dsd.validation.report import as_number, level_lines, tpot_error_summary
 
     config = ValidationRecord.from_json(
@@ -107,8 +118,12 @@ def rescore(
     pair = load_pair(config.target, config.draft, device="cpu")
     # Simulate each policy as it ran (older reports' plain SPECs scored the per-position rates)
     as_run = {name: config.acceptance_as_run(name) for name in ("goodput", "online", "per-request")}
+    taken = cells_prompts(config)
     lines = [
-        f"{folder}: {len(rows)} cells; prompt keys {how}; latency {latency_model} from "
+        f"{folder}: {len(rows)} cells; prompt keys {how}; "
+        + ("held-out prompts" if taken["held_out_prompts"] else "the profile's prompts")
+        + (", shuffled" if taken["shuffle"] else "")
+        + f"; latency {latency_model} from "
         + ("profile_retimed.json" if retimed is not None else "profile.json")
         + f"; as run: {', '.join(as_run.values())}"
     ]
@@ -125,9 +140,11 @@ def rescore(
             max_concurrency=recorded.max_concurrency,
             output_len=config.output_len,
             seed=config.seed,
+            shuffle=taken["shuffle"],
         )
         run = RunConfig(
             **workload.arguments(),
+            held_out_prompts=taken["held_out_prompts"],
             dataset=config.dataset,
             profile=str(folder / "profile.json"),
             policy=policy,
