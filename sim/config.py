@@ -131,8 +131,8 @@ class RunConfig:
     # extrapolates), "auto" (table when it covers K=0..k_max at every profiled B).
     latency_model: LatencyModelKind = "auto"
     # Acceptance model (docs/models.md §2): "heterogeneous" (requests differ: Beta-distributed
-    # rates), "per-position" (all alike), "empirical" (each request samples one measured
-    # request's (drafted, accepted) histogram from the profile), "replay" (recorded drafts and
+    # rates), "per-position" (all alike), "empirical" (each request replays one measured
+    # request's draft sequence, then samples its (drafted, accepted) histogram), "replay" (recorded drafts and
     # matches position by position: `replay_recording`, else the bundled early-exit recording).
     acceptance_model: AcceptanceKind = "heterogeneous"
     # Replay recording file for acceptance_model "replay": a "dsd-replay" JSON of a real run

@@ -580,9 +580,12 @@ class EmpiricalAcceptance:
 
     A greedy profile also records each request's draft sequence (`Profile.draft_sequences`:
     per output position p, the drafts available and how many of them match the target's own
-    outputs, as `sim.models.replay` reads them). A request matched by its prompt key then drafts and
-    accepts exactly what that prompt did at its position p for any K: d = min(K, available[p]),
-    a = min(d, matched[p]) (positions past the recording sample the histogram).
+    outputs, as `sim.models.replay` reads them). A request then drafts and accepts what its
+    recorded request did at its position p for any K: d = min(K, available[p]),
+    a = min(d, matched[p]) (positions past the recording sample the histogram). For a prompt
+    matched by its key that is exact; any other replays the request it was given, because the
+    histogram counts steps at k_max and would under-weight long matched runs at a smaller K
+    (docs/models.md 2.2b).
     """
 
     def __init__(
@@ -636,11 +639,11 @@ class EmpiricalAcceptance:
             raise ValueError(f"req_id must be >= 0, got {req_id}")
         key = spec.prompt_key if self._recorded_by_key else None
         recorded = self._recorded_by_key.get(key, -1) if key else -1
-        if self._has_sequences:
-            self._sequence_of.set(req_id, [recorded])  # -1: not a profiled prompt
         if recorded < 0:
             recorded = int(self.streams.request.uniform(req_id) * self.num_recorded)
         self._recorded_of.set(req_id, [recorded])
+        if self._has_sequences:
+            self._sequence_of.set(req_id, [recorded])
 
     def remove_request(self, req_id: int) -> None:
         self._recorded_of.remove(req_id)

@@ -423,11 +423,22 @@ def test_empirical_replays_a_profiled_prompts_draft_sequence_at_any_k() -> None:
     assert [(int(d[0]), int(a[0])) for d, a in replayed] == [
         (3, 1), (1, 1), (0, 0), (2, 2), (3, 3), (2, 2)  # the last: past the sequence
     ]  # fmt: skip
-    # an unseen prompt samples its drawn histogram; several rows at once agree with one by one
+    # an unseen prompt replays its drawn recorded request's sequence the same way, then samples
+    # that request's histogram; several rows at once agree with one by one
+    drawn = model.recorded_of(1)
+    available, matched = sequences[drawn]
+    for position in range(3):
+        d, a = model.sample_outcomes(np.array([1]), np.array([position]), np.array([3]))
+        assert (int(d[0]), int(a[0])) == (min(3, available[position]), matched[position])
     drafted, accepted = model.sample_outcomes(np.array([0, 1]), np.array([0, 5]), np.array([3, 3]))
     unseen = model.sample_outcomes(np.array([1]), np.array([5]), np.array([3]))
     assert (drafted[0], accepted[0]) == (3, 1)
     assert (drafted[1], accepted[1]) == (unseen[0][0], unseen[1][0])
+    # every pick of the unseen prompt is one of the recorded requests, whole
+    model.add_request(2, RequestSpec(prompt_len=3, output_len=9, prompt="also unseen"))
+    other = model.recorded_of(2)
+    d, a = model.sample_outcomes(np.array([2]), np.array([0]), np.array([3]))
+    assert (int(d[0]), int(a[0])) == (min(3, sequences[other][0][0]), sequences[other][1][0])
     with pytest.raises(ValueError, match="1 draft sequences for 2 recorded"):
         EmpiricalAcceptance(joints, np.random.SeedSequence(0), keys, sequences[:1])
 

@@ -119,3 +119,43 @@ def test_the_committed_level_reads_cells_and_trials() -> None:
     assert line.startswith("as committed: Level: over all 84 trials")
     assert "median 1.003, p10-p90 0.84-1.27" in line
     assert committed_level_lines(rows, []) == []
+
+
+def test_a_held_out_report_rescores_on_the_prompts_its_cells_ran() -> None:
+    """A held-out report's cells took shuffled prompts the profile never ran: the re-run takes
+    the same ones (it once took the first prompts of the set, mostly the profile's own, and
+    scored another workload). The figures are the 2026-11-29b cells with each held-out prompt
+    replaying its recorded request's draft sequence (docs/models.md 2.2b); as committed, with
+    the step-sampled histogram, they were median 3.5%, max 10.6%."""
+    from pathlib import Path
+
+    from dsd.validation.rescore import rescore
+
+    folder = Path(__file__).resolve().parents[2] / "results/validation/2026-11-29b-cpu-smollm2"
+    lines = rescore(folder, ["empirical"])
+    assert "; held-out prompts, shuffled; " in lines[0]
+    summary = next(line for line in lines if line.startswith("empirical: |mean-TPOT error|"))
+    assert "median 1.5%, max 5.4%; acceptance part median 0.7%, max 2.4%" in summary
+
+
+def test_the_cells_prompts_are_read_from_the_record_or_its_command() -> None:
+    import json
+    from pathlib import Path
+
+    from dsd.validation.record import ValidationRecord
+    from dsd.validation.rescore import cells_prompts
+
+    path = Path(__file__).resolve().parents[2] / "results/validation/2026-11-25-cpu-smollm2"
+    base = ValidationRecord.from_json(json.loads((path / "config.json").read_text()), "config")
+
+    def record(command: str, **extra: object) -> ValidationRecord:
+        return dataclasses.replace(base, command=command, extra=extra)
+
+    report = "dsd hardware-report --out x"
+    assert cells_prompts(record(report)) == {"held_out_prompts": False, "shuffle": False}
+    assert cells_prompts(record(report, held_out_prompts=True)) == {
+        "held_out_prompts": True, "shuffle": True  # held-out hardware reports always shuffled
+    }  # fmt: skip
+    assert cells_prompts(record("dsd validate --shuffle", held_out_prompts=True))["shuffle"]
+    assert not cells_prompts(record("dsd validate", held_out_prompts=True))["shuffle"]
+    assert not cells_prompts(record(report, held_out_prompts=True, shuffle=False))["shuffle"]
