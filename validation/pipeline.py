@@ -1,6 +1,6 @@
 """The validation pipeline: `run_cells` (every (policy, C) cell on the simulator and the real
 pair, with the record of how they ran), `validate` (those cells into a report folder),
-`hardware_report` (load, profile, B = 1 arms, cells, report, as named stages) and
+`hardware_report` (load, `profile_stage`, `speedup_stage`, cells, report) and
 `validate_vllm` (the simulator against a `vllm bench serve` result). Flags and defaults are the
 CLI's and the API's; the cells are `validation.cells`, the writers `validation.report` and
 `validation.hardware`."""
@@ -26,6 +26,7 @@ from dsd.validation.plan import (
     HARDWARE_PLANS,
     REPORT_WRITE_RESERVE_S,
     RETIMED_PROFILE_NAME,
+    HardwarePlan,
     validation_cell_config,
 )
 from dsd.validation.record import CellRecord, ValidationRecord
@@ -33,6 +34,7 @@ from dsd.validation.record import CellRecord, ValidationRecord
 if TYPE_CHECKING:
     from dsd.backend.pair import ModelPair
     from dsd.validation.cells import CellResult
+    from dsd.validation.speedup import Arm, SpeedupResult
 
 DEFAULT_VALIDATE_POLICIES: tuple[str, ...] = ("static:0", "static:3", "goodput")
 DEFAULT_VALIDATE_CONCURRENCY: tuple[int, ...] = (1, 4)
@@ -282,6 +284,105 @@ def run_cells(
     return cells, record, retimed
 
 
+def resolved_plan(
+    plan: str,
+    quick: bool,
+    trials: int | None,
+    prompts_per_concurrency: int | None,
+    speedup_arms: Sequence[str] | None,
+) -> HardwarePlan:
+    """The hardware report's plan by name (its quick form where `quick`) with the command's
+    overrides (`hardware_report`'s arguments of the same names) put in."""
+    if plan not in HARDWARE_PLANS:
+        raise InputError(f"plan {plan}: choose {', '.join(HARDWARE_PLANS)}")
+    chosen = HARDWARE_PLANS[plan][1 if quick else 0]
+    if trials is not None:
+        if trials < 1:
+            raise InputError(f"trials {trials}: must be at least 1")
+        chosen = dataclasses.replace(chosen, trials=trials)
+    if prompts_per_concurrency is not None:
+        require_int(prompts_per_concurrency, "prompts_per_concurrency", 1)
+        chosen = dataclasses.replace(
+            chosen, prompts_per_concurrency=prompts_per_concurrency, prompts_per_cell=None
+        )
+    if speedup_arms is not None:
+        chosen = dataclasses.replace(chosen, speedup_extra_arms=tuple(speedup_arms))
+    return chosen
+
+
+def profile_stage(
+    pair: ModelPair,
+    chosen: HardwarePlan,
+    profile_path: Path,
+    dataset: str,
+    *,
+    seed: int,
+    fast_path: str,
+    progress: ProgressFactory,
+) -> None:
+    """The hardware report's profile of `pair` into `profile_path`: the plan's grid timed, its
+    acceptance run on `dataset`'s first prompts."""
+    from dsd.backend.profiling import profile_to_file
+
+    profile_to_file(
+        pair,
+        out=profile_path,
+        batch_sizes=chosen.batch_sizes,
+        k=sorted({0, 1, *chosen.k_values}),
+        context_lens=chosen.context_lens,
+        prefill_tokens=chosen.prefill_tokens,
+        dataset=dataset,
+        num_prompts=chosen.acceptance_prompts,
+        output_len=chosen.output_len,
+        warmup=chosen.profile_warmup,
+        iters=chosen.profile_iters,
+        allow_noisy=chosen.allow_noisy_profile,
+        adaptive_target_pct=chosen.adaptive_target_pct,
+        adaptive_budget_s=chosen.adaptive_budget_s,
+        # the cells run every request to its length (vllm bench --ignore-eos); so do the
+        # acceptance prompts, whose draft sequences the cells' simulated side replays
+        ignore_eos=True,
+        seed=seed,
+        fast_path=fast_path,
+        progress=progress,
+    )
+
+
+def speedup_stage(
+    pair: ModelPair,
+    chosen: HardwarePlan,
+    arms: Sequence[Arm],
+    profile_path: Path,
+    dataset: str,
+    *,
+    seed: int,
+    fast_path: str,
+    progress: ProgressFactory,
+) -> SpeedupResult:
+    """The hardware report's B = 1 arms, each `chosen.speedup_repeats` times in rotated order
+    (`validation.speedup.measure_arms`) on the plan's speedup prompts of `dataset`."""
+    from dsd.validation.speedup import measure_arms
+
+    config = run_config(
+        policy="static:0",
+        profile=str(profile_path),
+        dataset=dataset,
+        num_prompts=chosen.speedup_prompts,
+        max_concurrency=1,
+        output_len=chosen.output_len,
+        seed=seed,
+    )
+    with progress(len(arms) * chosen.speedup_repeats, "speedup at B=1") as advance:
+        return measure_arms(
+            pair,
+            list(arms),
+            config,
+            repeats=chosen.speedup_repeats,
+            fast_path=fast_path,
+            on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
+        )
+
+
 def hardware_report(
     *,
     out: str | Path,
@@ -330,24 +431,13 @@ def hardware_report(
     from dsd.backend.environment import environment_metadata
     from dsd.common.machine import load_average
     from dsd.validation.hardware import write_hardware_report
-    from dsd.validation.speedup import Arm, measure_arms
+    from dsd.validation.speedup import Arm
 
-    if plan not in HARDWARE_PLANS:
-        raise InputError(f"plan {plan}: choose {', '.join(HARDWARE_PLANS)}")
     if stage not in HARDWARE_STAGES:
         raise InputError(f"stage {stage}: choose {', '.join(HARDWARE_STAGES)}")
     plan_name = plan
-    chosen = HARDWARE_PLANS[plan][1 if quick else 0]
+    chosen = resolved_plan(plan, quick, trials, prompts_per_concurrency, speedup_arms)
     dataset = dataset or chosen.dataset or "instructcoder"
-    if trials is not None:
-        if trials < 1:
-            raise InputError(f"trials {trials}: must be at least 1")
-        chosen = dataclasses.replace(chosen, trials=trials)
-    if prompts_per_concurrency is not None:
-        require_int(prompts_per_concurrency, "prompts_per_concurrency", 1)
-        chosen = dataclasses.replace(
-            chosen, prompts_per_concurrency=prompts_per_concurrency, prompts_per_cell=None
-        )
     if time_budget_s is not None and not time_budget_s > 0:
         raise InputError(f"time_budget_s {time_budget_s}: must be > 0 seconds")
     deadline_s = (
@@ -363,7 +453,6 @@ def hardware_report(
             raise InputError(f"out {folder}: its profile.json is of {profiled}, not {target}")
     from dsd.backend.fast_path import check_fast_path
     from dsd.backend.pair import check_draft_spec, load_pair
-    from dsd.backend.profiling import profile_to_file
     from dsd.backend.threads import MAX_THREADS, set_threads
 
     require_int(threads, "threads", 1, MAX_THREADS, optional=True)
@@ -375,8 +464,6 @@ def hardware_report(
             raise InputError(
                 f"{field}: {name!r} is not a prompt set; known: {', '.join(PROMPT_SET_NAMES)}"
             )
-    if speedup_arms is not None:
-        chosen = dataclasses.replace(chosen, speedup_extra_arms=tuple(speedup_arms))
     extra_arms = [Arm.parse(text) for text in chosen.speedup_extra_arms]
     for arm in extra_arms:
         if arm.draft == "none":
@@ -397,24 +484,11 @@ def hardware_report(
         say(f"profile: {profile_path}, from the profile stage")
     else:
         say(f"profiling into {profile_path}")
-        profile_to_file(
+        profile_stage(
             pair,
-            out=profile_path,
-            batch_sizes=chosen.batch_sizes,
-            k=sorted({0, 1, *chosen.k_values}),
-            context_lens=chosen.context_lens,
-            prefill_tokens=chosen.prefill_tokens,
-            dataset=dataset if profile_dataset is None else profile_dataset,
-            num_prompts=chosen.acceptance_prompts,
-            output_len=chosen.output_len,
-            warmup=chosen.profile_warmup,
-            iters=chosen.profile_iters,
-            allow_noisy=chosen.allow_noisy_profile,
-            adaptive_target_pct=chosen.adaptive_target_pct,
-            adaptive_budget_s=chosen.adaptive_budget_s,
-            # the cells run every request to its length (vllm bench --ignore-eos); so do the
-            # acceptance prompts, whose draft sequences the cells' simulated side replays
-            ignore_eos=True,
+            chosen,
+            profile_path,
+            dataset if profile_dataset is None else profile_dataset,
             seed=seed,
             fast_path=fast_path,
             progress=progress,
@@ -434,24 +508,10 @@ def hardware_report(
             Arm(draft, "goodput", k_max),
             *extra_arms,
         ]
-        speedup_config = run_config(
-            policy="static:0",
-            profile=str(profile_path),
-            dataset=dataset,
-            num_prompts=chosen.speedup_prompts,
-            max_concurrency=1,
-            output_len=chosen.output_len,
-            seed=seed,
-        )
-        with progress(len(arms) * chosen.speedup_repeats, "speedup at B=1") as advance:
-            speedup = measure_arms(
-                pair,
-                arms,
-                speedup_config,
-                repeats=chosen.speedup_repeats,
-                fast_path=fast_path,
-                on_run=lambda repeat, arm, record: advance(f"{arm.label} repeat {repeat + 1}"),
-            )
+        speedup = speedup_stage(
+            pair, chosen, arms, profile_path, dataset, seed=seed, fast_path=fast_path,
+            progress=progress,
+        )  # fmt: skip
     loads.append(load_average())
     say("validating: every (policy, C) cell, real and simulated")
     static_k = chosen.k_values if chosen.static_k is None else chosen.static_k
