@@ -1,52 +1,15 @@
 """The speculative-decoding step for a whole batch: draft, verify, accept, roll back.
 
 `SpecDecodeEngine` owns a static KV cache for the target and one for the draft, a token buffer
-per slot, and the slots themselves (continuous batching: `alloc_slot` / `free_slot`). Per step:
-
-1. **draft**: rows with K > 0 run max(K) draft forwards. The first forward also catches the
-   draft's cache up to the target's (the draft does no work at K = 0 and at the bonus position,
-   so it may lag); rows with a smaller K draft extra tokens that are then ignored (masked).
-2. **verify**: ONE target forward over B x (max K + 1) tokens: each row's last token and its
-   drafts, padded to the widest row.
-3. **accept**: `backend.sampling` greedy match (temperature 0) or lossless rejection sampling,
-   vectorised over rows; the only host sync of the step reads accepted counts and output ids.
-4. **roll back**: each cache's slot length is set to the valid prefix; rejected positions are
-   overwritten later (see `backend.kv_cache`).
-
-**Drawn acceptance** (`SpecDecodeConfig.drawn_acceptance`, for timing at production shapes on
-random weights, docs/validation.md): every step is given each row's accepted count a, drawn
-before it from the simulator's acceptance model (`backend.executor`); the step does all its
-device work (drafting, the one verify forward, the argmax greedy matching reads) but accepts a
-(`backend.sampling.drawn_accept`) and rolls back by it. The emitted tokens (the first a drafts,
-then the target's argmax at a) mean nothing. Greedy, model or EAGLE drafts only.
-
-Per-slot invariant between steps for a slot that decodes: the token buffer holds n tokens, the
-target cache holds positions [0, n - 1) (the last token is fed by the next step), and the draft
-cache holds [0, m) with m <= n - 1.
-
-Padding: every padded token (short rows in a padded forward) is written at the cache's last
-position `max_len - 1`, the **trash position**, which never holds a real token. The caches are
-sized `max_model_len + k_max + 2` so real positions never reach it.
-
-Draft kinds: `Draft`, a separate small model of the same vocabulary, or an early exit of the
-target (its first k layers + final norm + head); `EagleDraft`, an EAGLE head over the target's
-features (`backend.eagle`: the engine keeps every target forward's features, the head's cache is
-`draft_cache`, caught up before drafting and kept to [0, L) after a step); `NgramDraft`, prompt
-lookup (vLLM's `ngram`, `backend.ngram`): no model and no cache, and a row drafts as many tokens
-as the lookup finds, up to its K, so `StepResult.num_drafted` may be below K (0 where nothing
-matches: the row verifies its last token alone). The early-exit draft keeps its OWN k-layer
-cache: its K/V for a token equal the target's first k layers', but the two are written at
-different times (the draft lazily, the target at verification) and rolled back to different
-lengths, so a shared cache would tie their lengths together; the cost is k/L of the target
-cache's memory.
-
-Prefill of new requests runs in chunks (`prefill`), filling the draft's cache as well; a chunk
-that reaches the end of the known tokens samples the next token. `step_with_prefill` runs a
-step and other slots' chunks in ONE target forward (vLLM's mixed batch: the verify block and
-the chunks are two groups of `Transformer.forward_groups`), with the results of `step` then
-`prefill`. The engine knows nothing about
-requests, schedulers, tokenizers or wall time (`backend.executor` does); this is the reference
-(eager) step, and `backend.fast_path` subclasses it with fixed shapes and CUDA graphs.
+per slot, and the slots (continuous batching: `alloc_slot` / `free_slot`); `step` runs one SD
+step over chosen slots with per-row K, `prefill` their prompt chunks, `step_with_prefill` both
+in one target forward (vLLM's mixed batch). Drafts: `Draft` (a small model or an early exit of
+the target), `EagleDraft` (`backend.eagle`), `NgramDraft` (prompt lookup, `backend.ngram`).
+Under drawn acceptance (`SpecDecodeConfig.drawn_acceptance`) each row accepts a count drawn by
+the simulator's model and the tokens mean nothing. docs/backend.md ("One SD step") has the
+step, the per-slot invariant, the trash position and the draft kinds. The engine knows nothing
+of requests, schedulers, tokenizers or wall time (`backend.executor` does); this is the
+reference (eager) step, which `backend.fast_path` subclasses with fixed shapes.
 """
 
 from __future__ import annotations

@@ -1,62 +1,13 @@
 """The decode fast path: the SD step at fixed shapes, so CUDA graphs can replay it.
 
-`FastSpecDecodeEngine` is a `SpecDecodeEngine` whose `step` runs the device work of a step at a
-FIXED shape chosen from a small set, so that one CUDA graph per shape can be captured once and
-replayed for every later step of that shape:
-
-- rows are padded up to a **batch bucket** (1, 2, 4, 8, ..., max_num_seqs); a padded row uses
-  slot 0, reads and writes only the trash position (`max_len - 1`), and its outputs are dropped;
-- K is the step's largest K (rows with a smaller K draft masked extras, as in the reference);
-- the attention span `kv_len` is rounded up to a **kv bucket** (powers of two times
-  `min_kv_len`, capped at the cache length), because the model gathers `[0, kv_len)` of each
-  slot and a graph needs that length fixed.
-
-A shape is a `GraphKey(num_rows, num_spec_tokens, kv_len)`. Every key is captured at most once;
-switching K between steps replays another already-captured graph, it never re-captures.
-
-An n-gram draft (prompt lookup, `NgramDraft`) is looked up on the host before the fixed-shape
-part, as the reference does; its drafts travel in with the step's inputs, and the step's K is
-the widest lookup found: one graph per (batch bucket, found K, kv bucket), as for a model draft.
-
-An EAGLE head (`backend.eagle`) is caught up the same way (eagerly, its cache to [0, L - 1)); its
-K passes and the features the verify forward writes are part of the fixed-shape step.
-
-A model draft's lazy catch-up (the draft does no work at K = 0 and never sees the bonus token, so
-its cache may lag the target's) has a variable width, so it runs eagerly BEFORE the fixed-shape
-part: one forward over the lagging tokens of the rows that draft. After it every drafting row's
-draft cache holds exactly [0, L), and the fixed-shape part is: K draft forwards of width 1,
-one target forward over [B, K+1], greedy accept (or, under drawn acceptance, the accepted
-count drawn before the step: `backend.sampling.drawn_accept`). Its inputs are five int64 rows
-(slot, last token, L, K, drawn accepted count), then k_max rows of n-gram drafts, copied into
-static buffers; its output is one [B, K+2] tensor (accepted count, then the K+1 output ids) read
-back with the step's one host sync.
-
-Two runners share the padding and key bookkeeping:
-- `EagerStepRunner` runs the fixed-shape function directly (CPU or CUDA): the testable half,
-  which must agree with `SpecDecodeEngine.step` token for token;
-- `CudaGraphStepRunner` captures it per key with `torch.cuda.CUDAGraph` (one shared memory
-  pool) after a warm-up run on a side stream, then replays.
-
-The CUDA matrix library per shape (an experiment, off unless `DSD_CUBLASLT_MAX_ROWS` is set): in
-float32 cuBLAS runs the target's narrow products on a kernel 3x slower for 7-16 rows, where
-cuBLASLt does not, but a step of 20 or more tokens ran 1.2-2.5 ms slower on cuBLASLt
-(results/gpu/2026-11-28-h100). With `DSD_CUBLASLT_MAX_ROWS=N` a fixed-shape step whose target
-forward has at most N rows (bucket x (K + 1)) runs, and is captured, with cuBLASLt, and every
-other with cuBLAS (`step_blas_library`). Not yet measured on a GPU; float32 rounding may differ
-between the libraries, so the GPU tests check tokens against the reference with it set.
-
-Step options (`StepOptions`, all off by default; docs/validation.md has what each is for):
-in-place attention (a step whose rows' slots all lie below its batch bucket reads the caches
-where they lie, `GraphKey.in_place`; other steps gather) and the step torch.compile'd (one
-compile per key; the CUDA-graph runner then captures the compiled step). Fused projections are
-the model's switch (`Transformer.fuse_projections`); a captured graph keeps the products it was
-captured with.
-
-What this does not do: sampling at temperature > 0 (the draft samples between forwards and the
-engine's torch.Generator is not registered with the graphs; such engines must use the reference
-path), graphs for prefill (prefill stays eager, as in vLLM), in-place attention for steps whose
-slots are scattered (they gather each row's span), an attention kernel of its own (SDPA as
-torch picks it), or the step options from the command line (Python only).
+`FastSpecDecodeEngine` is a `SpecDecodeEngine` whose `step` runs a step's device work at a shape
+`GraphKey(num_rows, num_spec_tokens, kv_len)` from a small set (batch buckets, the step's largest
+K, kv buckets), captured once per key and replayed; variable-width work (prompt lookup, a model
+draft's or an EAGLE head's catch-up) runs eagerly before it. `EagerStepRunner` runs the
+fixed-shape function directly (the testable half, token for token equal to the reference step);
+`CudaGraphStepRunner` captures it. `StepOptions` holds the off-by-default efficiency switches.
+docs/backend.md ("The fixed-shape fast path") has the padding rules, the step's static inputs,
+the cuBLASLt experiment and what this does not do (temperature > 0, prefill graphs).
 """
 
 from __future__ import annotations
