@@ -153,12 +153,21 @@ def interval_lines(cells: Sequence[Cell], summary: dict[str, float]) -> list[str
         if device != "none"
         else ""
     )
+    acceptance = interval_summary(cells, "acceptance_length")
+    acceptance_line = (
+        f" Measured acceptance length inside its 90% interval (the sampling alone) in "
+        f"{round(acceptance['interval_coverage'] * acceptance['interval_cells'])} of "
+        f"{int(acceptance['interval_cells'])} cells that drafted: where it falls outside, the "
+        "profile's prompts draft unlike the cells' (docs/validation.md, \"Transfer\")."
+        if acceptance["interval_cells"]
+        else ""
+    )
     return [
         f"Prediction intervals: measured mean TPOT inside the simulator's 90% interval in "
         f"{summary['interval_coverage']:.0%} of {int(summary['interval_cells'])} cells "
         f"(median half-width {format_number(summary['median_interval_half_width_pct'], 1)} %). "
         "The interval is how far other draws of the cell's acceptance move the prediction "
-        f"(sim.interval), {model_error}{timing}.",
+        f"(sim.interval), {model_error}{timing}.{acceptance_line}",
         "",
     ]
 
@@ -198,6 +207,11 @@ def cells_csv(cells: Sequence[Cell]) -> str:
         "simulated_mean_tpot_ms_hi",
         "measured_inside_interval",
         "num_prompts",
+        # The same for the acceptance length (the workload's sampling alone): outside it, the
+        # profile's prompts draft unlike the cell's (docs/validation.md, "Transfer")
+        "simulated_acceptance_length_lo",
+        "simulated_acceptance_length_hi",
+        "measured_acceptance_length_inside_interval",
     ]
     rows: list[list[Any]] = [header]
     for cell in cells:
@@ -226,6 +240,8 @@ def cells_csv(cells: Sequence[Cell]) -> str:
             *cell.interval("mean_tpot_ms"),
             {None: "", True: 1, False: 0}[cell.inside_interval("mean_tpot_ms")],
             cell.num_prompts or "",
+            *cell.interval("acceptance_length"),
+            {None: "", True: 1, False: 0}[cell.inside_interval("acceptance_length")],
         ]
         rows.append(row)
     return strict_json.csv_text(rows)

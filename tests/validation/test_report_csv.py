@@ -96,3 +96,32 @@ def test_crossover_table_writes_a_missing_tpot_as_an_empty_field() -> None:
         ("static:0", "10.0", "0.0"),
         ("goodput", "", ""),
     ]
+
+
+def test_the_acceptance_length_interval_is_written_and_judged() -> None:
+    """cells.csv carries the simulated AL interval and whether the measured AL lies inside;
+    the report's interval sentence counts the cells that drafted (a profile whose prompts draft
+    unlike the cells' shows there)."""
+    from dsd.validation.report import cells_csv, interval_lines, tpot_error_summary
+
+    def cell(policy: str, measured_al: float | None) -> CellResult:
+        simulated = {"mean_tpot_ms": 10.0, "mean_tpot_ms_lo": 9.0, "mean_tpot_ms_hi": 11.0}
+        measured = {"mean_tpot_ms": 10.5}
+        if measured_al is not None:
+            simulated |= {"acceptance_length": 2.0, "acceptance_length_lo": 1.8,
+                          "acceptance_length_hi": 2.2}  # fmt: skip
+            measured["acceptance_length"] = measured_al
+        return CellResult(policy, 1, measured=measured, simulated=simulated)
+
+    cells = [cell("static:0", None), cell("static:2", 2.1), cell("static:4", 2.9)]
+    rows = list(csv.DictReader(io.StringIO(cells_csv(cells))))
+    assert [r["measured_acceptance_length_inside_interval"] for r in rows] == ["", "1", "0"]
+    row = rows[1]
+    assert (row["simulated_acceptance_length_lo"], row["simulated_acceptance_length_hi"]) == (
+        "1.8", "2.2"
+    )  # fmt: skip
+    sentence = interval_lines(cells, tpot_error_summary(cells))[0]
+    assert "in 100% of 3 cells" in sentence
+    assert (
+        "acceptance length inside its 90% interval (the sampling alone) in 1 of 2 cells" in sentence
+    )
