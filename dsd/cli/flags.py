@@ -147,7 +147,11 @@ ENGINE: FlagGroup = {
 
 # --- the simulator's executor -----------------------------------------------------------------
 SIMULATOR: FlagGroup = {
-    "acceptance_model": option(str, "heterogeneous", "heterogeneous, per-position or replay."),
+    "acceptance_model": option(
+        str,
+        "heterogeneous",
+        "heterogeneous, per-position, empirical (the profile's requests) or replay.",
+    ),
     "host_overhead_ms": option(
         float | None,
         None,
