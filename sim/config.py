@@ -132,8 +132,9 @@ class RunConfig:
     latency_model: LatencyModelKind = "auto"
     # Acceptance model (docs/models.md §2): "heterogeneous" (requests differ: Beta-distributed
     # rates), "per-position" (all alike), "empirical" (each request replays one measured
-    # request's draft sequence, then samples its (drafted, accepted) histogram), "replay" (recorded drafts and
-    # matches position by position: `replay_recording`, else the bundled early-exit recording).
+    # request's draft sequence, then samples its (drafted, accepted) histogram), "replay"
+    # (recorded drafts and matches position by position: `replay_recording`, else the bundled
+    # early-exit recording).
     acceptance_model: AcceptanceKind = "heterogeneous"
     # Replay recording file for acceptance_model "replay": a "dsd-replay" JSON of a real run
     # (sim.models.replay; request i replays recorded request i, so the run's own workload replays
