@@ -375,7 +375,7 @@ def speedup_stage(
     with progress(len(arms) * chosen.speedup_repeats, "speedup at B=1") as advance:
         return measure_arms(
             pair,
-            list(arms),
+            arms,
             config,
             repeats=chosen.speedup_repeats,
             fast_path=fast_path,

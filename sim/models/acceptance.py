@@ -619,7 +619,6 @@ class EmpiricalAcceptance:
         self._sequence_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         self._available = np.concatenate([a for a, _ in sequences] or [np.zeros(0, np.int64)])
         self._matched = np.concatenate([m for _, m in sequences] or [np.zeros(0, np.int64)])
-        self._sequence_of = DenseRows(1, -1, np.int64)  # [req, 1] replayed recorded request
 
     @staticmethod
     def from_profile(profile: Profile, seed: np.random.SeedSequence) -> EmpiricalAcceptance:
@@ -641,14 +640,10 @@ class EmpiricalAcceptance:
         recorded = self._recorded_by_key.get(key, -1) if key else -1
         if recorded < 0:
             recorded = int(self.streams.request.uniform(req_id) * self.num_recorded)
-        self._recorded_of.set(req_id, [recorded])
-        if self._has_sequences:
-            self._sequence_of.set(req_id, [recorded])
+        self._recorded_of.set(req_id, [recorded])  # its histogram and, if any, its sequence
 
     def remove_request(self, req_id: int) -> None:
         self._recorded_of.remove(req_id)
-        if self._has_sequences:
-            self._sequence_of.remove(req_id)
 
     def sample_outcomes(
         self, req_ids: IntArray, num_output_tokens: IntArray, num_spec_tokens: IntArray
@@ -658,12 +653,10 @@ class EmpiricalAcceptance:
             self.streams, req_ids, num_output_tokens, num_spec_tokens, recorded
         )
         if self._has_sequences:
-            sequence = self._sequence_of.gather(req_ids)[:, 0]  # [n]
-            safe = np.maximum(sequence, 0)
-            replayed = (sequence >= 0) & (num_output_tokens < self._sequence_lengths[safe])  # [n]
+            replayed = num_output_tokens < self._sequence_lengths[recorded]  # [n]
             if replayed.any():
                 rows = np.flatnonzero(replayed)
-                at = self._sequence_starts[safe[rows]] + num_output_tokens[rows]  # [m]
+                at = self._sequence_starts[recorded[rows]] + num_output_tokens[rows]  # [m]
                 drafted = np.array(drafted)  # copies: the sampler's arrays stay as they were
                 accepted = np.array(accepted)
                 drafted[rows] = np.minimum(num_spec_tokens[rows], self._available[at])
